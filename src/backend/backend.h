@@ -1,0 +1,133 @@
+/* backend.h - the op interface the forward pass calls; one implementation per device (cpu, cuda).
+ *
+ * Contract (every implementation):
+ * - All pointers passed to ops are in the backend's memory (host memory for cpu, device memory
+ *   for cuda) unless a comment says "host". Memory comes from be->ops->alloc at start-up only;
+ *   nothing is allocated per step or per token.
+ * - Activation buffers hold be->act_dtype elements (cpu: F32; cuda: BF16 or F32, its choice).
+ *   Logits are always F32. Integer metadata is int32.
+ * - Ops are asynchronous on the backend's stream; ->sync waits. Every op returns 0, or -1 with
+ *   err_last() set (file:line of the failing call).
+ * - Weights are row-major (rows = output features, cols = input features), as in HF Linear
+ *   and GGUF (ne[0] = cols). Q8_0 weights are blocks of 32 along cols.
+ */
+#ifndef PAGODA_BACKEND_H
+#define PAGODA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/dtype.h"
+
+struct backend;
+
+struct weight {
+  void *data;      /* (rows, cols) of dtype, in backend memory; 1-D tensors have rows = 1 */
+  enum dtype dtype;
+  int64_t rows, cols;
+};
+
+/* The K/V cache of one layer. Block ids are shared by all layers; block 0 is the null block. */
+struct kv_layer {
+  void *k;         /* (num_blocks, n_kv_heads, block_size, head_dim) of dtype */
+  void *v;         /* (num_blocks, n_kv_heads, block_size, head_dim) of dtype */
+  float *k_scale;  /* F8E4M3 only: (num_blocks, n_kv_heads, block_size) per-token scales; else NULL */
+  float *v_scale;  /* likewise */
+  enum dtype dtype;
+  int num_blocks, block_size, n_kv_heads, head_dim;
+};
+
+/* One step's batch, flattened over sequences (see BLUEPRINT §2), in backend memory. */
+struct batch {
+  int num_tokens;               /* T */
+  int num_seqs;                 /* B */
+  int max_blocks_per_seq;       /* row stride of block_tables */
+  int max_seq_len;              /* max over seq_lens (host-side bound for kernels) */
+  int max_query_len;            /* max over query lengths */
+  const int32_t *input_ids;     /* (T) */
+  const int32_t *positions;     /* (T) position of each token in its sequence */
+  const int32_t *slot_mapping;  /* (T) block_id * block_size + offset where its K/V go; -1 skips */
+  const int32_t *query_start;   /* (B+1) token b's queries are [query_start[b], query_start[b+1]) */
+  const int32_t *seq_lens;      /* (B) tokens in the sequence after this step, cached ones included */
+  const int32_t *block_tables;  /* (B, max_blocks_per_seq) logical block -> physical block id */
+  int num_logits;               /* rows of logits wanted, usually B */
+  const int32_t *logits_idx;    /* (num_logits) token indices (into T) whose logits are wanted */
+};
+
+/* RoPE parameters; inv_freq already includes any scaling (llama3), computed once by the model. */
+struct rope_params {
+  const float *inv_freq; /* (rot_dim / 2) in backend memory */
+  int rot_dim;           /* rotated dims per head (= head_dim for Llama) */
+  int neox;              /* 1: pairs (i, i + rot_dim/2) as HF rotate_half; 0: pairs (2i, 2i+1) */
+};
+
+struct backend_ops {
+  const char *name;
+  /* memory (start-up only) */
+  void *(*alloc)(struct backend *be, size_t bytes); /* NULL with err_last() set when out of memory */
+  void (*free)(struct backend *be, void *p);
+  int (*upload)(struct backend *be, void *dst, const void *host_src, size_t bytes);
+  int (*download)(struct backend *be, void *host_dst, const void *src, size_t bytes);
+  int (*memset0)(struct backend *be, void *dst, size_t bytes);
+  int (*sync)(struct backend *be);
+  /* Bytes of memory free for the KV pool after what is allocated so far (cpu: RAM). */
+  size_t (*mem_available)(struct backend *be);
+  /* Makes a backend weight from a host tensor (e.g. an mmap'd file region) of dtype SRC_T.
+   * cpu may alias the host memory when it can use it as is; cuda copies (and may convert to
+   * its preferred dtype). The host memory must outlive the weight when aliased. */
+  int (*weight_from_host)(struct backend *be, struct weight *w, const void *host, enum dtype src_t,
+                          int64_t rows, int64_t cols);
+  void (*weight_free)(struct backend *be, struct weight *w);
+
+  /* ops */
+  /* out(T, dim) = emb[ids[t]] */
+  int (*embed)(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
+  /* If residual != NULL: residual(T,dim) += x(T,dim) first (fused add), then normalize residual.
+   * out(T,dim) = rmsnorm(residual or x) * w(dim). */
+  int (*rmsnorm)(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
+                 int T, int dim, float eps);
+  /* out(T, w->rows) = x(T, w->cols) @ w^T (+ bias(w->rows) when bias != NULL). out is act_dtype,
+   * or F32 when out_f32 (used for logits). */
+  int (*matmul)(struct backend *be, void *out, const void *x, const struct weight *w,
+                const struct weight *bias, int T, int out_f32);
+  /* In place on q(T, n_heads, head_dim) and k(T, n_kv_heads, head_dim) at positions(T). */
+  int (*rope)(struct backend *be, void *q, void *k, const int32_t *positions, int T, int n_heads,
+              int n_kv_heads, int head_dim, const struct rope_params *rp);
+  /* out(T, F) = silu(gate(T, F)) * up(T, F); out may alias gate. */
+  int (*silu_mul)(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+  /* Writes k,v(T, n_kv_heads, head_dim) into the cache at batch->slot_mapping. */
+  int (*kv_write)(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
+                  const struct batch *b);
+  /* out(T, n_heads, head_dim): each query token attends causally (keys at positions <= its own)
+   * over its sequence's blocks; GQA maps head h to kv head h / (n_heads / n_kv_heads). */
+  int (*attention)(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
+                   const struct batch *b, int n_heads, float scale);
+  /* out(n, dim) = x[idx[i]] for i < n (rows of act_dtype). */
+  int (*gather_rows)(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim);
+  /* Copies block src to block dst in every layer's cache (copy-on-write), host arrays of ids. */
+  int (*copy_blocks)(struct backend *be, struct kv_layer *layers, int n_layers, const int32_t *src,
+                     const int32_t *dst, int n);
+
+  void (*destroy)(struct backend *be);
+};
+
+struct backend {
+  const struct backend_ops *ops;
+  enum dtype act_dtype;
+  int n_threads; /* cpu only */
+};
+
+struct backend_params {
+  const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
+  int n_threads;      /* cpu: 0 = all cores */
+};
+
+/* Creates the requested backend. NULL with err_last() set. Free with be->ops->destroy(be). */
+struct backend *backend_create(const struct backend_params *p);
+struct backend *backend_cpu_create(int n_threads);
+#ifdef PAGODA_HAVE_CUDA
+struct backend *backend_cuda_create(void);
+int backend_cuda_available(void); /* 1 if a usable GPU is present */
+#endif
+
+#endif

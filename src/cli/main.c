@@ -1,0 +1,49 @@
+/* main.c - the pagoda command: dispatches to one subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "pagoda.h"
+
+struct command {
+  const char *name;
+  int (*fn)(int argc, char **argv);
+  const char *help;
+};
+
+static const struct command commands[] = {
+    {"run", cli_run, "generate text from a model (interactive chat without -p)"},
+    {"bench", cli_bench, "offline throughput benchmark"},
+    {"tokenize", cli_tokenize, "text on stdin -> token ids on stdout"},
+    {"detokenize", cli_detokenize, "token ids on stdin -> text on stdout"},
+    {"render-template", cli_render_template, "render a chat template with a JSON context"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "pagoda %s - LLM inference built around PagedAttention\n\nusage: pagoda COMMAND [options]\n\n",
+          PAGODA_VERSION);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\n'pagoda COMMAND --help' lists a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("pagoda %s\n", PAGODA_VERSION);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name))
+      return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "pagoda: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
