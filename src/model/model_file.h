@@ -27,6 +27,8 @@ struct model_file {
   struct host_tensor tok_embd;   /* (vocab, dim) */
   struct host_tensor out_norm;   /* (1, dim) */
   struct host_tensor lm_head;    /* (vocab, dim); equals tok_embd when embeddings are tied */
+  struct host_tensor rope_freqs; /* GGUF llama3-style models only: (1, head_dim/2) divisors of
+                                    inv_freq (llama.cpp's rope_freqs.weight); else data NULL */
   struct layer_tensors *layers;  /* (n_layers) */
   void *priv;                    /* mapped files, owned */
 };
