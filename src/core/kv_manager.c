@@ -1,0 +1,274 @@
+/* kv_manager.c - block tables: prefix matching, allocation with copy-on-write, fork and release. */
+#include "core/kv_manager.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+
+int kv_manager_init(struct kv_manager *m, const struct kv_manager_params *p) {
+  memset(m, 0, sizeof *m);
+  if (p->block_size != 8 && p->block_size != 16 && p->block_size != 32)
+    return ERR("block size must be 8, 16 or 32 (--pa-block-size), got %d", p->block_size);
+  if (p->max_blocks_per_seq < 1)
+    return ERR("max_blocks_per_seq must be positive");
+  m->p = *p;
+  if (block_pool_init(&m->pool, p->num_blocks))
+    return -1;
+  if (p->enable_prefix_cache && prefix_cache_init(&m->cache, p->num_blocks, p->block_size)) {
+    block_pool_free(&m->pool);
+    return -1;
+  }
+  return 0;
+}
+
+void kv_manager_free(struct kv_manager *m) {
+  block_pool_free(&m->pool);
+  if (m->p.enable_prefix_cache)
+    prefix_cache_free(&m->cache);
+}
+
+int kv_seq_init(struct kv_seq *s, const struct kv_manager *m) {
+  memset(s, 0, sizeof *s);
+  s->blocks = malloc((size_t)m->p.max_blocks_per_seq * sizeof *s->blocks);
+  return s->blocks ? 0 : ERR("out of memory for a block table");
+}
+
+void kv_seq_free(struct kv_seq *s) {
+  free(s->blocks);
+  s->blocks = NULL;
+}
+
+/* Takes one more reference to block ID, reviving it from the free queue when unreferenced. */
+static void take_ref(struct kv_manager *m, int32_t id) {
+  if (m->pool.blocks[id].ref_count++ == 0)
+    block_pool_remove(&m->pool, id);
+}
+
+/* A fresh block for new content; a cached block popped for reuse loses its hash (eviction). */
+static int32_t fresh_block(struct kv_manager *m) {
+  int32_t id = block_pool_pop(&m->pool);
+  if (id >= 0 && m->pool.blocks[id].has_hash)
+    prefix_cache_evict(&m->cache, &m->pool, id);
+  return id;
+}
+
+int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n) {
+  if (!m->p.enable_prefix_cache || s->num_blocks)
+    return 0;
+  int bs = m->p.block_size;
+  uint8_t h[BLOCK_HASH_BYTES];
+  /* (i + 1) * bs <= n - 1: the last prompt token is always recomputed, since its logits are
+   * needed to sample the first output token. */
+  for (int i = 0; (i + 1) * bs <= n - 1 && i < m->p.max_blocks_per_seq; i++) {
+    prefix_cache_hash(&m->cache, i ? s->chain : NULL, tokens + (size_t)i * bs, h);
+    int32_t id = prefix_cache_lookup(&m->cache, h, tokens + (size_t)i * bs);
+    if (id < 0)
+      break;
+    take_ref(m, id);
+    s->blocks[s->num_blocks++] = id;
+    memcpy(s->chain, h, sizeof h);
+    s->num_hashed++;
+  }
+  s->num_tokens = s->num_blocks * bs;
+  return s->num_tokens;
+}
+
+void kv_manager_record_prefix(struct kv_manager *m, int queried, int hit) {
+  if (!m->p.enable_prefix_cache)
+    return;
+  m->cache.stats.queries += queried;
+  m->cache.stats.hits += hit;
+}
+
+/* 1 when S's next write lands in a partial block that another table also holds. */
+static int needs_cow(const struct kv_manager *m, const struct kv_seq *s) {
+  return s->num_tokens % m->p.block_size != 0 &&
+         m->pool.blocks[s->blocks[s->num_blocks - 1]].ref_count > 1;
+}
+
+int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s, int n) {
+  int bs = m->p.block_size;
+  int total = (s->num_tokens + n + bs - 1) / bs;
+  return total - s->num_blocks + (n > 0 && needs_cow(m, s));
+}
+
+int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv_copy *copy) {
+  copy->src = copy->dst = -1;
+  int bs = m->p.block_size;
+  int total = (s->num_tokens + n + bs - 1) / bs;
+  if (total > m->p.max_blocks_per_seq)
+    return ERR("a sequence of %d tokens exceeds its block table (%d blocks of %d)",
+               s->num_tokens + n, m->p.max_blocks_per_seq, bs);
+  if (n <= 0)
+    return 0;
+  int cow = needs_cow(m, s);
+  if (total - s->num_blocks + cow > m->pool.num_free)
+    return 1;
+  if (cow) {
+    int32_t old = s->blocks[s->num_blocks - 1];
+    int32_t id = fresh_block(m);
+    m->pool.blocks[old].ref_count--; /* still >= 1: it was shared */
+    s->blocks[s->num_blocks - 1] = id;
+    copy->src = old;
+    copy->dst = id;
+  }
+  while (s->num_blocks < total)
+    s->blocks[s->num_blocks++] = fresh_block(m);
+  s->num_tokens += n;
+  return 0;
+}
+
+int kv_manager_append(struct kv_manager *m, struct kv_seq *s, struct kv_copy *copy) {
+  return kv_manager_allocate(m, s, 1, copy);
+}
+
+void kv_manager_fork(struct kv_manager *m, const struct kv_seq *parent, struct kv_seq *child) {
+  for (int i = 0; i < parent->num_blocks; i++) {
+    child->blocks[i] = parent->blocks[i];
+    m->pool.blocks[parent->blocks[i]].ref_count++;
+  }
+  child->num_blocks = parent->num_blocks;
+  child->num_tokens = parent->num_tokens;
+  child->num_hashed = parent->num_hashed;
+  memcpy(child->chain, parent->chain, sizeof child->chain);
+}
+
+void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens,
+                                  int num_computed) {
+  if (!m->p.enable_prefix_cache)
+    return;
+  int bs = m->p.block_size;
+  uint8_t h[BLOCK_HASH_BYTES];
+  while ((s->num_hashed + 1) * bs <= num_computed && s->num_hashed < s->num_blocks) {
+    int i = s->num_hashed;
+    const uint8_t *parent = i ? s->chain : NULL;
+    prefix_cache_hash(&m->cache, parent, tokens + (size_t)i * bs, h);
+    int32_t id = s->blocks[i];
+    if (!m->pool.blocks[id].has_hash)
+      prefix_cache_insert(&m->cache, &m->pool, id, h, parent, tokens + (size_t)i * bs);
+    memcpy(s->chain, h, sizeof h);
+    s->num_hashed++;
+  }
+}
+
+void kv_manager_release(struct kv_manager *m, struct kv_seq *s) {
+  for (int i = s->num_blocks - 1; i >= 0; i--) {
+    int32_t id = s->blocks[i];
+    if (--m->pool.blocks[id].ref_count == 0)
+      block_pool_append(&m->pool, id);
+  }
+  s->num_blocks = s->num_tokens = s->num_hashed = 0;
+}
+
+int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs) {
+  const struct block_pool *p = &m->pool;
+  int nb = p->num_blocks, bs = m->p.block_size;
+  int32_t *refs = calloc((size_t)nb, sizeof *refs);
+  int32_t *last_seen = malloc((size_t)nb * sizeof *last_seen);
+  int rc = -1;
+  if (!refs || !last_seen) {
+    rc = ERR("out of memory");
+    goto out;
+  }
+  for (int i = 0; i < nb; i++)
+    last_seen[i] = -1;
+  for (int q = 0; q < n_seqs; q++) {
+    const struct kv_seq *s = seqs[q];
+    if (s->num_blocks != (s->num_tokens + bs - 1) / bs) {
+      ERR("seq %d: %d blocks for %d tokens", q, s->num_blocks, s->num_tokens);
+      goto out;
+    }
+    if (s->num_hashed > s->num_blocks || s->num_hashed * bs > s->num_tokens) {
+      ERR("seq %d: %d hashed blocks of %d", q, s->num_hashed, s->num_blocks);
+      goto out;
+    }
+    for (int i = 0; i < s->num_blocks; i++) {
+      int32_t id = s->blocks[i];
+      if (id <= 0 || id >= nb) {
+        ERR("seq %d block %d: bad id %d", q, i, id);
+        goto out;
+      }
+      if (last_seen[id] == q) {
+        ERR("block %d twice in seq %d", id, q);
+        goto out;
+      }
+      last_seen[id] = q;
+      refs[id]++;
+    }
+  }
+  int used = 0, has_hash = 0;
+  for (int i = 1; i < nb; i++) {
+    const struct block *b = &p->blocks[i];
+    if (b->ref_count != refs[i]) {
+      ERR("block %d: ref_count %d but %d tables hold it", i, b->ref_count, refs[i]);
+      goto out;
+    }
+    if ((b->ref_count == 0) != block_pool_is_free(p, i)) {
+      ERR("block %d: ref_count %d but %s the free queue", i, b->ref_count,
+          block_pool_is_free(p, i) ? "in" : "not in");
+      goto out;
+    }
+    used += b->ref_count > 0;
+    has_hash += b->has_hash;
+  }
+  if (p->blocks[0].ref_count != 1 || block_pool_is_free(p, 0)) {
+    ERR("the null block was handed out");
+    goto out;
+  }
+  int walked = 0;
+  for (int32_t i = p->blocks[nb].next; i != nb; i = p->blocks[i].next) {
+    if (i <= 0 || i >= nb || p->blocks[i].ref_count != 0 || ++walked > p->num_free) {
+      ERR("free queue corrupt at block %d", i);
+      goto out;
+    }
+    if (p->blocks[p->blocks[i].next].prev != i) {
+      ERR("free queue links broken at %d", i);
+      goto out;
+    }
+  }
+  if (walked != p->num_free || p->num_free + used != nb - 1) {
+    ERR("free %d (walked %d) + used %d != %d blocks", p->num_free, walked, used, nb - 1);
+    goto out;
+  }
+  if (m->p.enable_prefix_cache) {
+    const struct prefix_cache *c = &m->cache;
+    int entries = 0;
+    for (uint32_t i = 0; i <= c->cap_mask; i++) {
+      const struct prefix_cache_entry *e = &c->table[i];
+      if (e->block < 0)
+        continue;
+      entries++;
+      const struct block *b = &p->blocks[e->block];
+      if (!b->has_hash || memcmp(b->hash, e->hash, BLOCK_HASH_BYTES)) {
+        ERR("cache entry %u -> block %d whose hash differs", i, e->block);
+        goto out;
+      }
+      static const uint8_t zero[BLOCK_HASH_BYTES];
+      const uint8_t *par = c->parent + (size_t)e->block * BLOCK_HASH_BYTES;
+      uint8_t h[BLOCK_HASH_BYTES];
+      prefix_cache_hash(c, memcmp(par, zero, sizeof zero) ? par : NULL,
+                        c->tokens + (size_t)e->block * bs, h);
+      if (memcmp(h, e->hash, sizeof h)) {
+        ERR("block %d: hash does not match its tokens", e->block);
+        goto out;
+      }
+      if (prefix_cache_lookup(c, e->hash, c->tokens + (size_t)e->block * bs) != e->block) {
+        ERR("block %d: cached but not found by lookup", e->block);
+        goto out;
+      }
+    }
+    if (entries != has_hash || entries != c->num_cached) {
+      ERR("%d cache entries, %d hashed blocks, num_cached %d", entries, has_hash, c->num_cached);
+      goto out;
+    }
+  } else if (has_hash) {
+    ERR("%d blocks hashed with prefix caching off", has_hash);
+    goto out;
+  }
+  rc = 0;
+out:
+  free(refs);
+  free(last_seen);
+  return rc;
+}

@@ -1,0 +1,80 @@
+/* kv_manager.h - per-sequence block tables over the block pool and the prefix cache. */
+#ifndef PAGODA_KV_MANAGER_H
+#define PAGODA_KV_MANAGER_H
+
+#include <stdint.h>
+
+#include "core/block_pool.h"
+#include "core/prefix_cache.h"
+
+struct kv_manager_params {
+  int num_blocks;          /* pool size, null block included */
+  int block_size;          /* tokens per block: 8, 16 or 32 */
+  int max_blocks_per_seq;  /* length of every block table */
+  int enable_prefix_cache; /* 0: blocks are never hashed nor shared through the cache */
+};
+
+/* One sequence's view of the cache. Tokens [0, num_tokens) have slots; the KV of the first
+ * num_hashed * block_size tokens is complete and its hash chain known. */
+struct kv_seq {
+  int32_t *blocks;  /* (max_blocks_per_seq) logical block -> physical block id */
+  int num_blocks;   /* == ceil(num_tokens / block_size) */
+  int num_tokens;   /* token slots allocated */
+  int num_hashed;   /* leading full blocks whose hash is in `chain` order (cached or not) */
+  uint8_t chain[BLOCK_HASH_BYTES]; /* hash of block num_hashed - 1 */
+};
+
+/* A pending copy-on-write: the caller copies block src to dst in every layer before the step. */
+struct kv_copy {
+  int32_t src, dst;
+};
+
+struct kv_manager {
+  struct kv_manager_params p;
+  struct block_pool pool;
+  struct prefix_cache cache; /* unused (zeroed) when prefix caching is off */
+};
+
+/* Returns 0, or -1 with err_last() set. Release with kv_manager_free. */
+int kv_manager_init(struct kv_manager *m, const struct kv_manager_params *p);
+void kv_manager_free(struct kv_manager *m);
+
+/* A sequence with an empty table. Returns 0 or -1. Release with kv_seq_free (after
+ * kv_manager_release). */
+int kv_seq_init(struct kv_seq *s, const struct kv_manager *m);
+void kv_seq_free(struct kv_seq *s);
+
+/* On an empty sequence: takes (by reference) the longest run of cached full blocks that match
+ * TOKENS[0, n), keeping at least the last token to recompute. Returns the tokens covered
+ * (a multiple of block_size; 0 when prefix caching is off). Stats are recorded separately by
+ * kv_manager_record_prefix so that a retried admission is not counted twice. */
+int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n);
+void kv_manager_record_prefix(struct kv_manager *m, int queried, int hit);
+
+/* New blocks that reserving N more slots for S would take (copy-on-write included). */
+int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s, int n);
+/* Reserves slots for N more tokens. Returns 0; 1 when the pool lacks the blocks (S unchanged);
+ * -1 when S would outgrow its table. When the write would land in a block shared with another
+ * sequence, S gets a private copy and *COPY names it (src = -1 otherwise). */
+int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv_copy *copy);
+/* kv_manager_allocate for one token (decode). */
+int kv_manager_append(struct kv_manager *m, struct kv_seq *s, struct kv_copy *copy);
+/* CHILD (empty) shares every block of PARENT by reference. */
+void kv_manager_fork(struct kv_manager *m, const struct kv_seq *parent, struct kv_seq *child);
+/* Registers the blocks of S that became full now that NUM_COMPUTED tokens (TOKENS) have KV. */
+void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens,
+                                  int num_computed);
+/* Drops S's references, last block first (so its tail is evicted before its head); S is empty. */
+void kv_manager_release(struct kv_manager *m, struct kv_seq *s);
+
+static inline int kv_manager_num_free(const struct kv_manager *m) { return m->pool.num_free; }
+/* Blocks usable by sequences (the null block excluded). */
+static inline int kv_manager_capacity(const struct kv_manager *m) { return m->pool.num_blocks - 1; }
+
+/* Checks every structural invariant against the sequences SEQS (all live tables): ref counts equal
+ * the number of tables holding each block, free + used = total, the free queue holds exactly the
+ * unreferenced blocks, every cached hash maps to a block hashed with its stored parent and tokens.
+ * O(blocks + slots); for tests. Returns 0, or -1 with err_last() describing the first violation. */
+int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs);
+
+#endif
