@@ -1,0 +1,56 @@
+/* sampler.h - logits processors (bias, penalties) and the token sampler (greedy, temperature,
+ * top-k, top-p, min-p) with a per-sequence random generator. */
+#ifndef PAGODA_SAMPLER_H
+#define PAGODA_SAMPLER_H
+
+#include <stdint.h>
+
+#include "sampling/rng.h"
+
+struct sampler_params {
+  float temperature;        /* <= 0: greedy, exactly the first index of the maximum */
+  int top_k;                /* <= 0: off */
+  float top_p;              /* >= 1: off */
+  float min_p;              /* <= 0: off */
+  float repetition_penalty; /* 1: off. HF/CTRL: every token of prompt + output, l > 0 ? l / r : l * r */
+  float presence_penalty;   /* 0: off. OpenAI: l -= presence * (count > 0), output tokens only */
+  float frequency_penalty;  /* 0: off. OpenAI: l -= frequency * count, output tokens only */
+  const int32_t *bias_ids;  /* (n_bias) logit_bias: l[id] += value, applied first */
+  const float *bias_values; /* (n_bias) */
+  int n_bias;
+  const int32_t *suppress_ids; /* (n_suppress) set to -inf last (min_tokens hides EOS/stop ids) */
+  int n_suppress;
+};
+
+/* Scratch sized for one vocabulary; one per engine (the engine thread samples sequentially). */
+struct sampler {
+  int vocab;
+  int32_t *counts; /* (vocab) zero between calls */
+  float *probs;    /* (vocab) unnormalized probabilities at the current temperature */
+  int32_t *order;  /* (vocab) candidate ids */
+};
+
+/* Returns 0, or -1 with err_last() set. Release with sampler_free. */
+int sampler_init(struct sampler *s, int vocab);
+void sampler_free(struct sampler *s);
+
+/* In place on LOGITS (vocab): logit bias, repetition penalty, presence and frequency penalties,
+ * suppression, in that order. PROMPT (n_prompt) and OUTPUT (n_output) are the sequence so far. */
+void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,
+                              const int32_t *prompt, int n_prompt, const int32_t *output, int n_output);
+
+/* The tokens that survive temperature, then top-k, then top-p (over the top-k set renormalized,
+ * as HF applies them), then min-p. *IDS (count) lists them; *PROBS (vocab, indexed by token id)
+ * holds their probabilities renormalized to sum 1 (other entries are meaningless); both point
+ * into the sampler's scratch until the next call. Sorted by probability (ties: lower id first) when
+ * top-k or top-p is on, in id order otherwise. Requires temperature > 0. Returns the count. */
+int sampler_candidates(struct sampler *s, const struct sampler_params *p, const float *logits,
+                       const int32_t **ids, const float **probs);
+
+/* Picks the next token from processed LOGITS: argmax when greedy, else one draw of R. */
+int32_t sampler_pick(struct sampler *s, const struct sampler_params *p, const float *logits, struct rng *r);
+
+/* log softmax(logits)[id] of the raw logits (for beam search scores and logprobs). */
+float sampler_logprob(const float *logits, int vocab, int32_t id);
+
+#endif
