@@ -1,0 +1,167 @@
+/* engine_flags.c - parsing of the engine options shared by the subcommands. */
+#include "cli/engine_flags.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int flag_value(const char *name, int argc, char **argv, int *i, const char **value) {
+  const char *a = argv[*i];
+  size_t n = strlen(name);
+  if (strncmp(a, name, n))
+    return 0;
+  if (a[n] == '=') {
+    *value = a + n + 1;
+    return 1;
+  }
+  if (a[n])
+    return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "error: %s needs a value\n", name);
+    return -1;
+  }
+  *value = argv[++*i];
+  return 1;
+}
+
+int flag_int64(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) {
+    fprintf(stderr, "error: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int flag_int(const char *flag, const char *s, long lo, long hi, int *out) {
+  long long v;
+  if (flag_int64(flag, s, lo, hi, &v))
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int flag_double(const char *flag, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+    fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, int *i) {
+  const char *v;
+  int r;
+  double d;
+#define TRY(name) if ((r = flag_value(name, argc, argv, i, &v)) != 0)
+  TRY("-m") {
+    if (r < 0)
+      return -1;
+    p->model = v;
+    return 1;
+  }
+  TRY("--model") {
+    if (r < 0)
+      return -1;
+    p->model = v;
+    return 1;
+  }
+  TRY("--device") {
+    if (r < 0)
+      return -1;
+    if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+      fprintf(stderr, "error: --device must be cpu or cuda, got '%s'\n", v);
+      return -1;
+    }
+    p->device = v;
+    return 1;
+  }
+  TRY("--threads") return r < 0 || flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
+  TRY("-t") return r < 0 || flag_int("-t", v, 0, 4096, &p->threads) ? -1 : 1;
+  TRY("--paged-attn") {
+    if (r < 0)
+      return -1;
+    if (!strcmp(v, "auto"))
+      p->paged_attn = PAGODA_PAGED_ATTN_AUTO;
+    else if (!strcmp(v, "on"))
+      p->paged_attn = PAGODA_PAGED_ATTN_ON;
+    else if (!strcmp(v, "off"))
+      p->paged_attn = PAGODA_PAGED_ATTN_OFF;
+    else {
+      fprintf(stderr, "error: --paged-attn must be auto, on or off, got '%s'\n", v);
+      return -1;
+    }
+    return 1;
+  }
+  TRY("--pa-block-size") {
+    if (r < 0 || flag_int("--pa-block-size", v, 1, 1 << 20, &p->block_size))
+      return -1;
+    if (p->block_size != 8 && p->block_size != 16 && p->block_size != 32) {
+      fprintf(stderr, "error: --pa-block-size must be 8, 16 or 32, got %s\n", v);
+      return -1;
+    }
+    return 1;
+  }
+  TRY("--pa-memory-mb") {
+    if (r < 0 || flag_double("--pa-memory-mb", v, 1e-9, 1e12, &d))
+      return -1;
+    p->pa_memory_mb = d;
+    return 1;
+  }
+  TRY("--pa-memory-fraction") {
+    if (r < 0 || flag_double("--pa-memory-fraction", v, 1e-9, 1, &d))
+      return -1;
+    p->pa_memory_fraction = d;
+    return 1;
+  }
+  TRY("--pa-context-len") return r < 0 || flag_int("--pa-context-len", v, 1, 1 << 30, &p->pa_context_len) ? -1 : 1;
+  TRY("--pa-cache-type") {
+    if (r < 0)
+      return -1;
+    if (!strcmp(v, "auto"))
+      p->cache_type = PAGODA_CACHE_TYPE_AUTO;
+    else if (!strcmp(v, "f8e4m3"))
+      p->cache_type = PAGODA_CACHE_TYPE_F8E4M3;
+    else {
+      fprintf(stderr, "error: --pa-cache-type must be auto or f8e4m3, got '%s'\n", v);
+      return -1;
+    }
+    return 1;
+  }
+  TRY("--prefix-cache-n") return r < 0 || flag_int("--prefix-cache-n", v, 0, 1 << 30, &p->prefix_cache_n) ? -1 : 1;
+  TRY("--max-num-seqs") return r < 0 || flag_int("--max-num-seqs", v, 1, 1 << 20, &p->max_num_seqs) ? -1 : 1;
+  TRY("--max-num-batched-tokens")
+  return r < 0 || flag_int("--max-num-batched-tokens", v, 1, 1 << 24, &p->max_num_batched_tokens) ? -1 : 1;
+  TRY("--prefill-chunk-size")
+  return r < 0 || flag_int("--prefill-chunk-size", v, 1, 1 << 24, &p->prefill_chunk_size) ? -1 : 1;
+  TRY("--max-model-len") return r < 0 || flag_int("--max-model-len", v, 1, 1 << 30, &p->max_model_len) ? -1 : 1;
+#undef TRY
+  return 0;
+}
+
+void engine_flags_usage(FILE *f) {
+  fprintf(f,
+          "engine options:\n"
+          "  -m, --model PATH              model: HF directory (config.json + safetensors) or .gguf file\n"
+          "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
+          "  -t, --threads N               CPU threads (default 0 = all cores)\n"
+          "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"
+          "  --pa-block-size 8|16|32       tokens per KV block (default 32)\n"
+          "  --pa-memory-mb N              KV pool size in MiB            } at most one; default: 90%% of\n"
+          "  --pa-memory-fraction F        fraction of free memory (0,1]  } the memory left after the\n"
+          "  --pa-context-len N            room for max-num-seqs x N tokens } weights\n"
+          "  --pa-cache-type auto|f8e4m3   KV dtype (auto = model compute dtype)\n"
+          "  --prefix-cache-n N            prefix caching (default 16; 0 disables)\n"
+          "  --max-num-seqs N              sequences per step (default 256)\n"
+          "  --max-num-batched-tokens N    tokens per step (default 8192)\n"
+          "  --prefill-chunk-size N        prompt tokens per sequence per step (default 4096)\n"
+          "  --max-model-len N             longest prompt + output (default: the model's context)\n");
+}

@@ -1,0 +1,25 @@
+/* engine_flags.h - the engine options shared by `pagoda run`, `bench` (and later `serve`). */
+#ifndef PAGODA_ENGINE_FLAGS_H
+#define PAGODA_ENGINE_FLAGS_H
+
+#include <stdio.h>
+
+#include "pagoda.h"
+
+/* If argv[*i] is an engine flag (-m/--model, --device, --threads, --paged-attn, --pa-*,
+ * --prefix-cache-n, --max-num-seqs, --max-num-batched-tokens, --prefill-chunk-size,
+ * --max-model-len; "--flag value" or "--flag=value"), stores it in P, advances *i past its value
+ * and returns 1; returns 0 when it is not one, -1 after printing a message for a bad value. */
+int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, int *i);
+void engine_flags_usage(FILE *f);
+
+/* Helpers for the subcommands' own flags: flag NAME at argv[*i] with its value (either form).
+ * Return 1 and set *VALUE when argv[*i] is NAME, 0 when not, -1 (message printed) when the value
+ * is missing. */
+int flag_value(const char *name, int argc, char **argv, int *i, const char **value);
+/* Strict conversions; -1 with a message naming FLAG on a malformed or out-of-range value. */
+int flag_int(const char *flag, const char *s, long lo, long hi, int *out);
+int flag_int64(const char *flag, const char *s, long long lo, long long hi, long long *out);
+int flag_double(const char *flag, const char *s, double lo, double hi, double *out);
+
+#endif

@@ -1,0 +1,671 @@
+/* engine.c - the engine behind include/pagoda.h: owns model, tokenizer, KV manager, scheduler and
+ * sampler; each step schedules, runs one flattened batch and turns logits into outputs.
+ *
+ * Threading: one thread owns an engine (no locks inside). Requests and aborts are applied between
+ * steps; a front end with other threads hands them over through its own queue. Memory: the pool,
+ * the batch arrays and the logits are allocated once at creation; a request allocates its
+ * sequences (tokens, tables) when added; nothing is allocated per token apart from the amortized
+ * growth of a sequence's output text. */
+#include <math.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "core/kv_manager.h"
+#include "core/request.h"
+#include "core/scheduler.h"
+#include "model/model.h"
+#include "pagoda.h"
+#include "sampling/sampler.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "util/log.h"
+
+struct pagoda_engine {
+  struct pagoda_engine_params p;
+  struct backend *be;
+  struct model *model;
+  struct tokenizer *tok;
+  int vocab, max_model_len, block_size, max_blocks_per_seq;
+  struct kv_manager kv;
+  struct scheduler sched;
+  struct sampler sampler;
+  int32_t *eog;            /* (n_eog) ids that end generation (EOS, end of turn) */
+  int n_eog;
+  /* The step's batch in host memory (the model copies it to its device). */
+  int32_t *input_ids;      /* (max_num_batched_tokens) */
+  int32_t *positions;      /* (max_num_batched_tokens) */
+  int32_t *slots;          /* (max_num_batched_tokens) */
+  int32_t *query_start;    /* (max_num_seqs + 1) */
+  int32_t *seq_lens;       /* (max_num_seqs) */
+  int32_t *block_tables;   /* (max_num_seqs, max_blocks_per_seq); row stride is per step */
+  int32_t *logits_idx;     /* (max_num_seqs) */
+  int32_t *logit_row;      /* (max_num_seqs) logits row of each scheduled item, -1: none */
+  float *logits;           /* (max_num_seqs, vocab) */
+  int32_t *copy_src, *copy_dst; /* (max_num_seqs) */
+  struct request *live;    /* doubly linked list of unfinished (or unreported) requests */
+  struct request *dead;    /* reported finished: freed at the start of the next step */
+  uint64_t next_id;
+  struct sequence **dirty; /* (dirty_cap) sequences with something to report */
+  int n_dirty, dirty_cap;
+  struct pagoda_output *outs; /* (dirty_cap) */
+  /* stats */
+  double waste_slots, alloc_slots, peak_usage;
+  int64_t steps, prompt_computed, generated;
+};
+
+void pagoda_engine_params_default(struct pagoda_engine_params *p) {
+  memset(p, 0, sizeof *p);
+  p->block_size = 32;
+  p->prefix_cache_n = 16;
+  p->max_num_seqs = 256;
+  p->max_num_batched_tokens = 8192;
+  p->prefill_chunk_size = 4096;
+}
+
+void pagoda_sampling_params_default(struct pagoda_sampling_params *p) {
+  memset(p, 0, sizeof *p);
+  p->n = 1;
+  p->temperature = 1;
+  p->top_p = 1;
+  p->seed = -1;
+  p->max_tokens = -1;
+  p->repetition_penalty = 1;
+  p->length_penalty = 1;
+  p->skip_special_tokens = 1;
+}
+
+/* Sizes the pool from the one budget flag given. Returns blocks (null block included) or -1. */
+static int pool_blocks(const struct pagoda_engine *e, size_t block_bytes) {
+  const struct pagoda_engine_params *p = &e->p;
+  int set = (p->pa_memory_mb > 0) + (p->pa_memory_fraction > 0) + (p->pa_context_len > 0);
+  if (set > 1)
+    return ERR("--pa-memory-mb, --pa-memory-fraction and --pa-context-len are mutually exclusive; give one");
+  if (p->pa_memory_mb < 0 || p->pa_memory_fraction < 0 || p->pa_memory_fraction > 1 || p->pa_context_len < 0)
+    return ERR("invalid KV budget: --pa-memory-mb must be > 0, --pa-memory-fraction in (0, 1], "
+               "--pa-context-len > 0");
+  long long full = (long long)p->max_num_seqs * e->max_blocks_per_seq + 1;
+  long long blocks;
+  const char *flag;
+  char given[64];
+  if (p->pa_context_len > 0) {
+    blocks = (long long)p->max_num_seqs * ((p->pa_context_len + e->block_size - 1) / e->block_size) + 1;
+    flag = "--pa-context-len";
+    snprintf(given, sizeof given, "%d", p->pa_context_len);
+  } else if (p->pa_memory_mb > 0) {
+    blocks = (long long)(p->pa_memory_mb * 1048576.0 / (double)block_bytes);
+    flag = "--pa-memory-mb";
+    snprintf(given, sizeof given, "%g", p->pa_memory_mb);
+  } else {
+    double frac = p->pa_memory_fraction > 0 ? p->pa_memory_fraction : 0.9;
+    blocks = (long long)(frac * (double)e->be->ops->mem_available(e->be) / (double)block_bytes);
+    if (p->pa_memory_fraction <= 0 && blocks > full)
+      blocks = full; /* no flag: never more than max_num_seqs full-length sequences can use */
+    flag = "--pa-memory-fraction";
+    snprintf(given, sizeof given, "%g", frac);
+  }
+  if (blocks > 0x7fffffffLL - 1)
+    blocks = 0x7fffffffLL - 1;
+  if (blocks - 1 < e->max_blocks_per_seq)
+    return ERR("the KV budget (%s %s) holds %lld blocks of %d tokens (%zu bytes each), less than one "
+               "sequence of %d tokens (%d blocks): raise %s or lower --max-model-len",
+               flag, given, blocks > 0 ? blocks - 1 : 0, e->block_size, block_bytes, e->max_model_len,
+               e->max_blocks_per_seq, flag);
+  return (int)blocks;
+}
+
+static int alloc_batch(struct pagoda_engine *e) {
+  int T = e->p.max_num_batched_tokens, B = e->p.max_num_seqs;
+  e->input_ids = malloc((size_t)T * 4);
+  e->positions = malloc((size_t)T * 4);
+  e->slots = malloc((size_t)T * 4);
+  e->query_start = malloc((size_t)(B + 1) * 4);
+  e->seq_lens = malloc((size_t)B * 4);
+  e->block_tables = malloc((size_t)B * e->max_blocks_per_seq * 4);
+  e->logits_idx = malloc((size_t)B * 4);
+  e->logit_row = malloc((size_t)B * 4);
+  e->logits = malloc((size_t)B * e->vocab * sizeof(float));
+  e->copy_src = malloc((size_t)B * 4);
+  e->copy_dst = malloc((size_t)B * 4);
+  if (!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
+      !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst)
+    return ERR("out of memory for the step buffers (lower --max-num-batched-tokens or --max-num-seqs)");
+  return 0;
+}
+
+int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engine_t **out) {
+  *out = NULL;
+  struct pagoda_engine *e = calloc(1, sizeof *e);
+  if (!e)
+    return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
+  e->p = *params;
+  struct pagoda_engine_params *p = &e->p;
+  int st = PAGODA_ERR_INVALID_ARG;
+  if (sodium_init() < 0) {
+    ERR("libsodium failed to initialize");
+    goto fail;
+  }
+  if (!p->model) {
+    ERR("no model given (-m MODEL)");
+    goto fail;
+  }
+  if (p->block_size != 8 && p->block_size != 16 && p->block_size != 32) {
+    ERR("--pa-block-size must be 8, 16 or 32 (got %d)", p->block_size);
+    goto fail;
+  }
+  if (p->max_num_seqs < 1 || p->max_num_batched_tokens < 1 || p->prefill_chunk_size < 1 || p->prefix_cache_n < 0 ||
+      p->max_model_len < 0 || p->threads < 0) {
+    ERR("--max-num-seqs, --max-num-batched-tokens and --prefill-chunk-size must be positive; "
+        "--prefix-cache-n, --max-model-len and --threads not negative");
+    goto fail;
+  }
+  if (p->paged_attn == PAGODA_PAGED_ATTN_OFF) {
+    ERR("--paged-attn off (the contiguous cache) is not available in this build yet");
+    st = PAGODA_ERR_UNSUPPORTED;
+    goto fail;
+  }
+  struct backend_params bp = {p->device, p->threads};
+  st = PAGODA_ERR_BACKEND;
+  if (!(e->be = backend_create(&bp)))
+    goto fail;
+  st = PAGODA_ERR_FORMAT;
+  if (!(e->model = model_load(p->model, e->be)))
+    goto fail;
+  if (!(e->tok = tokenizer_load(p->model)))
+    goto fail;
+  const struct model_config *cfg = model_get_config(e->model);
+  e->vocab = cfg->vocab_size;
+  e->max_model_len = cfg->max_seq_len;
+  st = PAGODA_ERR_INVALID_ARG;
+  if (p->max_model_len > 0) {
+    if (p->max_model_len > cfg->max_seq_len) {
+      ERR("--max-model-len %d exceeds the model's context of %d tokens", p->max_model_len, cfg->max_seq_len);
+      goto fail;
+    }
+    e->max_model_len = p->max_model_len;
+  }
+  e->block_size = p->block_size;
+  e->max_blocks_per_seq = (e->max_model_len + e->block_size - 1) / e->block_size;
+  enum dtype kv_dtype = p->cache_type == PAGODA_CACHE_TYPE_F8E4M3 ? DTYPE_F8E4M3 : e->be->act_dtype;
+  size_t block_bytes = model_kv_block_bytes(cfg, e->block_size, kv_dtype);
+  int num_blocks = pool_blocks(e, block_bytes);
+  if (num_blocks < 0)
+    goto fail;
+  st = PAGODA_ERR_OUT_OF_MEMORY;
+  if (model_alloc_cache(e->model, num_blocks, e->block_size, kv_dtype, p->max_num_batched_tokens, p->max_num_seqs,
+                        e->max_blocks_per_seq))
+    goto fail;
+  struct kv_manager_params kp = {num_blocks, e->block_size, e->max_blocks_per_seq, p->prefix_cache_n > 0};
+  if (kv_manager_init(&e->kv, &kp))
+    goto fail;
+  struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
+  if (scheduler_init(&e->sched, &sp, &e->kv) || sampler_init(&e->sampler, e->vocab) || alloc_batch(e))
+    goto fail;
+  int tv = tokenizer_vocab_size(e->tok);
+  if (tv > e->vocab)
+    tv = e->vocab;
+  e->eog = malloc((size_t)(tv > 0 ? tv : 1) * sizeof *e->eog);
+  if (!e->eog)
+    goto fail;
+  for (int i = 0; i < tv; i++)
+    if (tokenizer_is_eog(e->tok, i))
+      e->eog[e->n_eog++] = i;
+  log_info("KV pool: %d blocks of %d tokens (%.1f MiB, %s), max %d tokens per sequence", num_blocks - 1,
+           e->block_size, (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), e->max_model_len);
+  if (p->prefix_cache_n > 0)
+    log_info("Prefix caching enabled (block-level, PagedAttention).");
+  else
+    log_info("Prefix caching disabled.");
+  *out = e;
+  return PAGODA_OK;
+fail:
+  pagoda_engine_free(e);
+  return st;
+}
+
+void pagoda_engine_free(pagoda_engine_t *e) {
+  if (!e)
+    return;
+  for (struct request *r = e->live, *n; r; r = n) {
+    n = r->next;
+    for (int i = 0; i < r->n_seqs; i++)
+      if (r->seqs[i].s.state != SCHED_NONE)
+        scheduler_remove(&e->sched, &r->seqs[i].s);
+    request_free(r);
+  }
+  for (struct request *r = e->dead, *n; r; r = n) {
+    n = r->next;
+    request_free(r);
+  }
+  scheduler_free(&e->sched);
+  if (e->kv.pool.blocks)
+    kv_manager_free(&e->kv);
+  sampler_free(&e->sampler);
+  free(e->input_ids);
+  free(e->positions);
+  free(e->slots);
+  free(e->query_start);
+  free(e->seq_lens);
+  free(e->block_tables);
+  free(e->logits_idx);
+  free(e->logit_row);
+  free(e->logits);
+  free(e->copy_src);
+  free(e->copy_dst);
+  free(e->eog);
+  free(e->dirty);
+  free(e->outs);
+  if (e->tok)
+    tokenizer_free(e->tok);
+  if (e->model)
+    model_free(e->model);
+  if (e->be)
+    e->be->ops->destroy(e->be);
+  free(e);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int validate(const struct pagoda_engine *e, const int32_t *ids, int n, const struct pagoda_sampling_params *sp) {
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= e->vocab)
+      return ERR("token id %d at position %d is outside the vocabulary [0, %d)", ids[i], i, e->vocab);
+  if (sp->n < 1 || sp->n > 1024)
+    return ERR("n must be in [1, 1024] (got %d)", sp->n);
+  if (!(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1) || !(sp->min_p >= 0 && sp->min_p <= 1))
+    return ERR("temperature must be >= 0, top_p in (0, 1], min_p in [0, 1]");
+  if (!(sp->repetition_penalty > 0) || !isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
+    return ERR("repetition_penalty must be > 0; presence and frequency penalties finite");
+  if (sp->max_tokens == 0 || sp->max_tokens < -1 || sp->min_tokens < 0)
+    return ERR("max_tokens must be >= 1 (or -1 for no limit), min_tokens >= 0");
+  if (sp->beam_width < 0 || sp->beam_width > 64)
+    return ERR("beam_width must be in [0, 64]");
+  if (sp->beam_width > 1)
+    return ERR("beam search is not available in this build yet");
+  if (sp->n_stop < 0 || sp->n_stop_token_ids < 0 || sp->n_logit_bias < 0 || (sp->n_stop && !sp->stop))
+    return ERR("bad stop or logit_bias arrays");
+  for (int i = 0; i < sp->n_stop; i++)
+    if (!sp->stop[i])
+      return ERR("stop string %d is NULL", i);
+  for (int i = 0; i < sp->n_stop_token_ids; i++)
+    if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= e->vocab)
+      return ERR("stop token id %d outside the vocabulary", sp->stop_token_ids[i]);
+  for (int i = 0; i < sp->n_logit_bias; i++)
+    if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= e->vocab || !isfinite(sp->logit_bias_values[i]))
+      return ERR("logit_bias entry %d: token id %d outside the vocabulary or value not finite", i,
+                 sp->logit_bias_ids[i]);
+  return 0;
+}
+
+int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, const struct pagoda_sampling_params *spp,
+                              uint64_t *id) {
+  struct pagoda_sampling_params sp;
+  if (spp)
+    sp = *spp;
+  else
+    pagoda_sampling_params_default(&sp);
+  if (!ids || n < 1)
+    return ERR("the prompt is empty"), PAGODA_ERR_INVALID_ARG;
+  if (validate(e, ids, n, &sp))
+    return PAGODA_ERR_INVALID_ARG;
+  int max_tokens = sp.max_tokens > 0 ? sp.max_tokens : e->max_model_len - n;
+  if (max_tokens < 1)
+    max_tokens = 1; /* admission below reports the prompt as too long */
+  if (scheduler_check_admission(&e->sched, n, max_tokens))
+    return PAGODA_ERR_TOO_LONG;
+  if (sp.seed < 0) {
+    uint64_t s;
+    randombytes_buf(&s, sizeof s);
+    sp.seed = (int64_t)(s >> 1);
+  }
+  int need = e->n_dirty + sp.n + 1; /* outputs a step can report are bounded by live sequences */
+  int live_seqs = 0;
+  for (struct request *r = e->live; r; r = r->next)
+    live_seqs += r->n_seqs;
+  if (need < live_seqs + sp.n)
+    need = live_seqs + sp.n;
+  if (need > e->dirty_cap) {
+    int cap = e->dirty_cap ? e->dirty_cap : 64;
+    while (cap < need)
+      cap *= 2;
+    struct sequence **d = realloc(e->dirty, (size_t)cap * sizeof *d);
+    if (d)
+      e->dirty = d;
+    struct pagoda_output *o = realloc(e->outs, (size_t)cap * sizeof *o);
+    if (o)
+      e->outs = o;
+    if (!d || !o)
+      return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
+    e->dirty_cap = cap;
+  }
+  struct request *r = request_create(e->next_id + 1, ids, n, max_tokens, &sp, &e->kv, e->tok, e->eog, e->n_eog);
+  if (!r)
+    return PAGODA_ERR_OUT_OF_MEMORY;
+  r->t_arrival = now_s();
+  r->seqs[0].started = 1;
+  scheduler_add(&e->sched, &r->seqs[0].s);
+  r->next = e->live;
+  if (e->live)
+    e->live->prev = r;
+  e->live = r;
+  *id = ++e->next_id;
+  return PAGODA_OK;
+}
+
+int pagoda_add_request(pagoda_engine_t *e, const char *text, const struct pagoda_sampling_params *sp, uint64_t *id) {
+  if (!text)
+    return ERR("no prompt text"), PAGODA_ERR_INVALID_ARG;
+  size_t len = strlen(text);
+  int32_t small[512];
+  int n = tokenizer_encode(e->tok, text, len, 1, 0, small, 512);
+  if (n < 0)
+    return PAGODA_ERR_INVALID_ARG;
+  if (n <= 512)
+    return pagoda_add_request_tokens(e, small, n, sp, id);
+  int32_t *ids = malloc((size_t)n * sizeof *ids);
+  if (!ids)
+    return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
+  int rc = tokenizer_encode(e->tok, text, len, 1, 0, ids, n) == n ? pagoda_add_request_tokens(e, ids, n, sp, id)
+                                                                  : PAGODA_ERR_INVALID_ARG;
+  free(ids);
+  return rc;
+}
+
+static void mark_dirty(struct pagoda_engine *e, struct sequence *s) {
+  if (!s->dirty) {
+    s->dirty = 1;
+    e->dirty[e->n_dirty++] = s;
+  }
+}
+
+/* SEQ ended (finish set): leaves the scheduler, its blocks go back to the pool. */
+static void finish_seq(struct pagoda_engine *e, struct sequence *s) {
+  if (s->s.state != SCHED_NONE)
+    scheduler_remove(&e->sched, &s->s);
+  s->req->n_live--;
+  mark_dirty(e, s);
+}
+
+int pagoda_abort(pagoda_engine_t *e, uint64_t id) {
+  for (struct request *r = e->live; r; r = r->next) {
+    if (r->id != id || r->n_live == 0)
+      continue;
+    for (int i = 0; i < r->n_seqs; i++) {
+      struct sequence *s = &r->seqs[i];
+      if (s->finish)
+        continue;
+      s->finish = PAGODA_FINISH_ABORT;
+      finish_seq(e, s);
+    }
+    return PAGODA_OK;
+  }
+  return ERR("no running request with id %llu", (unsigned long long)id), PAGODA_ERR_NOT_FOUND;
+}
+
+int pagoda_engine_has_work(const pagoda_engine_t *e) { return scheduler_has_work(&e->sched) || e->n_dirty > 0; }
+
+/* Samples 1..n-1 of SEQ's request start from SEQ's state after the prompt: they share its blocks
+ * (ref counts) and each draws its first token from the same logits with its own generator. */
+static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const float *logits,
+                        const struct sampler_params *sp) {
+  struct request *r = seq->req;
+  struct sched_seq *after = &seq->s;
+  for (int i = 1; i < r->n_seqs; i++) {
+    struct sequence *c = &r->seqs[i];
+    kv_manager_fork(&e->kv, &seq->s.kv, &c->s.kv);
+    c->s.num_computed = seq->s.num_computed;
+    c->s.num_cached_prompt = seq->s.num_cached_prompt;
+    c->started = 1;
+    scheduler_add_running(&e->sched, &c->s, after);
+    after = &c->s;
+    int32_t tok = sampler_pick(&e->sampler, sp, logits, &c->rng);
+    if (sequence_push_token(c, tok, e->tok, e->max_model_len))
+      return -1;
+    e->generated++;
+    mark_dirty(e, c);
+    if (c->finish)
+      finish_seq(e, c);
+  }
+  return 0;
+}
+
+static void account_waste(struct pagoda_engine *e) {
+  const struct kv_manager *kv = &e->kv;
+  int used = kv_manager_capacity(kv) - kv_manager_num_free(kv);
+  double usage = (double)used / kv_manager_capacity(kv);
+  if (usage > e->peak_usage)
+    e->peak_usage = usage;
+  double waste = 0;
+  for (const struct sched_seq *s = e->sched.running.head; s; s = s->next) {
+    int empty = s->kv.num_blocks * e->block_size - s->kv.num_tokens;
+    if (empty > 0) /* a partial block shared by forks is counted once over its holders */
+      waste += (double)empty / kv->pool.blocks[s->kv.blocks[s->kv.num_blocks - 1]].ref_count;
+  }
+  e->waste_slots += waste;
+  e->alloc_slots += (double)used * e->block_size;
+}
+
+static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) {
+  for (int i = 0; i < o->num_copies; i++) {
+    e->copy_src[i] = o->copies[i].src;
+    e->copy_dst[i] = o->copies[i].dst;
+  }
+  if (o->num_copies && model_copy_blocks(e->model, e->copy_src, e->copy_dst, o->num_copies))
+    return -1;
+  int bs = e->block_size, t = 0, nl = 0, stride = 1, max_q = 0, max_len = 0;
+  for (int b = 0; b < o->num_items; b++)
+    if (o->items[b].seq->kv.num_blocks > stride)
+      stride = o->items[b].seq->kv.num_blocks;
+  for (int b = 0; b < o->num_items; b++) {
+    const struct sched_seq *s = o->items[b].seq;
+    int n = o->items[b].num_new, start = s->num_computed;
+    e->query_start[b] = t;
+    for (int j = 0; j < n; j++, t++) {
+      int pos = start + j;
+      e->input_ids[t] = s->tokens[pos];
+      e->positions[t] = pos;
+      e->slots[t] = s->kv.blocks[pos / bs] * bs + pos % bs;
+    }
+    if (start < s->num_prompt)
+      e->prompt_computed += (start + n < s->num_prompt ? start + n : s->num_prompt) - start;
+    e->seq_lens[b] = start + n;
+    int32_t *row = e->block_tables + (size_t)b * stride;
+    memcpy(row, s->kv.blocks, (size_t)s->kv.num_blocks * sizeof *row);
+    for (int j = s->kv.num_blocks; j < stride; j++)
+      row[j] = 0;
+    e->logit_row[b] = -1;
+    if (start + n == s->num_tokens) {
+      e->logit_row[b] = nl;
+      e->logits_idx[nl++] = t - 1;
+    }
+    max_q = n > max_q ? n : max_q;
+    max_len = start + n > max_len ? start + n : max_len;
+  }
+  e->query_start[o->num_items] = t;
+  struct batch batch = {
+      .num_tokens = t, .num_seqs = o->num_items, .max_blocks_per_seq = stride, .max_seq_len = max_len,
+      .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
+      .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
+      .num_logits = nl, .logits_idx = e->logits_idx};
+  return model_forward(e->model, &batch, e->logits);
+}
+
+static void collect_outputs(struct pagoda_engine *e, int *n_outs) {
+  int n = 0;
+  for (int i = 0; i < e->n_dirty; i++) {
+    struct sequence *s = e->dirty[i];
+    struct request *r = s->req;
+    struct pagoda_output *o = &e->outs[n++];
+    int n_out = sequence_num_output(s);
+    size_t end = sequence_reportable_text(s);
+    o->request_id = r->id;
+    o->index = s->index;
+    o->token_ids = s->tokens + s->s.num_prompt + s->tokens_sent;
+    o->num_token_ids = n_out - s->tokens_sent;
+    o->text = s->text ? s->text + s->text_sent : "";
+    o->text_len = end - s->text_sent;
+    o->finish_reason = s->finish;
+    o->usage.prompt_tokens = r->num_prompt;
+    o->usage.completion_tokens = 0;
+    for (int k = 0; k < r->n_seqs; k++)
+      o->usage.completion_tokens += sequence_num_output(&r->seqs[k]);
+    o->usage.cached_prompt_tokens = r->seqs[0].s.num_cached_prompt;
+    s->tokens_sent = n_out;
+    s->text_sent = end;
+    s->dirty = 0;
+  }
+  e->n_dirty = 0;
+  *n_outs = n;
+  /* Requests whose every sequence finished and was reported move to the dead list. */
+  for (struct request *r = e->live, *next; r; r = next) {
+    next = r->next;
+    if (r->n_live > 0)
+      continue;
+    int pending = 0;
+    for (int k = 0; k < r->n_seqs; k++)
+      pending |= r->seqs[k].dirty;
+    if (pending)
+      continue;
+    if (r->prev)
+      r->prev->next = r->next;
+    else
+      e->live = r->next;
+    if (r->next)
+      r->next->prev = r->prev;
+    r->prev = NULL;
+    r->next = e->dead;
+    e->dead = r;
+  }
+  if (e->p.on_output)
+    for (int i = 0; i < n; i++)
+      e->p.on_output(&e->outs[i], e->p.user);
+}
+
+int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, int *n_outs) {
+  *outs = e->outs;
+  *n_outs = 0;
+  for (struct request *r = e->dead, *n; r; r = n) { /* their outputs were read last step */
+    n = r->next;
+    request_free(r);
+  }
+  e->dead = NULL;
+  const struct scheduler_output *o;
+  if (scheduler_schedule(&e->sched, &o))
+    return PAGODA_ERR_OUT_OF_MEMORY;
+  if (o->num_items) {
+    if (run_batch(e, o))
+      return PAGODA_ERR_BACKEND;
+    e->steps++;
+    scheduler_update(&e->sched);
+    for (int b = 0; b < o->num_items; b++) {
+      if (e->logit_row[b] < 0)
+        continue;
+      struct sequence *s = (struct sequence *)o->items[b].seq;
+      float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
+      const struct sampler_params *sp = sequence_sampler_params(s);
+      sampler_apply_processors(&e->sampler, sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                               sequence_num_output(s));
+      if (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started &&
+          fork_samples(e, s, lg, sp))
+        return PAGODA_ERR_OUT_OF_MEMORY;
+      int32_t tok = sampler_pick(&e->sampler, sp, lg, &s->rng);
+      if (sequence_push_token(s, tok, e->tok, e->max_model_len))
+        return PAGODA_ERR_OUT_OF_MEMORY;
+      e->generated++;
+      mark_dirty(e, s);
+      if (s->finish)
+        finish_seq(e, s);
+    }
+    account_waste(e);
+  }
+  collect_outputs(e, n_outs);
+  return PAGODA_OK;
+}
+
+int pagoda_engine_stats(const pagoda_engine_t *e, struct pagoda_engine_stats *s) {
+  memset(s, 0, sizeof *s);
+  const struct kv_manager *kv = &e->kv;
+  s->num_blocks = kv_manager_capacity(kv);
+  s->block_size = e->block_size;
+  s->free_blocks = kv_manager_num_free(kv);
+  s->running = e->sched.running.count;
+  s->waiting = e->sched.waiting.count;
+  s->kv_usage = (double)(s->num_blocks - s->free_blocks) / s->num_blocks;
+  s->kv_peak_usage = e->peak_usage;
+  s->kv_waste_fraction = e->alloc_slots > 0 ? e->waste_slots / e->alloc_slots : 0;
+  if (kv->p.enable_prefix_cache) {
+    s->prefix_queries = kv->cache.stats.queries;
+    s->prefix_hits = kv->cache.stats.hits;
+    s->prefix_evictions = kv->cache.stats.evictions;
+  }
+  s->preemptions = e->sched.total_preemptions;
+  s->steps = e->steps;
+  s->prompt_tokens_computed = e->prompt_computed;
+  s->generated_tokens = e->generated;
+  s->paged = 1;
+  return PAGODA_OK;
+}
+
+int pagoda_max_model_len(const pagoda_engine_t *e) { return e->max_model_len; }
+int pagoda_vocab_size(const pagoda_engine_t *e) { return e->vocab; }
+
+int pagoda_tokenize(const pagoda_engine_t *e, const char *text, size_t len, int add_special, int parse_special,
+                    int32_t *ids, int max_ids) {
+  return tokenizer_encode(e->tok, text, len, add_special, parse_special, ids, max_ids);
+}
+
+int pagoda_has_chat_template(const pagoda_engine_t *e) { return tokenizer_chat_template(e->tok) != NULL; }
+
+static int add_token_string(cJSON *ctx, const char *key, const struct tokenizer *t, int id) {
+  size_t len = 0;
+  const char *s = id >= 0 ? tokenizer_token_text(t, id, &len) : NULL;
+  char *copy = malloc(len + 1);
+  if (!copy)
+    return -1;
+  if (s)
+    memcpy(copy, s, len);
+  copy[len] = 0;
+  cJSON *v = cJSON_AddStringToObject(ctx, key, copy);
+  free(copy);
+  return v ? 0 : -1;
+}
+
+int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int add_generation_prompt, char **out) {
+  *out = NULL;
+  const char *tmpl = tokenizer_chat_template(e->tok);
+  if (!tmpl)
+    return ERR("the model has no chat template"), PAGODA_ERR_NOT_FOUND;
+  cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_Parse(messages_json);
+  int st = PAGODA_ERR_INVALID_ARG;
+  if (!ctx || !msgs || !cJSON_IsArray(msgs)) {
+    ERR("messages must be a JSON array");
+    goto done;
+  }
+  cJSON_AddItemToObject(ctx, "messages", msgs);
+  msgs = NULL;
+  cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt);
+  if (add_token_string(ctx, "bos_token", e->tok, tokenizer_bos_id(e->tok)) ||
+      add_token_string(ctx, "eos_token", e->tok, tokenizer_eos_id(e->tok))) {
+    st = PAGODA_ERR_OUT_OF_MEMORY;
+    goto done;
+  }
+  char *err = NULL;
+  size_t len;
+  *out = chat_template_render(tmpl, ctx, &len, &err);
+  if (!*out) {
+    ERR("chat template: %s", err ? err : "render failed");
+    free(err);
+    goto done;
+  }
+  st = PAGODA_OK;
+done:
+  cJSON_Delete(ctx);
+  cJSON_Delete(msgs);
+  return st;
+}

@@ -1,0 +1,210 @@
+/* request.c - request construction (deep copies of the parameters) and per-token output handling. */
+#include "core/request.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer.h"
+#include "util/log.h"
+
+static void *dup_mem(const void *src, size_t n) {
+  if (!n)
+    return NULL;
+  void *p = malloc(n);
+  if (p)
+    memcpy(p, src, n);
+  return p;
+}
+
+struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt, int max_tokens,
+                               const struct pagoda_sampling_params *sp, const struct kv_manager *kv,
+                               const struct tokenizer *tok, const int32_t *eog_ids, int n_eog) {
+  struct request *r = calloc(1, sizeof *r);
+  if (!r) {
+    ERR("out of memory for a request");
+    return NULL;
+  }
+  r->id = id;
+  r->sp = *sp;
+  r->num_prompt = n_prompt;
+  r->max_tokens = max_tokens;
+  int beam = sp->beam_width > 1;
+  r->n_seqs = beam ? sp->beam_width : sp->n;
+  int fail = 0;
+  if (sp->n_stop) {
+    r->stop = calloc((size_t)sp->n_stop, sizeof *r->stop);
+    fail |= !r->stop;
+    for (int i = 0; !fail && i < sp->n_stop; i++)
+      fail |= !(r->stop[i] = strdup(sp->stop[i]));
+  }
+  r->stop_ids = dup_mem(sp->stop_token_ids, (size_t)sp->n_stop_token_ids * sizeof(int32_t));
+  r->bias_ids = dup_mem(sp->logit_bias_ids, (size_t)sp->n_logit_bias * sizeof(int32_t));
+  r->bias_values = dup_mem(sp->logit_bias_values, (size_t)sp->n_logit_bias * sizeof(float));
+  fail |= (sp->n_stop_token_ids && !r->stop_ids) || (sp->n_logit_bias && (!r->bias_ids || !r->bias_values));
+  r->sp.stop = (const char *const *)r->stop;
+  r->sp.stop_token_ids = r->stop_ids;
+  r->sp.logit_bias_ids = r->bias_ids;
+  r->sp.logit_bias_values = r->bias_values;
+  if (sp->min_tokens > 0) {
+    r->suppress = malloc((size_t)(n_eog + sp->n_stop_token_ids + 1) * sizeof *r->suppress);
+    fail |= !r->suppress;
+    if (!fail) {
+      if (!sp->ignore_eos)
+        for (int i = 0; i < n_eog; i++)
+          r->suppress[r->n_suppress++] = eog_ids[i];
+      for (int i = 0; i < sp->n_stop_token_ids; i++)
+        r->suppress[r->n_suppress++] = sp->stop_token_ids[i];
+    }
+  }
+  struct sampler_params *q = &r->sampler;
+  q->temperature = beam ? 0 : sp->temperature;
+  q->top_k = sp->top_k;
+  q->top_p = sp->top_p;
+  q->min_p = sp->min_p;
+  q->repetition_penalty = sp->repetition_penalty;
+  q->presence_penalty = sp->presence_penalty;
+  q->frequency_penalty = sp->frequency_penalty;
+  q->bias_ids = r->bias_ids;
+  q->bias_values = r->bias_values;
+  q->n_bias = sp->n_logit_bias;
+  r->seqs = calloc((size_t)r->n_seqs, sizeof *r->seqs);
+  fail |= !r->seqs;
+  uint64_t seed = (uint64_t)sp->seed;
+  for (int i = 0; !fail && i < r->n_seqs; i++) {
+    struct sequence *s = &r->seqs[i];
+    s->req = r;
+    s->index = i;
+    s->cap = n_prompt + max_tokens;
+    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
+    s->detok = detokenizer_create(tok, sp->skip_special_tokens);
+    if (!s->tokens || !s->detok || kv_seq_init(&s->s.kv, kv)) {
+      fail = 1;
+      break;
+    }
+    memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    s->s.tokens = s->tokens;
+    s->s.num_tokens = s->s.num_prompt = n_prompt;
+    /* Sample i draws from its own stream: seed and index only, never the batch. */
+    rng_seed(&s->rng, seed + 0x9e3779b97f4a7c15ull * (uint64_t)i);
+  }
+  if (fail) {
+    request_free(r);
+    ERR("out of memory for a request");
+    return NULL;
+  }
+  r->n_live = r->n_seqs;
+  return r;
+}
+
+void request_free(struct request *r) {
+  if (!r)
+    return;
+  for (int i = 0; r->seqs && i < r->n_seqs; i++) {
+    struct sequence *s = &r->seqs[i];
+    free(s->tokens);
+    free(s->text);
+    if (s->detok)
+      detokenizer_free(s->detok);
+    kv_seq_free(&s->s.kv);
+  }
+  free(r->seqs);
+  for (int i = 0; r->stop && i < r->sp.n_stop; i++)
+    free(r->stop[i]);
+  free(r->stop);
+  free(r->stop_ids);
+  free(r->bias_ids);
+  free(r->bias_values);
+  free(r->suppress);
+  free(r);
+}
+
+const struct sampler_params *sequence_sampler_params(struct sequence *seq) {
+  struct request *r = seq->req;
+  r->sampler.suppress_ids = r->suppress;
+  r->sampler.n_suppress = sequence_num_output(seq) < r->sp.min_tokens ? r->n_suppress : 0;
+  return &r->sampler;
+}
+
+static int append_text(struct sequence *seq, const char *s, size_t n) {
+  if (seq->text_len + n + 1 > seq->text_cap) {
+    size_t cap = seq->text_cap ? seq->text_cap : 256;
+    while (cap < seq->text_len + n + 1)
+      cap *= 2; /* doubling: amortized O(1), a handful of reallocations per sequence */
+    char *p = realloc(seq->text, cap);
+    if (!p)
+      return ERR("out of memory for output text");
+    seq->text = p;
+    seq->text_cap = cap;
+  }
+  memcpy(seq->text + seq->text_len, s, n);
+  seq->text_len += n;
+  seq->text[seq->text_len] = 0;
+  return 0;
+}
+
+/* Ends the text before the first stop string that appears in the text added since OLD_LEN. */
+static int cut_at_stop(struct sequence *seq, size_t old_len) {
+  const struct request *r = seq->req;
+  size_t best = (size_t)-1;
+  for (int i = 0; i < r->sp.n_stop; i++) {
+    size_t sl = strlen(r->stop[i]);
+    if (!sl)
+      continue;
+    size_t from = old_len >= sl - 1 ? old_len - (sl - 1) : 0;
+    const char *hit = memmem(seq->text + from, seq->text_len - from, r->stop[i], sl);
+    if (hit && (size_t)(hit - seq->text) < best)
+      best = (size_t)(hit - seq->text);
+  }
+  if (best == (size_t)-1)
+    return 0;
+  seq->text_len = best;
+  seq->text[best] = 0;
+  return 1;
+}
+
+int sequence_push_token(struct sequence *seq, int32_t tok, const struct tokenizer *t, int max_model_len) {
+  struct request *r = seq->req;
+  seq->tokens[seq->s.num_tokens++] = tok;
+  int n_out = sequence_num_output(seq);
+  int may_stop = n_out >= r->sp.min_tokens, cut = 0;
+  int is_stop_id = 0;
+  for (int i = 0; i < r->sp.n_stop_token_ids; i++)
+    is_stop_id |= r->stop_ids[i] == tok;
+  if (may_stop && ((!r->sp.ignore_eos && tokenizer_is_eog(t, tok)) || is_stop_id)) {
+    seq->finish = PAGODA_FINISH_STOP; /* the stop token's text is not part of the output */
+  } else {
+    char buf[512];
+    int n = detokenizer_push(seq->detok, tok, buf, sizeof buf);
+    size_t old = seq->text_len;
+    if (n > 0 && append_text(seq, buf, (size_t)n))
+      return -1;
+    if (may_stop && r->sp.n_stop && (cut = cut_at_stop(seq, old)))
+      seq->finish = PAGODA_FINISH_STOP;
+  }
+  if (!seq->finish && (n_out >= r->max_tokens || seq->s.num_tokens >= max_model_len))
+    seq->finish = PAGODA_FINISH_LENGTH;
+  if (seq->finish && !cut) { /* the held-back bytes of an incomplete character, as U+FFFD */
+    char buf[512];
+    int n = detokenizer_flush(seq->detok, buf, sizeof buf);
+    if (n > 0 && append_text(seq, buf, (size_t)n))
+      return -1;
+  }
+  return 0;
+}
+
+size_t sequence_reportable_text(const struct sequence *seq) {
+  if (seq->finish)
+    return seq->text_len;
+  const struct request *r = seq->req;
+  size_t hold = 0;
+  for (int i = 0; i < r->sp.n_stop; i++) {
+    size_t sl = strlen(r->stop[i]);
+    for (size_t k = sl ? sl - 1 : 0; k > hold; k--)
+      if (k <= seq->text_len && !memcmp(seq->text + seq->text_len - k, r->stop[i], k)) {
+        hold = k;
+        break;
+      }
+  }
+  size_t end = seq->text_len - hold;
+  return end > seq->text_sent ? end : seq->text_sent;
+}

@@ -1,0 +1,74 @@
+/* request.h - a request (prompt, sampling parameters, its samples) and its sequences: tokens,
+ * random state, output text with stop-string handling. */
+#ifndef PAGODA_REQUEST_H
+#define PAGODA_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/scheduler.h"
+#include "pagoda.h"
+#include "sampling/rng.h"
+#include "sampling/sampler.h"
+
+struct tokenizer;
+struct detokenizer;
+struct request;
+
+struct sequence {
+  struct sched_seq s;      /* first member: the scheduler's view (a sched_seq * is a sequence *) */
+  struct request *req;
+  int index;               /* sample index (beam rank for beam search) */
+  int32_t *tokens;         /* (cap) prompt + output */
+  int cap;                 /* num_prompt + max_tokens */
+  struct rng rng;
+  struct detokenizer *detok;
+  char *text;              /* (text_cap) output text so far (stop strings cut off) */
+  size_t text_len, text_cap;
+  size_t text_sent;        /* bytes of text already reported */
+  int tokens_sent;         /* output tokens already reported */
+  double score;            /* beam search: cumulative logprob */
+  enum pagoda_finish_reason finish;
+  int dirty;               /* 1 while it sits in the engine's to-report list */
+  int started;             /* 0 for samples 1..n-1 until they fork from sample 0 */
+};
+
+struct request {
+  uint64_t id;
+  struct pagoda_sampling_params sp; /* pointers redirected to the copies below */
+  char **stop;                      /* (sp.n_stop) owned copies */
+  int32_t *stop_ids;                /* (sp.n_stop_token_ids) */
+  int32_t *bias_ids;                /* (sp.n_logit_bias) */
+  float *bias_values;               /* (sp.n_logit_bias) */
+  int32_t *suppress;                /* (n_suppress) EOS/end-of-turn and stop ids, for min_tokens */
+  int n_suppress;
+  struct sampler_params sampler;
+  int num_prompt, max_tokens, num_cached_prompt;
+  struct sequence *seqs;            /* (n_seqs) */
+  int n_seqs, n_live;
+  double t_arrival;
+  struct request *prev, *next;      /* the engine's list of live requests */
+};
+
+/* Builds a request for PROMPT (n_prompt ids) with SP (copied deeply) and n_seqs sequences whose
+ * tables come from KV. EOG_IDS (n_eog) feed min_tokens suppression. NULL with err_last() set.
+ * Free with request_free (after its sequences left the scheduler). */
+struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt, int max_tokens,
+                               const struct pagoda_sampling_params *sp, const struct kv_manager *kv,
+                               const struct tokenizer *tok, const int32_t *eog_ids, int n_eog);
+void request_free(struct request *r);
+
+/* The sampler parameters for SEQ's next token (min_tokens suppression included). */
+const struct sampler_params *sequence_sampler_params(struct sequence *seq);
+
+/* Appends generated token TOK to SEQ: decodes its text, applies EOS / stop ids / stop strings
+ * (after min_tokens), max_tokens and MAX_MODEL_LEN; sets seq->finish when it ends. Returns 0, or
+ * -1 when out of memory for the text. */
+int sequence_push_token(struct sequence *seq, int32_t tok, const struct tokenizer *t, int max_model_len);
+/* Bytes of text that may be reported now: everything once finished; otherwise all but the
+ * longest tail that could still grow into a stop string. */
+size_t sequence_reportable_text(const struct sequence *seq);
+
+static inline int sequence_num_output(const struct sequence *seq) { return seq->s.num_tokens - seq->s.num_prompt; }
+
+#endif
