@@ -82,6 +82,11 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
       break;
     }
     memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    /* Prime the detokenizer with the prompt's tail (text discarded) so that the first output
+     * token decodes as a continuation (" was", not "was" as at the start of a text). */
+    char scratch[512];
+    for (int k = n_prompt > 4 ? n_prompt - 4 : 0; k < n_prompt; k++)
+      detokenizer_push(s->detok, prompt[k], scratch, sizeof scratch);
     s->s.tokens = s->tokens;
     s->s.num_tokens = s->s.num_prompt = n_prompt;
     /* Sample i draws from its own stream: seed and index only, never the batch. */

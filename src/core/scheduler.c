@@ -131,6 +131,21 @@ static void emit(struct scheduler *s, struct sched_seq *seq, int n, const struct
     o->copies[o->num_copies++] = *cp;
 }
 
+/* 1 when a running sequence is still computing the block that would extend SEQ's prefix hit of
+ * HIT tokens (same tokens up to the end of that block): admitting SEQ now would compute that block
+ * a second time, while one step later it is a cache hit. With many requests arriving together
+ * behind one shared prefix, only the first computes it. */
+static int prefix_in_flight(const struct scheduler *s, const struct sched_seq *seq, int hit) {
+  int end = hit + s->kv->p.block_size;
+  if (!s->kv->p.enable_prefix_cache || end > seq->num_tokens - 1)
+    return 0;
+  for (const struct sched_seq *p = s->running.head; p; p = p->next)
+    if (p->num_computed < end && p->num_tokens >= end &&
+        !memcmp(p->tokens, seq->tokens, (size_t)end * sizeof *seq->tokens))
+      return 1;
+  return 0;
+}
+
 int scheduler_schedule(struct scheduler *s, const struct scheduler_output **out) {
   struct scheduler_output *o = &s->out;
   o->num_items = o->num_tokens = o->num_copies = o->num_preempted = 0;
@@ -167,7 +182,7 @@ int scheduler_schedule(struct scheduler *s, const struct scheduler_output **out)
     int hit = kv_manager_match_prefix(s->kv, &seq->kv, seq->tokens, seq->num_tokens);
     seq->num_computed = hit;
     int n = min3(seq->num_tokens - hit, budget, s->p.prefill_chunk_size);
-    int rc = kv_manager_allocate(s->kv, &seq->kv, n, &cp);
+    int rc = prefix_in_flight(s, seq, hit) ? 1 : kv_manager_allocate(s->kv, &seq->kv, n, &cp);
     if (rc != 0) {
       kv_manager_release(s->kv, &seq->kv); /* give the hit blocks back; retried next step */
       seq->num_computed = 0;

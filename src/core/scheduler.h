@@ -80,7 +80,8 @@ void scheduler_remove(struct scheduler *s, struct sched_seq *seq);
  * prompts being prefilled; when the pool runs dry the newest running sequence is preempted
  * (its blocks freed, back to the front of the waiting queue). Then, if nothing was preempted,
  * waiting sequences in order while the budget lasts (prefix-cache hits skip their cached
- * tokens). The result stays valid until the next call. Returns 0, or -1 with err_last() set. */
+ * tokens; a sequence whose next prompt block a running sequence is computing right now waits a
+ * step, to hit it instead of computing it twice). The result stays valid until the next call. Returns 0, or -1 with err_last() set. */
 int scheduler_schedule(struct scheduler *s, const struct scheduler_output **out);
 /* After the forward pass: advances num_computed of every scheduled sequence and registers the
  * blocks that became full in the prefix cache. */

@@ -153,6 +153,19 @@ int main(void) {
         (long long)kv.cache.stats.hits, (long long)kv.cache.stats.queries);
   teardown();
 
+  /* The same, all arriving together with a large budget: the others wait one step for the first
+   * to compute the shared blocks instead of computing them too. */
+  setup(200, 16, 1, 4096, 8, 4096);
+  for (int i = 0; i < 8; i++)
+    new_seq(i, 80, 81, 64);
+  step(&o);
+  CHECK(o->num_items == 1, "step 1 admits only the first of the shared-prefix requests (%d)", o->num_items);
+  run_to_end(1000);
+  check_outputs(8);
+  for (int i = 1; i < 8; i++)
+    CHECK(seqs[i].s.num_cached_prompt == 64, "together: seq %d cached %d", i, seqs[i].s.num_cached_prompt);
+  teardown();
+
   /* A prompt of exactly 2 blocks recomputes its last token: only 1 block can hit. */
   setup(64, 16, 1, 512, 8, 4096);
   new_seq(0, 32, 33, 32);
