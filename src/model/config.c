@@ -108,17 +108,29 @@ static int json_token_id(const cJSON *o, const char *key, int *out, const char *
   return 0;
 }
 
+/* RoPE settings: transformers < 5 writes top-level rope_theta and rope_scaling {rope_type|type,
+ * factor, ...}; transformers >= 5 writes one rope_parameters object {rope_type, rope_theta,
+ * factor, ...}. Either is accepted; rope_parameters wins when both are present. */
 static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char *name) {
-  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+  if (json_float(root, "rope_theta", &c->rope_theta, 0, name))
+    return -1;
+  const char *key = "rope_parameters";
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, key);
+  if (!rs || cJSON_IsNull(rs))
+    rs = cJSON_GetObjectItemCaseSensitive(root, key = "rope_scaling");
   if (!rs || cJSON_IsNull(rs))
     return 0;
   if (!cJSON_IsObject(rs))
-    return ERR("%s: \"rope_scaling\" is not an object", name);
+    return ERR("%s: \"%s\" is not an object", name, key);
+  if (json_float(rs, "rope_theta", &c->rope_theta, 0, name))
+    return -1;
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
   if (!type)
     type = cJSON_GetObjectItemCaseSensitive(rs, "type"); /* the older spelling */
+  if (!type && !strcmp(key, "rope_parameters"))
+    return 0; /* only rope_theta */
   if (!cJSON_IsString(type))
-    return ERR("%s: rope_scaling has no \"rope_type\"", name);
+    return ERR("%s: %s has no \"rope_type\"", name, key);
   const char *t = type->valuestring;
   if (!strcmp(t, "default"))
     return 0;
@@ -136,8 +148,8 @@ static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char
       return -1;
     return 0;
   }
-  return ERR("%s: rope_scaling type \"%.40s\" is not supported (default, linear and llama3 are)",
-             name, t);
+  return ERR("%s: %s type \"%.40s\" is not supported (default, linear and llama3 are)", name,
+             key, t);
 }
 
 static int hf_dtype(struct model_config *c, const cJSON *root, const char *name) {
@@ -205,7 +217,6 @@ static int hf_parse(struct model_config *c, const cJSON *root, const char *name)
       json_int(root, "head_dim", &c->head_dim, 0, name) ||
       json_int(root, "max_position_embeddings", &c->max_seq_len, 0, name) ||
       json_float(root, "rms_norm_eps", &c->rms_eps, 0, name) ||
-      json_float(root, "rope_theta", &c->rope_theta, 0, name) ||
       json_bool(root, "tie_word_embeddings", &c->tie_embeddings, name) ||
       json_token_id(root, "bos_token_id", &c->bos_id, name) ||
       json_token_id(root, "eos_token_id", &c->eos_id, name) || hf_rope_scaling(c, root, name) ||
