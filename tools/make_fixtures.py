@@ -140,7 +140,6 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
         # save_pretrained records the parameters' dtype in config.json (checked below).
         model = model.to(torch.bfloat16)
         save(model, out)
-        model = model.float().eval()
     elif extra.get("shards"):
         # Shards hold whole tensors: find a limit that gives exactly the wanted count.
         for frac in (0.6, 0.55, 0.7, 0.5, 0.8, 0.45, 0.9):
@@ -152,6 +151,15 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
                 break
     else:
         save(model, out)
+    if extra.get("bf16"):
+        # The reference is the saved bf16 weights upcast to float32: reload them. (The model in
+        # memory is not it: .to(bfloat16) also rounded the RoPE inv_freq buffer, which a float32
+        # load recomputes.) Its parameters must equal the bf16 ones exactly.
+        reloaded = load(transformers, torch, cls_name, out).eval()
+        got = dict(reloaded.named_parameters())
+        for pname, p in model.named_parameters():
+            assert torch.equal(got[pname].float(), p.float()), f"{name}: {pname} changed on reload"
+        model = reloaded
     logits = logits_of(torch, model)
     with open(os.path.join(out, "tokens.json"), "w") as f:
         json.dump(TOKENS, f)
@@ -209,7 +217,7 @@ them 1 and 0, which would hide a loader that drops them).
 | llama_hd | LlamaForCausalLM | head_dim 32 != hidden/heads 16, GQA 4/2 |
 | mistral | MistralForCausalLM | GQA 8/2, ffn 112, rope_theta 1e6, sliding_window null |
 | qwen2 | Qwen2ForCausalLM | q/k/v biases, GQA 4/2, ffn 160, rope_theta 1e6 |
-| llama_bf16 | LlamaForCausalLM | weights saved in bfloat16; logits from those weights upcast to float32 |
+| llama_bf16 | LlamaForCausalLM | weights saved in bfloat16; logits from those weights upcast to float32 (the saved directory reloaded with `from_pretrained(dtype=float32)`) |
 | llama_sharded | LlamaForCausalLM | max_shard_size small: model.safetensors.index.json + 2 shards |
 
 The script reloads each saved directory with `from_pretrained` and checks that it reproduces

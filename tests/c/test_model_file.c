@@ -131,7 +131,11 @@ static int check_fixture(const char *name) {
         c->head_dim);
   CHECK(c->max_seq_len == (int)json_num(j, "max_position_embeddings", -1), "%s ctx", name);
   CHECK(c->rms_eps == (float)json_num(j, "rms_norm_eps", -1), "%s eps", name);
-  CHECK(c->rope_theta == (float)json_num(j, "rope_theta", 10000), "%s theta", name);
+  /* transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x rope_theta and
+   * rope_scaling. */
+  const cJSON *rp = cJSON_GetObjectItem(j, "rope_parameters");
+  double theta = json_num(rp, "rope_theta", json_num(j, "rope_theta", 10000));
+  CHECK(c->rope_theta == (float)theta, "%s theta %g", name, (double)c->rope_theta);
   CHECK(c->rope_neox == 1, "%s neox rope", name);
   CHECK(c->bos_id == (int)json_num(j, "bos_token_id", -1), "%s bos", name);
   CHECK(c->eos_id == (int)json_num(j, "eos_token_id", -1), "%s eos", name);
@@ -139,8 +143,9 @@ static int check_fixture(const char *name) {
   const cJSON *tie = cJSON_GetObjectItem(j, "tie_word_embeddings");
   CHECK(c->tie_embeddings == cJSON_IsTrue(tie), "%s tie %d", name, c->tie_embeddings);
   CHECK((f->lm_head.data == f->tok_embd.data) == c->tie_embeddings, "%s lm_head tying", name);
-  const cJSON *rs = cJSON_GetObjectItem(j, "rope_scaling");
-  if (cJSON_IsObject(rs)) {
+  const cJSON *rs = cJSON_IsObject(rp) ? rp : cJSON_GetObjectItem(j, "rope_scaling");
+  const char *rtype = json_str(rs, "rope_type");
+  if (cJSON_IsObject(rs) && !(rtype && !strcmp(rtype, "default"))) {
     const char *t = json_str(rs, "rope_type") ? json_str(rs, "rope_type") : json_str(rs, "type");
     CHECK(t && !strcmp(t, "llama3") && c->rope_scaling == ROPE_SCALING_LLAMA3, "%s llama3", name);
     CHECK(c->rope_factor == (float)json_num(rs, "factor", -1), "%s factor", name);
