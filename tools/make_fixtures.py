@@ -221,7 +221,7 @@ them 1 and 0, which would hide a loader that drops them).
 | llama_sharded | LlamaForCausalLM | max_shard_size small: model.safetensors.index.json + 2 shards |
 
 The script reloads each saved directory with `from_pretrained` and checks that it reproduces
-`logits.bin` (max abs difference printed below), so the files and the logits agree.
+`logits.bin` (max abs difference printed by the script), so the files and the logits agree.
 
 Log of the run:
 
