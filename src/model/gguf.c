@@ -243,7 +243,21 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
       t->data = NULL;
       continue; /* unsupported types are reported by whoever asks for the tensor */
     }
-    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    /* Each dimension is at most 2^40 but their product can overflow: cap it at 2^50
+     * elements (far beyond any file that could be mapped), checking before each multiply. */
+    int64_t n = 1;
+    int too_big = 0;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++) {
+      if (n > (INT64_C(1) << 50) / t->ne[d])
+        too_big = 1;
+      else
+        n *= t->ne[d];
+    }
+    if (too_big) {
+      ERR("%s: tensor '%s' has too many elements", name, t->name);
+      free(offsets);
+      goto fail;
+    }
     if (t->dtype == DTYPE_Q8_0 && t->ne[0] % Q8_0_BLOCK) {
       ERR("%s: tensor '%s': q8_0 row length %lld is not a multiple of 32", name, t->name,
           (long long)t->ne[0]);

@@ -2,6 +2,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -168,17 +170,209 @@ static int check_fixture(const char *name) {
   return 0;
 }
 
+/* ---- damaged copies: every problem is an error naming the file and the tensor ---- */
+
+static char tmpdir[64];
+
+static int write_file(const char *path, const void *data, size_t n) {
+  FILE *fp = fopen(path, "wb");
+  if (!fp)
+    return -1;
+  size_t w = fwrite(data, 1, n, fp);
+  fclose(fp);
+  return w == n ? 0 : -1;
+}
+
+/* Offset of the first occurrence of the length-prefixed GGUF string S in B, or 0. */
+static size_t find_gguf_name(const unsigned char *b, size_t n, const char *s) {
+  size_t l = strlen(s);
+  for (size_t i = 8; i + l <= n; i++)
+    if (!memcmp(b + i, s, l) && !memcmp(b + i - 8, &(uint64_t){l}, 8))
+      return i;
+  return 0;
+}
+
+/* Opens a copy of stories260K with EDIT applied; expects failure naming the file and WANT. */
+static void gguf_case(const unsigned char *orig, size_t n, const char *tensor, int set_type,
+                      const char *rename_to, const char *want) {
+  unsigned char *b = malloc(n);
+  memcpy(b, orig, n);
+  size_t at = find_gguf_name(b, n, tensor);
+  CHECK(at != 0, "tensor info of %s found", tensor);
+  if (!at) {
+    free(b);
+    return;
+  }
+  if (rename_to)
+    memcpy(b + at, rename_to, strlen(rename_to));
+  if (set_type >= 0) {
+    uint32_t nd;
+    memcpy(&nd, b + at + strlen(tensor), 4);
+    uint32_t t = (uint32_t)set_type;
+    memcpy(b + at + strlen(tensor) + 4 + 8 * nd, &t, 4);
+  }
+  char path[128];
+  snprintf(path, sizeof path, "%s/damaged.gguf", tmpdir);
+  write_file(path, b, n);
+  struct model_file *f = model_file_open(path);
+  if (!want) { /* a case that must load */
+    CHECK(f != NULL, "%s: %s", path, err_last());
+    if (f) /* output.weight renamed away: the classifier is tied to the embeddings */
+      CHECK(f->config.tie_embeddings && f->lm_head.data == f->tok_embd.data, "tied");
+  } else {
+    CHECK(f == NULL, "damaged %s accepted", tensor);
+    CHECK(f || (strstr(err_last(), path) && strstr(err_last(), want)),
+          "message should name %s and '%s': %s", path, want, err_last());
+  }
+  model_file_close(f);
+  unlink(path);
+  free(b);
+}
+
+static void test_damaged_gguf(const char *stories) {
+  size_t n;
+  unsigned char *orig = (unsigned char *)test_read_file(stories, &n);
+  if (!orig)
+    return;
+  /* A missing tensor (renamed to a same-length name). */
+  gguf_case(orig, n, "blk.3.ffn_up.weight", -1, "blk.3.ffn_uX.weight", "'blk.3.ffn_up.weight'");
+  gguf_case(orig, n, "output_norm.weight", -1, "output_norX.weight", "'output_norm.weight'");
+  /* A norm vector in Q8_0 (64 values = 2 blocks, so the file itself stays valid). */
+  gguf_case(orig, n, "blk.0.attn_norm.weight", 8, NULL, "Q8_0");
+  /* A ggml type pagoda cannot read (Q4_K = 12): 172 is not a multiple of 256, use attn_q. */
+  gguf_case(orig, n, "blk.1.attn_q.weight", 12, NULL, "ggml type 12");
+  /* Without output.weight the model loads tied. */
+  gguf_case(orig, n, "output.weight", -1, "outpuX.weight", NULL);
+  free(orig);
+}
+
+/* Copies fixture NAME into tmpdir/NAME (config.json and model.safetensors), letting EDIT_CONFIG
+ * replace config.json's text and SHIFT pad the safetensors header by that many bytes (moving
+ * the data off its alignment). Returns the directory. */
+static const char *copy_fixture(const char *name, const char *find, const char *repl, int shift) {
+  static char dir[256];
+  char src[600], dst[600];
+  snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+  mkdir(dir, 0700);
+  snprintf(src, sizeof src, "%s/config.json", test_fixture_path(name));
+  size_t n;
+  char *cfg = test_read_file(src, &n);
+  if (!cfg)
+    return NULL;
+  if (find) {
+    char *at = strstr(cfg, find);
+    CHECK(at != NULL, "'%s' in %s", find, src);
+    if (at) {
+      size_t fl = strlen(find), rl = strlen(repl);
+      char *nc = malloc(n - fl + rl + 1);
+      memcpy(nc, cfg, (size_t)(at - cfg));
+      memcpy(nc + (at - cfg), repl, rl);
+      memcpy(nc + (at - cfg) + rl, at + fl, n - (size_t)(at - cfg) - fl + 1);
+      free(cfg);
+      cfg = nc;
+      n = n - fl + rl;
+    }
+  }
+  snprintf(dst, sizeof dst, "%s/config.json", dir);
+  write_file(dst, cfg, n);
+  free(cfg);
+  snprintf(src, sizeof src, "%s/model.safetensors", test_fixture_path(name));
+  unsigned char *st = (unsigned char *)test_read_file(src, &n);
+  if (!st)
+    return NULL;
+  uint64_t hl;
+  memcpy(&hl, st, 8);
+  unsigned char *out = malloc(n + (size_t)shift);
+  uint64_t nhl = hl + (uint64_t)shift;
+  memcpy(out, &nhl, 8);
+  memcpy(out + 8, st + 8, hl);
+  memset(out + 8 + hl, ' ', (size_t)shift);
+  memcpy(out + 8 + hl + shift, st + 8 + hl, n - 8 - hl);
+  snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+  write_file(dst, out, n + (size_t)shift);
+  free(st);
+  free(out);
+  return dir;
+}
+
+static void remove_copy(const char *dir) {
+  char p[600];
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/model.safetensors", dir);
+  unlink(p);
+  rmdir(dir);
+}
+
+static void test_damaged_hf(void) {
+  struct model_file *orig = model_file_open(test_fixture_path("qwen2"));
+  if (!orig)
+    return;
+  /* Data moved off alignment (header padded by 1 byte): loads, copies, same values. */
+  const char *dir = copy_fixture("qwen2", NULL, NULL, 1);
+  struct model_file *f = dir ? model_file_open(dir) : NULL;
+  CHECK(f != NULL, "misaligned copy opens: %s", err_last());
+  if (f) {
+    CHECK((uintptr_t)f->layers[1].w_down.data % 4 == 0, "aligned copy");
+    CHECK(!memcmp(f->layers[1].w_down.data, orig->layers[1].w_down.data,
+                  (size_t)(f->config.dim * f->config.ffn_dim * 4)), "same values");
+    CHECK(!memcmp(f->layers[0].bk.data, orig->layers[0].bk.data,
+                  (size_t)(f->config.n_kv_heads * f->config.head_dim * 4)), "same biases");
+  }
+  model_file_close(f);
+  if (dir)
+    remove_copy(dir);
+  /* Config and tensors that disagree: the first tensor whose shape differs is named. */
+  struct {
+    const char *find, *repl, *want;
+  } bad[] = {
+      {"\"intermediate_size\": 160", "\"intermediate_size\": 161", "model.layers.0.mlp.gate_proj.weight"},
+      {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "model.layers.0.self_attn.k_proj.weight"},
+      {"\"vocab_size\": 256", "\"vocab_size\": 300", "model.embed_tokens.weight"},
+      {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3", "'model.layers.2.input_layernorm.weight' is missing"},
+      {"\"hidden_size\": 64", "\"hidden_size\": 32", "model.embed_tokens.weight"},
+      {"Qwen2ForCausalLM", "GPTNeoXForCausalLM", "GPTNeoXForCausalLM"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dir = copy_fixture("qwen2", bad[i].find, bad[i].repl, 0);
+    if (!dir)
+      continue;
+    f = model_file_open(dir);
+    CHECK(f == NULL, "%s accepted", bad[i].repl);
+    CHECK(f || (strstr(err_last(), dir) && strstr(err_last(), bad[i].want)),
+          "message should name %s and '%s': %s", dir, bad[i].want, err_last());
+    model_file_close(f);
+    remove_copy(dir);
+  }
+  /* A Llama config over Qwen2 weights: no biases are asked for, so it loads; the reverse (a
+   * Qwen2 config over Llama weights) misses the biases. */
+  dir = copy_fixture("llama", "LlamaForCausalLM", "Qwen2ForCausalLM", 0);
+  f = dir ? model_file_open(dir) : NULL;
+  CHECK(f == NULL && strstr(err_last(), "model.layers.0.self_attn.q_proj.bias"),
+        "qwen2 config over llama weights: %s", err_last());
+  model_file_close(f);
+  if (dir)
+    remove_copy(dir);
+  model_file_close(orig);
+}
+
 int main(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/pagoda_mf_XXXXXX");
+  if (!mkdtemp(tmpdir))
+    return test_skip("cannot make a temporary directory");
   const char *p = test_shared_path("models/stories260K.gguf");
-  if (p)
+  if (p) {
     check_stories(p);
-  else
+    test_damaged_gguf(p);
+  } else
     printf("shared testdata absent: stories260K checks skipped\n");
   const char *fixtures[] = {"llama", "llama3", "llama_hd", "mistral", "qwen2", "llama_bf16",
                             "llama_sharded"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++)
     check_fixture(fixtures[i]);
 
+  test_damaged_hf();
+  rmdir(tmpdir);
   struct model_file *bad = model_file_open("/nonexistent/model.gguf");
   CHECK(bad == NULL && strstr(err_last(), "/nonexistent/model.gguf"), "missing path named: %s",
         err_last());

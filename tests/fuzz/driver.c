@@ -103,7 +103,7 @@ static size_t mutate(uint8_t *buf, size_t len, size_t cap) {
         if (len + n > cap)
           n = cap - len;
         memmove(buf + pos + n, buf + pos, len - pos);
-        memcpy(buf + pos, buf + src, n);
+        memmove(buf + pos, buf + src, n); /* the ranges may overlap */
         len += n;
       }
       break;
