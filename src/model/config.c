@@ -27,18 +27,19 @@ static void config_defaults(struct model_config *c) {
 
 /* Checks that hold for every source: sizes positive and bounded, heads dividing evenly. */
 static int config_validate(const struct model_config *c, const char *name) {
-#define RANGE(field, lo, hi)                                                                 \
+#define RANGE(field, key, lo, hi)                                                            \
   if (c->field < (lo) || c->field > (hi))                                                   \
-    return ERR("%s: %s = %d is out of range [%d, %d]", name, #field, c->field, (int)(lo),   \
+    return ERR("%s: %s = %d is out of range [%d, %d]", name, key, c->field, (int)(lo),      \
                (int)(hi));
-  RANGE(vocab_size, 1, CONFIG_MAX_VOCAB)
-  RANGE(dim, 1, CONFIG_MAX_DIM)
-  RANGE(n_layers, 1, CONFIG_MAX_LAYERS)
-  RANGE(n_heads, 1, 4096)
-  RANGE(n_kv_heads, 1, c->n_heads)
-  RANGE(head_dim, 2, 4096)
-  RANGE(ffn_dim, 1, 8 * CONFIG_MAX_DIM)
-  RANGE(max_seq_len, 1, 1 << 24)
+  /* KEY names the setting as config.json / GGUF metadata call it. */
+  RANGE(vocab_size, "vocab_size", 1, CONFIG_MAX_VOCAB)
+  RANGE(dim, "hidden_size (embedding_length)", 1, CONFIG_MAX_DIM)
+  RANGE(n_layers, "num_hidden_layers (block_count)", 1, CONFIG_MAX_LAYERS)
+  RANGE(n_heads, "num_attention_heads (attention.head_count)", 1, 4096)
+  RANGE(n_kv_heads, "num_key_value_heads (attention.head_count_kv)", 1, c->n_heads)
+  RANGE(head_dim, "head_dim (attention.key_length)", 2, 4096)
+  RANGE(ffn_dim, "intermediate_size (feed_forward_length)", 1, 8 * CONFIG_MAX_DIM)
+  RANGE(max_seq_len, "max_position_embeddings (context_length)", 1, 1 << 24)
 #undef RANGE
   if (c->n_heads % c->n_kv_heads)
     return ERR("%s: %d attention heads are not a multiple of %d KV heads", name, c->n_heads,
