@@ -25,7 +25,7 @@ struct raw_tensor {
   unsigned gguf_type;      /* GGUF only, for messages */
   int n_dims;
   int64_t rows, cols;      /* (rows, cols) = torch (out, in); 1-D: rows = 1 */
-  int64_t extra;           /* product of any further dimensions (must be 1) */
+  int64_t extra;           /* 1 when any further dimensions are all 1, else 2 */
   const void *data;
   size_t nbytes;
   const char *file;
@@ -43,7 +43,9 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
     /* ggml's ne[0] is the contiguous (input) dimension: torch (rows, cols) = (ne[1], ne[0]). */
     r->cols = t->ne[0];
     r->rows = t->ne[1];
-    r->extra = t->ne[2] * t->ne[3];
+    /* Only whether further dimensions exist matters; their product could overflow for the
+     * tensors of unsupported types, whose sizes the parser does not bound. */
+    r->extra = t->ne[2] == 1 && t->ne[3] == 1 ? 1 : 2;
     r->data = t->data;
     r->nbytes = t->nbytes;
     r->file = p->where;
@@ -58,7 +60,8 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
   r->cols = t->n_dims >= 1 ? t->shape[t->n_dims - 1] : 1;
   r->extra = 1;
   for (int i = 0; i + 2 < t->n_dims; i++)
-    r->extra *= t->shape[i];
+    if (t->shape[i] != 1)
+      r->extra = 2;
   r->data = t->data;
   r->nbytes = t->nbytes;
   r->file = t->file;
