@@ -243,18 +243,10 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
       t->data = NULL;
       continue; /* unsupported types are reported by whoever asks for the tensor */
     }
-    /* Each dimension is at most 2^40 but their product can overflow: cap it at 2^50
-     * elements (far beyond any file that could be mapped), checking before each multiply. */
-    int64_t n = 1;
-    int too_big = 0;
-    for (int d = 0; d < GGUF_MAX_DIMS; d++) {
-      if (n > (INT64_C(1) << 50) / t->ne[d])
-        too_big = 1;
-      else
-        n *= t->ne[d];
-    }
-    if (too_big) {
-      ERR("%s: tensor '%s' has too many elements", name, t->name);
+    int64_t n = t->ne[0], n2, n3;
+    if (__builtin_mul_overflow(n, t->ne[1], &n2) || __builtin_mul_overflow(n2, t->ne[2], &n3) ||
+        __builtin_mul_overflow(n3, t->ne[3], &n) || n > (int64_t)g->map.size) {
+      ERR("%s: tensor '%s' has more elements than the file can hold", name, t->name);
       free(offsets);
       goto fail;
     }
