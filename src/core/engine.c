@@ -161,11 +161,6 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
         "--prefix-cache-n, --max-model-len and --threads not negative");
     goto fail;
   }
-  if (p->paged_attn == PAGODA_PAGED_ATTN_OFF) {
-    ERR("--paged-attn off (the contiguous cache) is not available in this build yet");
-    st = PAGODA_ERR_UNSUPPORTED;
-    goto fail;
-  }
   struct backend_params bp = {p->device, p->threads};
   st = PAGODA_ERR_BACKEND;
   if (!(e->be = backend_create(&bp)))
@@ -197,7 +192,9 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   if (model_alloc_cache(e->model, num_blocks, e->block_size, kv_dtype, p->max_num_batched_tokens, p->max_num_seqs,
                         e->max_blocks_per_seq))
     goto fail;
-  struct kv_manager_params kp = {num_blocks, e->block_size, e->max_blocks_per_seq, p->prefix_cache_n > 0};
+  int paged = p->paged_attn != PAGODA_PAGED_ATTN_OFF;
+  struct kv_manager_params kp = {num_blocks, e->block_size, e->max_blocks_per_seq, paged && p->prefix_cache_n > 0,
+                                 !paged, p->prefix_cache_n};
   if (kv_manager_init(&e->kv, &kp))
     goto fail;
   struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
@@ -214,8 +211,11 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
       e->eog[e->n_eog++] = i;
   log_info("KV pool: %d blocks of %d tokens (%.1f MiB, %s), max %d tokens per sequence", num_blocks - 1,
            e->block_size, (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), e->max_model_len);
-  if (p->prefix_cache_n > 0)
+  if (p->prefix_cache_n > 0 && paged)
     log_info("Prefix caching enabled (block-level, PagedAttention).");
+  else if (p->prefix_cache_n > 0)
+    log_info("Prefix caching enabled (sequence-level, contiguous cache: the last %d finished sequences).",
+             p->prefix_cache_n);
   else
     log_info("Prefix caching disabled.");
   *out = e;
@@ -418,12 +418,17 @@ static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const flo
   struct sched_seq *after = &seq->s;
   for (int i = 1; i < r->n_seqs; i++) {
     struct sequence *c = &r->seqs[i];
-    kv_manager_fork(&e->kv, &seq->s.kv, &c->s.kv);
-    c->s.num_computed = seq->s.num_computed;
-    c->s.num_cached_prompt = seq->s.num_cached_prompt;
     c->started = 1;
-    scheduler_add_running(&e->sched, &c->s, after);
-    after = &c->s;
+    c->s.num_cached_prompt = seq->s.num_cached_prompt;
+    if (kv_manager_can_fork(&e->kv)) {
+      kv_manager_fork(&e->kv, &seq->s.kv, &c->s.kv);
+      c->s.num_computed = seq->s.num_computed;
+      scheduler_add_running(&e->sched, &c->s, after);
+      after = &c->s;
+    } else { /* contiguous cache: no sharing; the sample computes its own copy of the prompt */
+      c->s.admitted = 1;
+      scheduler_add(&e->sched, &c->s);
+    }
     int32_t tok = sampler_pick(&e->sampler, sp, logits, &c->rng);
     if (sequence_push_token(c, tok, e->tok, e->max_model_len))
       return -1;
@@ -442,7 +447,12 @@ static void account_waste(struct pagoda_engine *e) {
   if (usage > e->peak_usage)
     e->peak_usage = usage;
   double waste = 0;
-  for (const struct sched_seq *s = e->sched.running.head; s; s = s->next) {
+  if (kv->p.contiguous) { /* every reserved slot of a region not holding a token is waste */
+    waste = (double)used * e->block_size;
+    for (const struct sched_seq *s = e->sched.running.head; s; s = s->next)
+      waste -= s->kv.num_tokens;
+  }
+  for (const struct sched_seq *s = e->sched.running.head; s && !kv->p.contiguous; s = s->next) {
     int empty = s->kv.num_blocks * e->block_size - s->kv.num_tokens;
     if (empty > 0) /* a partial block shared by forks is counted once over its holders */
       waste += (double)empty / kv->pool.blocks[s->kv.blocks[s->kv.num_blocks - 1]].ref_count;
@@ -599,7 +609,7 @@ int pagoda_engine_stats(const pagoda_engine_t *e, struct pagoda_engine_stats *s)
   s->kv_usage = (double)(s->num_blocks - s->free_blocks) / s->num_blocks;
   s->kv_peak_usage = e->peak_usage;
   s->kv_waste_fraction = e->alloc_slots > 0 ? e->waste_slots / e->alloc_slots : 0;
-  if (kv->p.enable_prefix_cache) {
+  if (kv->p.enable_prefix_cache || kv->p.contiguous) {
     s->prefix_queries = kv->cache.stats.queries;
     s->prefix_hits = kv->cache.stats.hits;
     s->prefix_evictions = kv->cache.stats.evictions;
@@ -608,7 +618,7 @@ int pagoda_engine_stats(const pagoda_engine_t *e, struct pagoda_engine_stats *s)
   s->steps = e->steps;
   s->prompt_tokens_computed = e->prompt_computed;
   s->generated_tokens = e->generated;
-  s->paged = 1;
+  s->paged = !kv->p.contiguous;
   return PAGODA_OK;
 }
 

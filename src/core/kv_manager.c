@@ -13,23 +13,133 @@ int kv_manager_init(struct kv_manager *m, const struct kv_manager_params *p) {
   if (p->max_blocks_per_seq < 1)
     return ERR("max_blocks_per_seq must be positive");
   m->p = *p;
+  if (p->contiguous)
+    m->p.enable_prefix_cache = 0; /* no block hashes: the cache is per sequence */
   if (block_pool_init(&m->pool, p->num_blocks))
     return -1;
-  if (p->enable_prefix_cache && prefix_cache_init(&m->cache, p->num_blocks, p->block_size)) {
+  if (m->p.enable_prefix_cache && prefix_cache_init(&m->cache, p->num_blocks, p->block_size)) {
     block_pool_free(&m->pool);
     return -1;
   }
+  if (p->contiguous) {
+    m->num_regions = (p->num_blocks - 1) / p->max_blocks_per_seq;
+    m->regions = calloc((size_t)(m->num_regions > 0 ? m->num_regions : 1), sizeof *m->regions);
+    m->region_tokens = malloc((size_t)m->num_regions * p->max_blocks_per_seq * p->block_size * sizeof(int32_t) + 1);
+    if (m->num_regions < 1 || !m->regions || !m->region_tokens) {
+      kv_manager_free(m);
+      return ERR("the contiguous KV cache needs room for one sequence of %d blocks", p->max_blocks_per_seq);
+    }
+    m->cached_head = m->cached_tail = -1;
+  }
   return 0;
+}
+
+/* --- contiguous mode (--paged-attn off) ------------------------------------------------------ */
+
+static void region_unlink(struct kv_manager *m, int r) {
+  struct kv_region *g = &m->regions[r];
+  if (g->prev >= 0)
+    m->regions[g->prev].next = g->next;
+  else
+    m->cached_head = g->next;
+  if (g->next >= 0)
+    m->regions[g->next].prev = g->prev;
+  else
+    m->cached_tail = g->prev;
+  m->n_cached--;
+}
+
+static void region_take(struct kv_manager *m, struct kv_seq *s, int r, int len) {
+  if (m->regions[r].state == REGION_CACHED)
+    region_unlink(m, r);
+  m->regions[r].state = REGION_USED;
+  m->regions[r].len = len;
+  m->pool.num_free -= m->p.max_blocks_per_seq;
+  s->region = r;
+  for (int i = 0; i < m->p.max_blocks_per_seq; i++)
+    s->blocks[i] = 1 + r * m->p.max_blocks_per_seq + i;
+  s->num_tokens = len;
+  s->num_blocks = (len + m->p.block_size - 1) / m->p.block_size;
+}
+
+/* Sequence-level prefix cache: the cached region sharing the longest prefix with TOKENS. */
+static int region_match(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n) {
+  if (m->p.prefix_cache_n <= 0)
+    return 0;
+  int best = -1, best_len = 0, stride = m->p.max_blocks_per_seq * m->p.block_size;
+  for (int r = m->cached_head; r >= 0; r = m->regions[r].next) {
+    const int32_t *t = m->region_tokens + (size_t)r * stride;
+    int lim = m->regions[r].len < n - 1 ? m->regions[r].len : n - 1, k = 0;
+    while (k < lim && t[k] == tokens[k])
+      k++;
+    if (k > best_len) {
+      best_len = k;
+      best = r;
+    }
+  }
+  if (best < 0)
+    return 0;
+  region_take(m, s, best, best_len);
+  return best_len;
+}
+
+static int region_allocate(struct kv_manager *m, struct kv_seq *s, int n) {
+  if (s->region < 0) {
+    int r = 0;
+    while (r < m->num_regions && m->regions[r].state != REGION_FREE)
+      r++;
+    if (r == m->num_regions) {
+      r = m->cached_head; /* evict the least recently finished sequence */
+      if (r < 0)
+        return 1;
+      m->cache.stats.evictions++;
+    }
+    region_take(m, s, r, 0);
+  }
+  s->num_tokens += n;
+  s->num_blocks = (s->num_tokens + m->p.block_size - 1) / m->p.block_size;
+  return 0;
+}
+
+static void region_release(struct kv_manager *m, struct kv_seq *s) {
+  int r = s->region;
+  if (r < 0)
+    return;
+  struct kv_region *g = &m->regions[r];
+  m->pool.num_free += m->p.max_blocks_per_seq;
+  g->state = REGION_FREE;
+  if (m->p.prefix_cache_n > 0 && g->len > 0) {
+    g->state = REGION_CACHED;
+    g->next = -1;
+    g->prev = m->cached_tail;
+    if (m->cached_tail >= 0)
+      m->regions[m->cached_tail].next = r;
+    else
+      m->cached_head = r;
+    m->cached_tail = r;
+    if (++m->n_cached > m->p.prefix_cache_n) {
+      int old = m->cached_head;
+      region_unlink(m, old);
+      m->regions[old].state = REGION_FREE;
+      m->cache.stats.evictions++;
+    }
+  }
+  s->region = -1;
 }
 
 void kv_manager_free(struct kv_manager *m) {
   block_pool_free(&m->pool);
   if (m->p.enable_prefix_cache)
     prefix_cache_free(&m->cache);
+  free(m->regions);
+  free(m->region_tokens);
+  m->regions = NULL;
+  m->region_tokens = NULL;
 }
 
 int kv_seq_init(struct kv_seq *s, const struct kv_manager *m) {
   memset(s, 0, sizeof *s);
+  s->region = -1;
   s->blocks = malloc((size_t)m->p.max_blocks_per_seq * sizeof *s->blocks);
   return s->blocks ? 0 : ERR("out of memory for a block table");
 }
@@ -54,6 +164,8 @@ static int32_t fresh_block(struct kv_manager *m) {
 }
 
 int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n) {
+  if (m->p.contiguous)
+    return s->region < 0 ? region_match(m, s, tokens, n) : 0;
   if (!m->p.enable_prefix_cache || s->num_blocks)
     return 0;
   int bs = m->p.block_size;
@@ -75,7 +187,7 @@ int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_
 }
 
 void kv_manager_record_prefix(struct kv_manager *m, int queried, int hit) {
-  if (!m->p.enable_prefix_cache)
+  if (!m->p.enable_prefix_cache && !(m->p.contiguous && m->p.prefix_cache_n > 0))
     return;
   m->cache.stats.queries += queried;
   m->cache.stats.hits += hit;
@@ -88,6 +200,8 @@ static int needs_cow(const struct kv_manager *m, const struct kv_seq *s) {
 }
 
 int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s, int n) {
+  if (m->p.contiguous)
+    return s->region < 0 && n > 0 ? m->p.max_blocks_per_seq : 0;
   int bs = m->p.block_size;
   int total = (s->num_tokens + n + bs - 1) / bs;
   return total - s->num_blocks + (n > 0 && needs_cow(m, s));
@@ -102,6 +216,8 @@ int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv
                s->num_tokens + n, m->p.max_blocks_per_seq, bs);
   if (n <= 0)
     return 0;
+  if (m->p.contiguous)
+    return region_allocate(m, s, n);
   int cow = needs_cow(m, s);
   if (total - s->num_blocks + cow > m->pool.num_free)
     return 1;
@@ -136,6 +252,14 @@ void kv_manager_fork(struct kv_manager *m, const struct kv_seq *parent, struct k
 
 void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens,
                                   int num_computed) {
+  if (m->p.contiguous && s->region >= 0) { /* remember the tokens whose KV the region holds */
+    struct kv_region *g = &m->regions[s->region];
+    int32_t *t = m->region_tokens + (size_t)s->region * m->p.max_blocks_per_seq * m->p.block_size;
+    if (num_computed > g->len)
+      memcpy(t + g->len, tokens + g->len, (size_t)(num_computed - g->len) * sizeof *t);
+    g->len = num_computed;
+    return;
+  }
   if (!m->p.enable_prefix_cache)
     return;
   int bs = m->p.block_size;
@@ -153,6 +277,11 @@ void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const 
 }
 
 void kv_manager_release(struct kv_manager *m, struct kv_seq *s) {
+  if (m->p.contiguous) {
+    region_release(m, s);
+    s->num_blocks = s->num_tokens = s->num_hashed = 0;
+    return;
+  }
   for (int i = s->num_blocks - 1; i >= 0; i--) {
     int32_t id = s->blocks[i];
     if (--m->pool.blocks[id].ref_count == 0)

@@ -12,6 +12,9 @@ struct kv_manager_params {
   int block_size;          /* tokens per block: 8, 16 or 32 */
   int max_blocks_per_seq;  /* length of every block table */
   int enable_prefix_cache; /* 0: blocks are never hashed nor shared through the cache */
+  int contiguous;          /* 1 (--paged-attn off): one fixed region of max_blocks_per_seq
+                              consecutive blocks per sequence, sequence-level prefix cache */
+  int prefix_cache_n;      /* contiguous: finished sequences kept for prefix reuse */
 };
 
 /* One sequence's view of the cache. Tokens [0, num_tokens) have slots; the KV of the first
@@ -22,6 +25,7 @@ struct kv_seq {
   int num_tokens;   /* token slots allocated */
   int num_hashed;   /* leading full blocks whose hash is in `chain` order (cached or not) */
   uint8_t chain[BLOCK_HASH_BYTES]; /* hash of block num_hashed - 1 */
+  int region;       /* contiguous mode: the region held, -1 none */
 };
 
 /* A pending copy-on-write: the caller copies block src to dst in every layer before the step. */
@@ -29,10 +33,22 @@ struct kv_copy {
   int32_t src, dst;
 };
 
+/* Contiguous mode: a region is FREE, USED by one sequence, or CACHED (a finished sequence's KV
+ * kept for reuse, in LRU order). */
+enum region_state { REGION_FREE, REGION_USED, REGION_CACHED };
+struct kv_region {
+  int32_t state;
+  int32_t len;        /* tokens whose KV the region holds */
+  int32_t prev, next; /* LRU list of cached regions */
+};
+
 struct kv_manager {
   struct kv_manager_params p;
   struct block_pool pool;
-  struct prefix_cache cache; /* unused (zeroed) when prefix caching is off */
+  struct prefix_cache cache; /* block-level; its stats also count sequence-level hits */
+  struct kv_region *regions; /* (num_regions) contiguous mode only */
+  int32_t *region_tokens;    /* (num_regions, max_blocks_per_seq * block_size) */
+  int num_regions, n_cached, cached_head, cached_tail;
 };
 
 /* Returns 0, or -1 with err_last() set. Release with kv_manager_free. */
@@ -59,7 +75,8 @@ int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s,
 int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv_copy *copy);
 /* kv_manager_allocate for one token (decode). */
 int kv_manager_append(struct kv_manager *m, struct kv_seq *s, struct kv_copy *copy);
-/* CHILD (empty) shares every block of PARENT by reference. */
+/* CHILD (empty) shares every block of PARENT by reference. Paged mode only (see kv_manager_can_fork). */
+static inline int kv_manager_can_fork(const struct kv_manager *m) { return !m->p.contiguous; }
 void kv_manager_fork(struct kv_manager *m, const struct kv_seq *parent, struct kv_seq *child);
 /* Registers the blocks of S that became full now that NUM_COMPUTED tokens (TOKENS) have KV. */
 void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens,

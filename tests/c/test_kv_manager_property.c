@@ -135,7 +135,7 @@ static void check_all(void) {
 
 static void run(int num_blocks, int block_size, int prefix, int n_ops) {
   bs = block_size;
-  struct kv_manager_params p = {num_blocks, bs, MAX_BLOCKS, prefix};
+  struct kv_manager_params p = {num_blocks, bs, MAX_BLOCKS, prefix, 0, 0};
   if (kv_manager_init(&m, &p)) {
     CHECK(0, "init: %s", err_last());
     return;

@@ -22,7 +22,7 @@ static struct scheduler sch;
 static struct fake_seq seqs[MAXSEQ];
 
 static void setup(int num_blocks, int bs, int prefix, int max_tokens, int max_seqs, int chunk) {
-  struct kv_manager_params kp = {num_blocks, bs, MAXTOK / bs, prefix};
+  struct kv_manager_params kp = {num_blocks, bs, MAXTOK / bs, prefix, 0, 0};
   kv_manager_init(&kv, &kp);
   struct scheduler_params sp = {max_tokens, max_seqs, chunk, MAXTOK};
   scheduler_init(&sch, &sp, &kv);
