@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "core/beam.h"
 #include "core/kv_manager.h"
 #include "core/request.h"
 #include "core/scheduler.h"
@@ -286,8 +287,8 @@ static int validate(const struct pagoda_engine *e, const int32_t *ids, int n, co
     return ERR("max_tokens must be >= 1 (or -1 for no limit), min_tokens >= 0");
   if (sp->beam_width < 0 || sp->beam_width > 64)
     return ERR("beam_width must be in [0, 64]");
-  if (sp->beam_width > 1)
-    return ERR("beam search is not available in this build yet");
+  if (sp->beam_width > 1 && !(sp->length_penalty == sp->length_penalty))
+    return ERR("length_penalty must be a number");
   if (sp->n_stop < 0 || sp->n_stop_token_ids < 0 || sp->n_logit_bias < 0 || (sp->n_stop && !sp->stop))
     return ERR("bad stop or logit_bias arrays");
   for (int i = 0; i < sp->n_stop; i++)
@@ -324,12 +325,13 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     randombytes_buf(&s, sizeof s);
     sp.seed = (int64_t)(s >> 1);
   }
-  int need = e->n_dirty + sp.n + 1; /* outputs a step can report are bounded by live sequences */
+  int n_new = sp.beam_width > 1 ? sp.beam_width : sp.n;
+  int need = e->n_dirty + n_new + 1; /* outputs a step can report are bounded by live sequences */
   int live_seqs = 0;
   for (struct request *r = e->live; r; r = r->next)
     live_seqs += r->n_seqs;
-  if (need < live_seqs + sp.n)
-    need = live_seqs + sp.n;
+  if (need < live_seqs + n_new)
+    need = live_seqs + n_new;
   if (need > e->dirty_cap) {
     int cap = e->dirty_cap ? e->dirty_cap : 64;
     while (cap < need)
@@ -581,6 +583,16 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       const struct sampler_params *sp = sequence_sampler_params(s);
       sampler_apply_processors(&e->sampler, sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                                sequence_num_output(s));
+      if (s->req->beam) { /* beams report once, at the end, in rank order */
+        struct beam_env env = {&e->sched, &e->kv, e->tok, e->vocab, e->max_model_len};
+        int rc = beam_on_logits(&env, s, lg);
+        if (rc < 0)
+          return PAGODA_ERR_OUT_OF_MEMORY;
+        e->generated++;
+        for (int k = 0; rc == 1 && k < s->req->n_seqs; k++)
+          mark_dirty(e, &s->req->seqs[k]);
+        continue;
+      }
       if (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started &&
           fork_samples(e, s, lg, sp))
         return PAGODA_ERR_OUT_OF_MEMORY;

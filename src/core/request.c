@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/beam.h"
 #include "text/tokenizer.h"
 #include "util/log.h"
 
@@ -69,6 +70,8 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
   q->n_bias = sp->n_logit_bias;
   r->seqs = calloc((size_t)r->n_seqs, sizeof *r->seqs);
   fail |= !r->seqs;
+  if (beam)
+    fail |= !(r->beam = beam_state_create(r->n_seqs, max_tokens));
   uint64_t seed = (uint64_t)sp->seed;
   for (int i = 0; !fail && i < r->n_seqs; i++) {
     struct sequence *s = &r->seqs[i];
@@ -113,6 +116,7 @@ void request_free(struct request *r) {
     kv_seq_free(&s->s.kv);
   }
   free(r->seqs);
+  beam_state_free(r->beam);
   for (int i = 0; r->stop && i < r->sp.n_stop; i++)
     free(r->stop[i]);
   free(r->stop);

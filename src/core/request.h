@@ -44,6 +44,7 @@ struct request {
   int n_suppress;
   struct sampler_params sampler;
   int num_prompt, max_tokens, num_cached_prompt;
+  struct beam_state *beam;          /* beam search state; NULL for sampling */
   struct sequence *seqs;            /* (n_seqs) */
   int n_seqs, n_live;
   double t_arrival;
