@@ -87,6 +87,16 @@ static int test_matmul(struct backend *be) {
         double e = test_rel_l2(out, ref, (size_t)T * N);
         CHECK(e < TOL, "matmul %s T=%d bias=%d: rel L2 %g", dtype_name(dt), T, with_bias, e);
       }
+      /* Row by row (T = 1, the decode path) gives bit-for-bit the rows of the batched call: a
+       * token's result must not depend on the batch it runs in. */
+      float row[64];
+      for (int t = 0; t < T; t++) {
+        be->ops->matmul(be, row, x + (size_t)t * K, &w, &bw, 1, 0);
+        if (memcmp(row, out + (size_t)t * N, sizeof(float) * N) != 0) {
+          CHECK(0, "matmul %s: token %d alone differs from inside T=%d", dtype_name(dt), t, T);
+          break;
+        }
+      }
       free(x);
       free(out);
       free(ref);
