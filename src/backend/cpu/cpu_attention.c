@@ -1,8 +1,8 @@
 /* cpu_attention.c - paged causal attention over the block tables (GQA), online softmax.
  *
- * Each (query token, head) is one independent work item: it walks the keys of its sequence in
- * position order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks
- * are fixed in position space, and a work item never looks at another token, so a token's result
+ * Each (query token, head) is computed on its own: it walks the keys of its sequence in position
+ * order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks are fixed
+ * in position space, and no other token takes part, so a token's result
  * is bit-for-bit the same whatever the block size, the other sequences in the batch, or whether
  * it is computed inside a prefill chunk or alone in a decode step.
  */
@@ -19,6 +19,7 @@
 #include "util/log.h"
 
 #define ATT_CHUNK 32 /* key positions scored before one softmax rescale */
+#define ATT_GROUP 8  /* query heads of one KV head processed together at most */
 
 static inline float att_dot(const float *a, const float *b, int n) {
   int i = 0;
@@ -81,6 +82,58 @@ static int att_check(const struct kv_layer *kv, const struct batch *b, int n_hea
   return 0;
 }
 
+/* Heads h0 .. h0 + nh - 1 (all mapped to KV head kvh) of query token t of sequence seq. They
+ * share each key and value read; every head's arithmetic is the same as when it runs alone. */
+static void att_heads(float *o, const float *qs, const float *kc, const float *vc, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, float scale, int t, int seq, int kvh, int h0,
+                      int nh) {
+  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+  const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
+  const int pos = b->positions[t];
+  float acc[ATT_GROUP][CPU_MAX_HEAD_DIM]; /* per head: sum of exp(score - m) * v */
+  float sc[ATT_GROUP][ATT_CHUNK];
+  float m[ATT_GROUP], l[ATT_GROUP];
+  const float *vrow[ATT_CHUNK];
+  const float *qv[ATT_GROUP];
+  for (int g = 0; g < nh; g++) {
+    qv[g] = qs + ((size_t)t * n_heads + h0 + g) * hd;
+    m[g] = -INFINITY;
+    l[g] = 0;
+    for (int i = 0; i < hd; i++)
+      acc[g][i] = 0;
+  }
+  for (int j0 = 0; j0 <= pos; j0 += ATT_CHUNK) {
+    int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
+    for (int jj = 0; jj < n; jj++) {
+      int j = j0 + jj;
+      size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
+      for (int g = 0; g < nh; g++)
+        sc[g][jj] = att_dot(qv[g], kc + off, hd) * scale;
+      vrow[jj] = vc + off;
+    }
+    for (int g = 0; g < nh; g++) {
+      float cm = -INFINITY;
+      for (int jj = 0; jj < n; jj++)
+        cm = sc[g][jj] > cm ? sc[g][jj] : cm;
+      float nm = m[g] > cm ? m[g] : cm;
+      float corr = expf(m[g] - nm); /* 0 on the first chunk (m = -inf) */
+      l[g] *= corr;
+      for (int jj = 0; jj < n; jj++) {
+        float e = expf(sc[g][jj] - nm);
+        l[g] += e;
+        att_axpby(acc[g], jj == 0 ? corr : 1.0f, e, vrow[jj], hd);
+      }
+      m[g] = nm;
+    }
+  }
+  for (int g = 0; g < nh; g++) {
+    float inv = 1.0f / l[g];
+    float *ov = o + ((size_t)t * n_heads + h0 + g) * hd;
+    for (int i = 0; i < hd; i++)
+      ov[i] = acc[g][i] * inv;
+  }
+}
+
 int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                   const struct batch *b, int n_heads, float scale) {
   if (att_check(kv, b, n_heads) != 0)
@@ -89,13 +142,18 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   const float *qs = q;     /* (T, n_heads, head_dim) */
   const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   const float *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
-  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
-  const int group = n_heads / nkv;
-  const int64_t n_items = (int64_t)b->num_tokens * n_heads;
+  const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
+  /* Heads sharing a KV head run together (one read of K/V for the group) when that still leaves
+   * enough work items for the threads; else one head per item. Results are the same either way. */
+  int gsz = (int64_t)T * nkv >= 2 * (int64_t)be->n_threads ? group : 1;
+  gsz = gsz > ATT_GROUP ? ATT_GROUP : gsz;
+  const int n_sub = (group + gsz - 1) / gsz;
+  const int64_t n_items = (int64_t)T * nkv * n_sub;
 
-#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 2)
+#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
   for (int64_t item = 0; item < n_items; item++) {
-    int t = (int)(item / n_heads), h = (int)(item % n_heads);
+    int t = (int)(item / (nkv * n_sub)), rest = (int)(item % (nkv * n_sub));
+    int kvh = rest / n_sub, sub = rest % n_sub;
     int lo = 0, hi = b->num_seqs - 1; /* the sequence s with query_start[s] <= t < query_start[s+1] */
     while (lo < hi) {
       int mid = (lo + hi + 1) / 2;
@@ -104,40 +162,9 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
       else
         hi = mid - 1;
     }
-    const int32_t *table = b->block_tables + (size_t)lo * b->max_blocks_per_seq;
-    const int pos = b->positions[t];
-    const float *qv = qs + ((size_t)t * n_heads + h) * hd;
-    const int kvh = h / group;
-    float acc[CPU_MAX_HEAD_DIM]; /* (head_dim) sum of exp(score - m) * v */
-    float sc[ATT_CHUNK];
-    const float *vrow[ATT_CHUNK];
-    for (int i = 0; i < hd; i++)
-      acc[i] = 0;
-    float m = -INFINITY, l = 0;
-    for (int j0 = 0; j0 <= pos; j0 += ATT_CHUNK) {
-      int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
-      float cm = -INFINITY;
-      for (int jj = 0; jj < n; jj++) {
-        int j = j0 + jj;
-        size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
-        sc[jj] = att_dot(qv, kc + off, hd) * scale;
-        vrow[jj] = vc + off;
-        cm = sc[jj] > cm ? sc[jj] : cm;
-      }
-      float nm = m > cm ? m : cm;
-      float corr = expf(m - nm); /* 0 on the first chunk (m = -inf) */
-      l *= corr;
-      for (int jj = 0; jj < n; jj++) {
-        float e = expf(sc[jj] - nm);
-        l += e;
-        att_axpby(acc, jj == 0 ? corr : 1.0f, e, vrow[jj], hd);
-      }
-      m = nm;
-    }
-    float inv = 1.0f / l;
-    float *ov = o + ((size_t)t * n_heads + h) * hd;
-    for (int i = 0; i < hd; i++)
-      ov[i] = acc[i] * inv;
+    int h0 = kvh * group + sub * gsz;
+    int nh = group - sub * gsz < gsz ? group - sub * gsz : gsz;
+    att_heads(o, qs, kc, vc, kv, b, n_heads, scale, t, lo, kvh, h0, nh);
   }
   return 0;
 }
