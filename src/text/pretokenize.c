@@ -197,6 +197,32 @@ static int split_piece(const struct pretokenize_step *st, struct regex_ctx *rc, 
   return 0;
 }
 
+/* Pushes S as a piece written in the GPT-2 byte alphabet (what HF's ByteLevel does to the
+ * text, so that later steps and the BPE model see the same characters as in HF). */
+static int push_byte_level(struct piece_list *l, const char *s, size_t len, int at_origin) {
+  if (!len)
+    return 0;
+  size_t before = l->buf.len;
+  if (text_buf_reserve(&l->buf, len * 2))
+    return ERR("out of memory");
+  for (size_t i = 0; i < len; i++)
+    l->buf.len += (size_t)unicode_utf8_encode(unicode_byte_to_cp((uint8_t)s[i]), l->buf.data + l->buf.len);
+  size_t n = l->buf.len - before;
+  l->buf.len = before;
+  /* push_piece appends from the buffer's end: hand it the bytes just written in place. */
+  if (l->n == l->cap) {
+    int cap = l->cap ? l->cap * 2 : 64;
+    struct piece *p = realloc(l->p, (size_t)cap * sizeof *p);
+    if (!p)
+      return ERR("out of memory");
+    l->p = p;
+    l->cap = cap;
+  }
+  l->p[l->n++] = (struct piece){(uint32_t)before, (uint32_t)n, (uint8_t)at_origin};
+  l->buf.len = before + n;
+  return 0;
+}
+
 static int apply_step(const struct pretokenize_step *st, struct regex_ctx *rc,
                       const struct piece_list *in, struct piece_list *out, struct span_list *sp,
                       struct text_buf *scratch) {
@@ -235,11 +261,17 @@ static int apply_step(const struct pretokenize_step *st, struct regex_ctx *rc,
       if (text_buf_append(scratch, s, len))
         return ERR("out of memory");
       if (st->re) {
-        if (split_piece(st, rc, scratch->data, scratch->len, origin, SPLIT_ISOLATED, out, sp))
+        if (find_spans(st, rc, scratch->data, scratch->len, sp))
           return -1;
-      } else if (push_piece(out, scratch->data, scratch->len, origin)) {
-        return -1;
+      } else {
+        sp->n = 0;
+        if (span_push(sp, 0, scratch->len, 0))
+          return -1;
       }
+      for (int k = 0; k < sp->n; k++)
+        if (push_byte_level(out, scratch->data + sp->v[k].s, sp->v[k].e - sp->v[k].s,
+                            origin && sp->v[k].s == 0))
+          return -1;
       break;
     case PRETOKENIZE_METASPACE: {
       scratch->len = 0;

@@ -194,9 +194,6 @@ int tokenizer_finish(struct tokenizer *t) {
     char name[8];
     snprintf(name, sizeof name, "<0x%02X>", b);
     t->byte_token[b] = vocab_find(&t->vocab, name, 6);
-    char enc[4];
-    int l = unicode_utf8_encode(unicode_byte_to_cp((uint8_t)b), enc);
-    t->byte_char_id[b] = vocab_find(&t->vocab, enc, (size_t)l);
   }
   return 0;
 }
@@ -280,65 +277,41 @@ static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const
   const uint8_t *p = (const uint8_t *)s;
   struct bpe_work *bw = &w->bw;
   bw->n_sym = 0;
-  if (t->byte_level) {
-    if (t->ignore_merges) {
-      w->word.len = 0;
-      for (size_t i = 0; i < len; i++) {
-        char enc[4];
-        if (text_buf_append(&w->word, enc, (size_t)unicode_utf8_encode(unicode_byte_to_cp(p[i]), enc)))
-          return ERR("out of memory");
-      }
-      int32_t id = vocab_find(&t->vocab, w->word.data, w->word.len);
-      if (id >= 0)
-        return emit(w, id);
-    }
-    if (bpe_work_reserve(bw, (int)len))
-      return -1;
-    for (size_t i = 0; i < len; i++) {
-      int32_t id = t->byte_char_id[p[i]];
-      if (id < 0)
-        id = t->unk_id;
-      if (id < 0)
-        continue; /* a byte the vocabulary cannot write and no unk: dropped, as HF does */
-      bw->sym[bw->n_sym++] = (struct bpe_symbol){id, (uint32_t)i, 1, 0, 0};
-    }
-  } else {
-    if (t->ignore_merges) {
-      int32_t id = vocab_find(&t->vocab, s, len);
-      if (id >= 0)
-        return emit(w, id);
-    }
-    int prev_unk = 0;
-    for (size_t i = 0; i < len;) {
-      uint32_t cp;
-      int l = unicode_utf8_decode(p + i, len - i, &cp);
-      if (!l)
-        l = 1;
-      int32_t id = vocab_find(&t->vocab, s + i, (size_t)l);
-      if (id >= 0) {
-        if (add_symbol(bw, id, (uint32_t)i, (uint32_t)l))
-          return -1;
-        prev_unk = 0;
-      } else {
-        int all = t->byte_fallback;
-        for (int k = 0; all && k < l; k++)
-          all = t->byte_token[p[i + (size_t)k]] >= 0;
-        if (all) {
-          for (int k = 0; k < l; k++)
-            if (add_symbol(bw, t->byte_token[p[i + (size_t)k]], (uint32_t)i + (uint32_t)k, 1))
-              return -1;
-          prev_unk = 0;
-        } else if (t->unk_id >= 0) {
-          if (t->fuse_unk && prev_unk) {
-            bw->sym[bw->n_sym - 1].len += (uint32_t)l;
-          } else if (add_symbol(bw, t->unk_id, (uint32_t)i, (uint32_t)l)) {
+  if (t->ignore_merges) {
+    int32_t id = vocab_find(&t->vocab, s, len);
+    if (id >= 0)
+      return emit(w, id);
+  }
+  int prev_unk = 0;
+  for (size_t i = 0; i < len;) {
+    uint32_t cp;
+    int l = unicode_utf8_decode(p + i, len - i, &cp);
+    if (!l)
+      l = 1;
+    int32_t id = vocab_find(&t->vocab, s + i, (size_t)l);
+    if (id >= 0) {
+      if (add_symbol(bw, id, (uint32_t)i, (uint32_t)l))
+        return -1;
+      prev_unk = 0;
+    } else {
+      int all = t->byte_fallback;
+      for (int k = 0; all && k < l; k++)
+        all = t->byte_token[p[i + (size_t)k]] >= 0;
+      if (all) {
+        for (int k = 0; k < l; k++)
+          if (add_symbol(bw, t->byte_token[p[i + (size_t)k]], (uint32_t)i + (uint32_t)k, 1))
             return -1;
-          }
-          prev_unk = 1;
+        prev_unk = 0;
+      } else if (t->unk_id >= 0) {
+        if (t->fuse_unk && prev_unk) {
+          bw->sym[bw->n_sym - 1].len += (uint32_t)l;
+        } else if (add_symbol(bw, t->unk_id, (uint32_t)i, (uint32_t)l)) {
+          return -1;
         }
+        prev_unk = 1;
       }
-      i += (size_t)l;
     }
+    i += (size_t)l;
   }
   link_symbols(bw);
   if (bpe_merge_by_rank(&t->merges, bw))

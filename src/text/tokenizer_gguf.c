@@ -23,6 +23,7 @@ struct pre_entry {
   const char *names; /* NUL-separated aliases, ending with an empty string */
   const char *regexes[6];
   int ignore_merges, add_bos;
+  int nfc; /* the HF tokenizer.json behind this name normalizes to NFC (Qwen2) */
 };
 
 static const struct pre_entry pre_table[] = {
@@ -59,7 +60,8 @@ static const struct pre_entry pre_table[] = {
     {"gpt-2\0phi-2\0mpt\0olmo\0jais\0jina-es\0jina-de\0gigachat\0jina-v2-es\0jina-v2-de\0roberta-bpe\0"
      "jina-v1-en\0jina-v2-code\0exaone4\0trillion\0mellum\0",
      {GPT2_RE}, 0, 0},
-    {"qwen2\0qwen2.5\0qwen-2.5\0deepseek-r1-qwen\0stablelm2\0megrez\0hunyuan\0kormo\0", {QWEN2_RE}, 0, 0},
+    {"qwen2\0qwen2.5\0qwen-2.5\0deepseek-r1-qwen\0megrez\0hunyuan\0kormo\0", {QWEN2_RE}, 0, 0, 1},
+    {"stablelm2\0", {QWEN2_RE}, 0, 0, 0},
     {"poro-chat\0bloom\0gpt3-finnish\0", {" ?[^(\\s|.,!?\xe2\x80\xa6\xe3\x80\x82\xef\xbc\x8c\xe3\x80\x81"
                                            "\xe0\xa5\xa4\xdb\x94\xd8\x8c)]+"}, 0, 0},
     {"chatglm-bpe\0glm4\0", {LLAMA3_RE}, 0, 0},
@@ -264,7 +266,14 @@ int tokenizer_load_gguf(struct tokenizer *t, const char *path) {
     for (int i = 0; i < 6 && pe->regexes[i]; i++)
       if (add_regex_step(t, pe->regexes[i]))
         goto out;
+    /* Then the text is written in the byte alphabet, as HF's ByteLevel(use_regex=false). */
+    struct pretokenize_step bl = {0};
+    bl.kind = PRETOKENIZE_BYTE_LEVEL;
+    if (pretokenizer_add(&t->pre, bl))
+      goto out;
     t->ignore_merges = pe->ignore_merges;
+    if (pe->nfc && normalizer_add(&t->norm, (struct normalize_step){.kind = NORMALIZE_NFC}))
+      goto out;
     t->bos_id = get_id(g, "tokenizer.ggml.bos_token_id", n > 11 ? 11 : -1, n);
     t->eos_id = get_id(g, "tokenizer.ggml.eos_token_id", n > 11 ? 11 : -1, n);
     t->unk_id = get_id(g, "tokenizer.ggml.unknown_token_id", -1, n);

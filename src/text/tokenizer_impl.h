@@ -53,7 +53,6 @@ struct tokenizer {
   enum tokenizer_model model;
   struct bpe_merges merges;   /* rank model */
   int byte_level;             /* the vocabulary is written in the GPT-2 byte alphabet */
-  int32_t byte_char_id[256];  /* byte_level: id of each byte's character, -1 if absent */
   int32_t byte_token[256];    /* id of "<0xXX>", -1 if absent */
   int byte_fallback;          /* unknown characters become their byte tokens */
   int fuse_unk;               /* consecutive unknowns become one unk */

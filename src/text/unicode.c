@@ -153,21 +153,23 @@ static int byte_is_printable(int b) {
 uint32_t unicode_byte_to_cp(uint8_t b) {
   if (byte_is_printable(b))
     return b;
-  uint32_t n = 0;
-  for (int i = 0; i < b; i++)
-    n += !byte_is_printable(i);
-  return 256 + n;
+  /* The 68 others in byte order: 0x00-0x20 (33), 0x7F-0xA0 (34), 0xAD. */
+  if (b <= 0x20)
+    return 256u + b;
+  if (b >= 0x7F && b <= 0xA0)
+    return 256u + 33u + (uint32_t)(b - 0x7F);
+  return 256u + 67u;
 }
 
 int unicode_cp_to_byte(uint32_t cp) {
   if (cp < 256)
     return byte_is_printable((int)cp) ? (int)cp : -1;
-  if (cp >= 256 + 68)
-    return -1;
-  uint32_t n = cp - 256;
-  for (int i = 0; i < 256; i++)
-    if (!byte_is_printable(i) && n-- == 0)
-      return i;
+  if (cp < 256 + 33)
+    return (int)(cp - 256);
+  if (cp < 256 + 67)
+    return (int)(cp - 256 - 33 + 0x7F);
+  if (cp == 256 + 67)
+    return 0xAD;
   return -1;
 }
 
