@@ -28,7 +28,7 @@ struct pre_entry {
 
 static const struct pre_entry pre_table[] = {
     {"llama3\0llama-v3\0llama-bpe\0falcon3\0falcon-h1\0pixtral\0midm-2.0\0lfm2\0dbrx\0smaug-bpe\0",
-     {LLAMA3_RE}, 1, 1},
+     {LLAMA3_RE}, 1, 1, 0},
     {"deepseek-llm\0",
      {"[\\r\\n]",
       "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}"
@@ -48,44 +48,44 @@ static const struct pre_entry pre_table[] = {
       "\\x{1E900}-\\x{1E943}]+",
       "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
       "\\s+$", CJK_RE, "\\p{N}+"},
-     0, 0},
-    {"deepseek-coder\0", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", CJK_RE, "\\p{N}"}, 0, 0},
+     0, 0, 0},
+    {"deepseek-coder\0", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", CJK_RE, "\\p{N}"}, 0, 0, 0},
     {"deepseek-v3\0",
      {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
       "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
       "?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-     0, 0},
-    {"falcon\0", {"[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_RE, "[0-9][0-9][0-9]"}, 0, 0},
-    {"starcoder\0refact\0command-r\0smollm\0codeshell\0exaone\0minerva-7b\0", {"\\p{N}", GPT2_RE}, 0, 0},
+     0, 0, 0},
+    {"falcon\0", {"[\\p{P}\\$\\+<=>\\^~\\|`]+", GPT2_RE, "[0-9][0-9][0-9]"}, 0, 0, 0},
+    {"starcoder\0refact\0command-r\0smollm\0codeshell\0exaone\0minerva-7b\0", {"\\p{N}", GPT2_RE}, 0, 0, 0},
     {"gpt-2\0phi-2\0mpt\0olmo\0jais\0jina-es\0jina-de\0gigachat\0jina-v2-es\0jina-v2-de\0roberta-bpe\0"
      "jina-v1-en\0jina-v2-code\0exaone4\0trillion\0mellum\0",
-     {GPT2_RE}, 0, 0},
+     {GPT2_RE}, 0, 0, 0},
     {"qwen2\0qwen2.5\0qwen-2.5\0deepseek-r1-qwen\0megrez\0hunyuan\0kormo\0", {QWEN2_RE}, 0, 0, 1},
     {"stablelm2\0", {QWEN2_RE}, 0, 0, 0},
     {"poro-chat\0bloom\0gpt3-finnish\0", {" ?[^(\\s|.,!?\xe2\x80\xa6\xe3\x80\x82\xef\xbc\x8c\xe3\x80\x81"
-                                           "\xe0\xa5\xa4\xdb\x94\xd8\x8c)]+"}, 0, 0},
-    {"chatglm-bpe\0glm4\0", {LLAMA3_RE}, 0, 0},
+                                           "\xe0\xa5\xa4\xdb\x94\xd8\x8c)]+"}, 0, 0, 0},
+    {"chatglm-bpe\0glm4\0", {LLAMA3_RE}, 0, 0, 0},
     {"viking\0", {" ?[^(\\s|.,!?\xe2\x80\xa6\xe3\x80\x82\xef\xbc\x8c\xe3\x80\x81\xe0\xa5\xa4\xdb\x94\xd8\x8c)]+",
-                  "\\p{N}"}, 0, 0},
+                  "\\p{N}"}, 0, 0, 0},
     {"tekken\0",
      {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}"
       "\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| "
       "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-     1, 1},
+     1, 1, 0},
     {"gpt-4o\0llama4\0",
      {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|"
       "'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|"
       "'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-     0, 0},
+     0, 0, 0},
     {"seed-coder\0",
      {"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| "
       "?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-     0, 0},
+     0, 0, 0},
 };
 
 /* llama.cpp's fallback for an unknown or missing name. */
 static const struct pre_entry pre_default = {
-    "default\0", {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}, 0, 0};
+    "default\0", {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"}, 0, 0, 0};
 
 static const struct pre_entry *find_pre(const char *name, size_t len) {
   for (size_t i = 0; i < sizeof pre_table / sizeof pre_table[0]; i++)
