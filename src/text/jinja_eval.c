@@ -581,11 +581,20 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
     }
   }
   if (op == JINJA_OP_ADD && a.type == JINJA_STRING && b.type == JINJA_STRING) {
+    if (a.markup != b.markup) { /* Markup + str escapes the str */
+      if (!a.markup)
+        a = jinja_html_escape(ev, a);
+      else
+        b = jinja_html_escape(ev, b);
+    }
+    int markup = a.markup;
     struct jinja_buf buf;
     jinja_buf_init(&buf, st, 0, JINJA_MAX_OUTPUT);
     jinja_buf_add(&buf, a.u.s->data, a.u.s->len);
     jinja_buf_add(&buf, b.u.s->data, b.u.s->len);
-    return jinja_buf_value(&buf);
+    struct jinja_value r = jinja_buf_value(&buf);
+    r.markup = markup;
+    return r;
   }
   if (op == JINJA_OP_ADD && a.type == JINJA_LIST && b.type == JINJA_LIST && a.u.l->is_tuple == b.u.l->is_tuple) {
     struct jinja_value l = jinja_list_new(st, a.u.l->n + b.u.l->n, a.u.l->is_tuple);

@@ -451,7 +451,7 @@ static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v, co
   return jinja_buf_value(&b);
 }
 
-static struct jinja_value html_escape(struct jinja_eval *ev, struct jinja_value v) {
+struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v) {
   v = str_of(ev, v);
   struct jinja_buf b;
   jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
@@ -463,7 +463,9 @@ static struct jinja_value html_escape(struct jinja_eval *ev, struct jinja_value 
     else
       jinja_buf_add(&b, &c, 1);
   }
-  return jinja_buf_value(&b);
+  struct jinja_value r = jinja_buf_value(&b);
+  r.markup = 1;
+  return r;
 }
 
 /* Parses a Python int literal from a string (int("12")); 0 on failure. */
@@ -520,8 +522,9 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
 static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a,
                                        int by_attr, int want) {
   struct jinja_state *st = ev->st;
-  size_t n;
-  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
+  size_t n = 0;
+  /* Jinja2 iterates only a truthy sequence here, so none | selectattr(...) is empty. */
+  struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
   size_t first = 0;
   struct jinja_value attr = jinja_none();
   if (by_attr) {
@@ -550,8 +553,8 @@ static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value
 
 static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
-  size_t n;
-  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
+  size_t n = 0;
+  struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
   struct jinja_value out = jinja_list_new(st, n, 0);
   const struct jinja_value *attribute = jinja_arg(a, SIZE_MAX, "attribute");
   if (attribute) {
@@ -619,12 +622,31 @@ static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, 
 
 /* ---- filters ---- */
 
+static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
+                                       const struct jinja_args *a);
+
 struct jinja_value jinja_filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
                                       const struct jinja_args *a) {
+  struct jinja_value r = filter_apply(ev, name, in, a);
+  /* Markup methods return Markup: these filters work through them (soft_str keeps Markup). */
+  if (in.type == JINJA_STRING && in.markup && r.type == JINJA_STRING &&
+      (!strcmp(name, "trim") || !strcmp(name, "upper") || !strcmp(name, "lower") ||
+       !strcmp(name, "capitalize") || !strcmp(name, "title") || !strcmp(name, "string")))
+    r.markup = 1;
+  return r;
+}
+
+static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
+                                       const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   jinja_step(st);
 #define IS(x) (!strcmp(name, x))
-  if (IS("safe") || (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple))
+  if (IS("safe")) {
+    struct jinja_value r = str_of(ev, in);
+    r.markup = 1;
+    return r;
+  }
+  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple)
     return in;
   if (IS("tojson"))
     return tojson(ev, in, a);
@@ -821,8 +843,10 @@ struct jinja_value jinja_filter_apply(struct jinja_eval *ev, const char *name, s
     }
     return jinja_int(words);
   }
+  if ((IS("escape") || IS("e")) && in.type == JINJA_STRING && in.markup)
+    return in;
   if (IS("escape") || IS("e") || IS("forceescape"))
-    return html_escape(ev, in);
+    return jinja_html_escape(ev, in);
   if (IS("center")) {
     struct jinja_value s = str_of(ev, in);
     int64_t width = int_arg(ev, jinja_arg(a, 0, "width"), 80);

@@ -16,4 +16,7 @@ int jinja_method_exists(struct jinja_value self, const char *name);
 struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value self, const char *name,
                                      const struct jinja_args *a);
 
+/* markupsafe.escape: & < > " ' as entities; the result is Markup. */
+struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v);
+
 #endif

@@ -35,6 +35,9 @@ struct jinja_loop;
 
 struct jinja_value {
   enum jinja_type type;
+  /* For strings: a markupsafe.Markup (from |safe or |escape). Jinja2 keeps such strings apart:
+   * Markup + str HTML-escapes the str, which real templates (functionary) depend on. */
+  int markup;
   union {
     int b;
     int64_t i;
