@@ -22,7 +22,7 @@ static struct jinja_value from_json(struct jinja_state *st, const cJSON *j, int 
     return jinja_bool(cJSON_IsTrue(j));
   if (cJSON_IsNumber(j)) {
     double d = j->valuedouble;
-    if (d == floor(d) && fabs(d) <= 9007199254740992.0)
+    if (d == floor(d) && fabs(d) <= 9007199254740992.0 && !(d == 0 && signbit(d)))
       return jinja_int((int64_t)d);
     return jinja_float(d);
   }

@@ -481,7 +481,8 @@ static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, 
     struct jinja_buf b;
     jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
     for (int64_t i = 0; i < times; i++) {
-      jinja_step(st);
+      if (seq.u.s->len == 0) /* nothing to add; do not spin on a huge count */
+        break;
       jinja_buf_add(&b, seq.u.s->data, seq.u.s->len);
     }
     return jinja_buf_value(&b);
@@ -811,8 +812,9 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   if (n->c) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
     struct jinja_value *kept = count ? jinja_alloc(st, count * sizeof(*kept)) : NULL;
     size_t m = 0;
+    struct jinja_frame *f = frame_new(st, outer);
     for (size_t i = 0; i < count; i++) {
-      struct jinja_frame *f = frame_new(st, outer);
+      f->n = 0;
       assign(ev, f, n->a, items[i]);
       ev->frame = f;
       int keep = jinja_truthy(eval(ev, n->c));
@@ -834,15 +836,17 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_loop *loop = jinja_alloc(st, sizeof(*loop));
   loop->items = items;
   loop->length = count;
-  loop->depth = ev->loop_depth + 1;
+  loop->depth = 1; /* depth only grows in recursive loops, which are not supported */
   struct jinja_value loopv = {.type = JINJA_LOOP};
   loopv.u.loop = loop;
   ev->loop_depth++;
+  /* Each iteration is its own scope: a {% set %} inside does not survive to the next one. The
+   * frame's storage is reused, so a long loop does not grow the arena per iteration. */
+  struct jinja_frame *f = frame_new(st, outer);
   for (size_t i = 0; i < count; i++) {
     jinja_step(st);
     loop->index0 = i;
-    /* Each iteration is its own scope: a {% set %} inside does not survive to the next one. */
-    struct jinja_frame *f = frame_new(st, outer);
+    f->n = 0;
     assign(ev, f, n->a, items[i]);
     jinja_frame_set(st, f, "loop", loopv);
     ev->frame = f;
@@ -862,9 +866,17 @@ static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   case JINJA_N_TEXT:
     jinja_buf_add(ev->out, n->value.u.s->data, n->value.u.s->len);
     return JINJA_FLOW_NORMAL;
-  case JINJA_N_OUTPUT:
-    jinja_write_str(ev->out, eval(ev, n->a));
+  case JINJA_N_OUTPUT: {
+    struct jinja_value v = eval(ev, n->a);
+    if (v.type == JINJA_CALLABLE && v.u.c->kind == JINJA_FN_MACRO) {
+      jinja_buf_adds(ev->out, "<Macro '");
+      jinja_buf_adds(ev->out, v.u.c->name);
+      jinja_buf_adds(ev->out, "'>");
+    } else {
+      jinja_write_str(ev->out, v);
+    }
     return JINJA_FLOW_NORMAL;
+  }
   case JINJA_N_BODY:
     return exec_body(ev, n);
   case JINJA_N_IF:

@@ -507,7 +507,13 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
   if (!strcmp(method, "common")) {
     if (v.type != JINJA_FLOAT)
       return jinja_int(v.type == JINJA_BOOL ? v.u.b : v.u.i);
-    r = nearbyint(x * p) / p; /* Python's round(): half to even */
+    if (prec >= 0 && prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
+      char tmp[400];
+      snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);
+      r = strtod(tmp, NULL);
+    } else {
+      r = nearbyint(x * p) / p;
+    }
   } else if (!strcmp(method, "ceil")) {
     r = ceil(x * p) / p;
   } else if (!strcmp(method, "floor")) {
@@ -752,8 +758,12 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     return select_items(ev, in, a, 1, 0);
   if (IS("map"))
     return map_items(ev, in, a);
-  if (IS("attr"))
-    return jinja_eval_getattr(ev, in, str_arg(ev, jinja_arg(a, 0, "name"), "attribute name"));
+  if (IS("attr")) { /* Python attributes only: no fallback to dict keys */
+    const char *attr = str_arg(ev, jinja_arg(a, 0, "name"), "attribute name");
+    if (in.type == JINJA_DICT && !jinja_method_exists(in, attr))
+      return jinja_undefined(NULL);
+    return jinja_eval_getattr(ev, in, attr);
+  }
   if (IS("unique"))
     return unique(ev, in, a);
   if (IS("min") || IS("max"))
@@ -923,10 +933,11 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
     return v.type == JINJA_DICT;
   if (IS("iterable"))
     return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+  /* An Undefined has __len__, __getitem__ and __call__, so Jinja2 finds it a callable sequence. */
   if (IS("sequence"))
-    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING;
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
   if (IS("callable"))
-    return v.type == JINJA_CALLABLE;
+    return v.type == JINJA_CALLABLE || v.type == JINJA_UNDEFINED;
   if (IS("escaped"))
     return 0;
   if (IS("lower") || IS("upper")) {

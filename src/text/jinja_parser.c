@@ -3,6 +3,7 @@
  * < unary -,+ < postfix (. [] ()) and filters/tests. */
 #include "text/jinja_parser.h"
 
+#include <stdio.h>
 #include <string.h>
 
 struct jinja_parser {
@@ -798,9 +799,12 @@ static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *
   for (;;) {
     const struct jinja_token *t = cur(p);
     if (t->type == JINJA_TOK_EOF) {
-      if (ends)
-        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: '%s'",
-                   ends[0]);
+      if (ends) {
+        char tags[256] = "";
+        for (size_t i = 0; ends[i]; i++)
+          snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s'%s'", i ? " or " : "", ends[i]);
+        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.", tags);
+      }
       break;
     }
     if (t->type == JINJA_TOK_TEXT) {
