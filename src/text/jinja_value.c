@@ -62,8 +62,8 @@ void jinja_fail_msg(struct jinja_state *st, const char *msg) {
 }
 
 void jinja_step(struct jinja_state *st) {
-  if (++st->steps > JINJA_MAX_STEPS)
-    jinja_fail(st, "template exceeded the limit of %ld evaluation steps", JINJA_MAX_STEPS);
+  if (++st->steps > st->max_steps)
+    jinja_fail(st, "template exceeded the limit of %ld evaluation steps", st->max_steps);
 }
 
 void jinja_buf_init(struct jinja_buf *b, struct jinja_state *st, int heap, size_t limit) {

@@ -82,6 +82,7 @@ struct jinja_state {
   struct jinja_chunk *chunks;
   size_t arena_bytes;
   long steps;
+  long max_steps; /* JINJA_MAX_STEPS unless a caller asks for less */
   int depth;
   char *err;        /* malloc'd message after an error */
   jmp_buf on_error; /* set by the entry point; jinja_fail jumps here */
@@ -95,7 +96,7 @@ _Noreturn void jinja_fail(struct jinja_state *st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Same with a message taken whole (raise_exception texts may be long). */
 _Noreturn void jinja_fail_msg(struct jinja_state *st, const char *msg);
-/* Counts one evaluation step against JINJA_MAX_STEPS. */
+/* Counts one evaluation step against st->max_steps. */
 void jinja_step(struct jinja_state *st);
 
 /* A growable byte buffer in malloc'd memory (the output) or in the arena (temporaries). */
