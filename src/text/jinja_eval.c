@@ -635,8 +635,7 @@ static int contains(struct jinja_eval *ev, struct jinja_value container, struct 
   case JINJA_DICT:
   case JINJA_NAMESPACE:
     return jinja_dict_get(container.u.d, item) != NULL;
-  case JINJA_UNDEFINED:
-    jinja_check_defined(ev->st, container);
+  case JINJA_UNDEFINED: /* Python falls back on Undefined.__iter__, which is empty */
     return 0;
   default:
     jinja_fail(ev->st, "argument of type '%s' is not iterable", jinja_type_name(container));
