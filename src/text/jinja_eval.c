@@ -168,6 +168,13 @@ static struct jinja_value loop_attr(struct jinja_eval *ev, struct jinja_value ob
 }
 
 struct jinja_value jinja_eval_getattr(struct jinja_eval *ev, struct jinja_value obj, const char *name) {
+  const char *unsafe = jinja_method_unsafe(obj, name);
+  if (unsafe) {
+    size_t n = strlen(name) + 64;
+    char *why = jinja_alloc(ev->st, n);
+    snprintf(why, n, "access to attribute '%s' of '%s' object is unsafe.", name, unsafe);
+    return jinja_undefined(why);
+  }
   switch (obj.type) {
   case JINJA_UNDEFINED:
     jinja_check_defined(ev->st, obj);
@@ -604,6 +611,10 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
     for (size_t i = 0; i < b.u.l->n; i++)
       l.u.l->items[a.u.l->n + i] = b.u.l->items[i];
     return l;
+  }
+  if (op == JINJA_OP_MOD && a.type == JINJA_STRING) {
+    jinja_check_defined(st, b);
+    return jinja_percent_format(ev, a, b);
   }
   if (op == JINJA_OP_MUL) {
     if ((a.type == JINJA_STRING || a.type == JINJA_LIST) && (b.type == JINJA_INT || b.type == JINJA_BOOL))

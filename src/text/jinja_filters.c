@@ -63,6 +63,38 @@ enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_WORDS, CASE_CAPITALIZE, CASE_PY_TITLE 
 
 static int is_cased(int32_t c) { return utf8proc_toupper(c) != c || utf8proc_tolower(c) != c; }
 
+enum { MAP_UPPER, MAP_LOWER, MAP_TITLE };
+
+/* Appends C case-mapped as Python does: utf8proc's one-to-one mappings plus the full (one-to-many)
+ * mappings of Unicode's SpecialCasing that Python applies unconditionally. */
+static void put_case(struct jinja_buf *b, int32_t c, int map) {
+  static const struct {
+    int32_t cp;
+    const char *upper, *title, *lower;
+  } special[] = {
+      {0x00DF, "SS", "Ss", NULL},                 /* sharp s */
+      {0x0130, NULL, NULL, "i\xcc\x87"},         /* capital I with dot above */
+      {0x0149, "\xca\xbcN", "\xca\xbcN", NULL}, /* n preceded by apostrophe */
+      {0xFB00, "FF", "Ff", NULL},
+      {0xFB01, "FI", "Fi", NULL},
+      {0xFB02, "FL", "Fl", NULL},
+      {0xFB03, "FFI", "Ffi", NULL},
+      {0xFB04, "FFL", "Ffl", NULL},
+      {0xFB05, "ST", "St", NULL},
+      {0xFB06, "ST", "St", NULL},
+  };
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+    if (special[i].cp != c)
+      continue;
+    const char *r = map == MAP_UPPER ? special[i].upper : map == MAP_TITLE ? special[i].title : special[i].lower;
+    if (r) {
+      jinja_buf_adds(b, r);
+      return;
+    }
+  }
+  put_cp(b, map == MAP_UPPER ? utf8proc_toupper(c) : map == MAP_TITLE ? utf8proc_totitle(c) : utf8proc_tolower(c));
+}
+
 static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value v, int mode) {
   v = str_of(ev, v);
   const char *s = v.u.s->data;
@@ -71,30 +103,33 @@ static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value 
   jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   int first = 1, prev_cased = 0, word_start = 1;
   while (i < n) {
-    int32_t c = next_cp(s, n, &i), o = c;
+    int32_t c = next_cp(s, n, &i);
+    int map = MAP_LOWER;
     switch (mode) {
     case CASE_UPPER:
-      o = utf8proc_toupper(c);
+      map = MAP_UPPER;
       break;
     case CASE_LOWER:
-      o = utf8proc_tolower(c);
       break;
     case CASE_CAPITALIZE:
-      o = first ? utf8proc_totitle(c) : utf8proc_tolower(c);
+      map = first ? MAP_TITLE : MAP_LOWER;
       break;
     case CASE_PY_TITLE:
-      o = prev_cased ? utf8proc_tolower(c) : utf8proc_totitle(c);
+      map = prev_cased ? MAP_LOWER : MAP_TITLE;
       prev_cased = is_cased(c);
       break;
-    case CASE_TITLE_WORDS: { /* Jinja2's title: words start after runs of -, whitespace, ( { [ < */
+    case CASE_TITLE_WORDS: { /* Jinja2's title: word[0].upper() + word[1:].lower(), words split at -, space, ( { [ < */
       int sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c);
-      o = sep ? c : word_start ? utf8proc_totitle(c) : utf8proc_tolower(c);
+      map = sep ? -1 : word_start ? MAP_UPPER : MAP_LOWER;
       word_start = sep;
       break;
     }
     }
     first = 0;
-    put_cp(&b, o);
+    if (map < 0)
+      put_cp(&b, c);
+    else
+      put_case(&b, c, map);
   }
   return jinja_buf_value(&b);
 }
@@ -626,6 +661,107 @@ static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, 
   return out;
 }
 
+/* Python's printf-style str % args for the conversions templates use (s r d i f F e E g G x X o c %),
+ * with flags, width and precision; a tuple supplies several arguments. */
+struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_value fmt, struct jinja_value args) {
+  struct jinja_state *st = ev->st;
+  const struct jinja_value *argv = &args;
+  size_t argc = 1, next = 0;
+  if (args.type == JINJA_LIST && args.u.l->is_tuple) {
+    argv = args.u.l->items;
+    argc = args.u.l->n;
+  }
+  const char *s = fmt.u.s->data;
+  size_t n = fmt.u.s->len;
+  struct jinja_buf b;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] != '%') {
+      jinja_buf_add(&b, s + i, 1);
+      continue;
+    }
+    char spec[32];
+    size_t k = 0;
+    spec[k++] = '%';
+    i++;
+    while (i < n && strchr("-+ #0", s[i]) && k < 8)
+      spec[k++] = s[i++];
+    while (i < n && s[i] >= '0' && s[i] <= '9' && k < 16)
+      spec[k++] = s[i++];
+    if (i < n && s[i] == '.') {
+      spec[k++] = s[i++];
+      while (i < n && s[i] >= '0' && s[i] <= '9' && k < 24)
+        spec[k++] = s[i++];
+    }
+    if (i >= n)
+      jinja_fail(st, "incomplete format");
+    char conv = s[i];
+    if (conv == '%') {
+      jinja_buf_add(&b, "%", 1);
+      continue;
+    }
+    if (next >= argc)
+      jinja_fail(st, "not enough arguments for format string");
+    struct jinja_value v = argv[next++];
+    char out[512];
+    if (strchr("diouxXc", conv)) {
+      if (!jinja_is_number(v))
+        jinja_fail(st, "%%%c format: a real number is required, not %s", conv, jinja_type_name(v));
+      long long x = v.type == JINJA_FLOAT ? (long long)v.u.f : v.type == JINJA_BOOL ? v.u.b : (long long)v.u.i;
+      spec[k++] = 'l';
+      spec[k++] = 'l';
+      spec[k++] = conv == 'i' || conv == 'u' ? 'd' : conv == 'c' ? 'd' : conv;
+      spec[k] = 0;
+      if (conv == 'c') {
+        put_cp(&b, (int32_t)x);
+        continue;
+      }
+      snprintf(out, sizeof out, spec, x);
+      jinja_buf_adds(&b, out);
+    } else if (strchr("fFeEgG", conv)) {
+      if (!jinja_is_number(v))
+        jinja_fail(st, "must be real number, not %s", jinja_type_name(v));
+      spec[k++] = conv;
+      spec[k] = 0;
+      snprintf(out, sizeof out, spec, jinja_as_double(v));
+      jinja_buf_adds(&b, out);
+    } else if (conv == 's' || conv == 'r' || conv == 'a') {
+      struct jinja_buf t;
+      jinja_buf_init(&t, st, 0, JINJA_MAX_OUTPUT);
+      if (conv == 's')
+        jinja_write_str(&t, v);
+      else
+        jinja_write_repr(&t, v);
+      spec[k] = 0;
+      /* Width and precision count code points; '-' pads on the right. */
+      int left = strchr(spec, '-') != NULL;
+      const char *w = spec + 1;
+      while (*w && strchr("-+ #0", *w))
+        w++;
+      long width = strtol(w, NULL, 10);
+      const char *dot = strchr(spec, '.');
+      size_t len = t.len;
+      if (dot) {
+        long prec = strtol(dot + 1, NULL, 10);
+        len = jinja_utf8_offset(t.data ? t.data : "", t.len, (size_t)(prec < 0 ? 0 : prec));
+      }
+      long cps = (long)jinja_utf8_len(t.data ? t.data : "", len);
+      if (width > 100000)
+        jinja_fail(st, "format width is too large");
+      for (long p = cps; !left && p < width; p++)
+        jinja_buf_add(&b, " ", 1);
+      jinja_buf_add(&b, t.data ? t.data : "", len);
+      for (long p = cps; left && p < width; p++)
+        jinja_buf_add(&b, " ", 1);
+    } else {
+      jinja_fail(st, "unsupported format character '%c' (0x%x)", conv, (unsigned char)conv);
+    }
+  }
+  if (next < argc)
+    jinja_fail(st, "not all arguments converted during string formatting");
+  return jinja_buf_value(&b);
+}
+
 /* ---- filters ---- */
 
 static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
@@ -700,7 +836,10 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
   if (IS("join")) {
     const struct jinja_value *d = jinja_arg(a, 0, "d");
     struct jinja_value sep = d ? str_of(ev, *d) : jinja_str(st, "");
-    return join(ev, in, sep.u.s->data, sep.u.s->len, jinja_arg(a, 1, "attribute"));
+    const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
+    if (attribute && attribute->type == JINJA_NONE)
+      attribute = NULL;
+    return join(ev, in, sep.u.s->data, sep.u.s->len, attribute);
   }
   if (IS("items"))
     return items_of(ev, in);
@@ -893,6 +1032,14 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     }
     return out;
   }
+  if (IS("format")) {
+    if (in.type != JINJA_STRING)
+      in = str_of(ev, in);
+    struct jinja_value args = jinja_list_new(st, a->n, 1);
+    for (size_t i = 0; i < a->n; i++)
+      args.u.l->items[i] = a->pos[i];
+    return jinja_percent_format(ev, in, args);
+  }
   if (IS("pprint")) {
     struct jinja_buf b;
     jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
@@ -986,7 +1133,7 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
                                     "replace", "int", "float", "abs", "round", "select", "reject", "selectattr",
                                     "rejectattr", "map", "attr", "unique", "min", "max", "reverse", "sort",
                                     "dictsort", "sum", "indent", "wordcount", "escape", "e", "forceescape",
-                                    "center", "batch", "pprint", NULL};
+                                    "center", "batch", "pprint", "format", NULL};
     static const char *tests[] = {"defined", "undefined", "none", "boolean", "true", "false", "integer", "float",
                                   "number", "string", "mapping", "iterable", "sequence", "callable", "escaped",
                                   "lower", "upper", "even", "odd", "divisibleby", "sameas", "filter", "test",
@@ -1056,6 +1203,17 @@ static int in_list(const char *const *list, const char *name) {
     if (!strcmp(list[i], name))
       return 1;
   return 0;
+}
+
+const char *jinja_method_unsafe(struct jinja_value self, const char *name) {
+  static const char *const list_mutators[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
+                                              "reverse", NULL};
+  static const char *const dict_mutators[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
+  if (self.type == JINJA_LIST && !self.u.l->is_tuple && in_list(list_mutators, name))
+    return "list";
+  if (self.type == JINJA_DICT && in_list(dict_mutators, name))
+    return "dict";
+  return NULL;
 }
 
 int jinja_method_exists(struct jinja_value self, const char *name) {

@@ -501,7 +501,26 @@ text {{ 'var' }}   {{- 'joined' -}}   tail
 end
 """
 
+MISC = """{{ "%s-%d" % ("a", 3) }} {{ "%.2f" % 3.14159 }} {{ "%s" % none }} {{ '%5s|%-5s|' % ('a', 'b') }} {{ '%d%%' % 50 }} {{ '%r' % 'q' }} {{ '%s, %s' | format('x', 2) }}
+{{ 'ǆa' | title }} {{ 'ß' | upper }} {{ 'İ' | lower | length }} {{ 'ﬁx'.upper() }} {{ 'ßa'.capitalize() }}
+{% macro outer() %}{% macro inner() %}i{% endmacro %}{{ inner() }}o{% endmacro %}{{ outer() }}
+{{ "abc" | batch(2) | list }} {{ (1, 2, 3)[1:] }} {{ (1, 2, 3)[::-1] }} {{ [(1, 2)] }} {{ words | join(', ', attribute=none) }}
+{{ table | dictsort(by='value') }} {{ range(5) | batch(2) | map('join', ',') | join(';') }} {{ 1 in [1.0] }} {{ [1, 2, 3] | sum / 2 }}
+{{ 'x' | tojson | safe }} {{ none | tojson }} {{ 1.5 | tojson }} {{ 'a\u2028b\x7f\x1f' | tojson }} {{ {"a": "</s>"} | tojson }}
+{% set ns = namespace() %}{% set ns.a = 1 %}{{ ns.a }}{{ ns['a'] }}[{{ ns.b }}] {{ dict(a=1, b=2) | items | list }} {{ dict({'x': 1}, y=2) }}
+abc  {% if true %}x{% endif %}
+   {% if true %}y{% endif %}
+{{ 1 }}
+   {% if true %}z{% endif %}
+  {# c #}
+X {{ 2 }}   {% if true %}w{% endif %}
+{% for i in range(3) %}{{ loop.previtem }}-{{ loop.nextitem }},{% endfor %} {{ 'Hello'[10:] }}|{{ 'Hello'[-100:2] }}|{{ [1, 2, 3][5:1:-1] }}
+{{ 3 | string + 'a' }} {{ 3.0 | int }} {{ '0x1A' | int(base=16) }} {{ '12abc' | int }} {{ ' 42 ' | int }} {{ true | int }} {{ none | int }}
+"""
+
 UNDEFINED_ERRORS = [
+    "{{ [].append(1) }}",
+    "{{ table.update(a=2) }}",
     "{{ missing.attr }}",
     "{{ table.missing.deeper }}",
     "{{ messages[10].content }}",
@@ -517,10 +536,11 @@ DIFF_TEMPLATES = {
     "gemma": GEMMA_STYLE, "deepseek": DEEPSEEK_STYLE, "llama_tools": LLAMA_TOOLS_STYLE,
     "mistral": MISTRAL_STYLE, "command_r": COMMAND_R_STYLE, "expressions": EXPRESSIONS, "tests": TESTS,
     "filters": FILTERS, "methods": METHODS, "loops": LOOPS, "blocks": BLOCKS, "whitespace": WHITESPACE,
+    "misc": MISC,
 }
 DIFF_TEMPLATES.update({f"undefined_{i}": t for i, t in enumerate(UNDEFINED_ERRORS)})
 
-FEATURE_TEMPLATES = {"expressions", "tests", "filters", "methods", "loops", "blocks", "whitespace"}
+FEATURE_TEMPLATES = {"expressions", "tests", "filters", "methods", "loops", "blocks", "whitespace", "misc"}
 
 
 def diff_cases():
