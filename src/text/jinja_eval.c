@@ -122,6 +122,7 @@ struct jinja_value *jinja_eval_iterate(struct jinja_eval *ev, struct jinja_value
     return v.u.d->keys;
   case JINJA_STRING: {
     const char *s = v.u.s->data;
+    jinja_charge(st, v.u.s->len * 16);
     size_t len = v.u.s->len, count = jinja_utf8_len(s, len), pos = 0;
     struct jinja_value *items = count ? jinja_alloc(st, count * sizeof(*items)) : NULL;
     for (size_t i = 0; i < count; i++) {
@@ -185,6 +186,7 @@ struct jinja_value jinja_eval_getattr(struct jinja_eval *ev, struct jinja_value 
       return callable_new(ev, JINJA_FN_METHOD, name, obj);
     /* fallthrough */
   case JINJA_NAMESPACE: {
+    jinja_charge(ev->st, obj.u.d->n * 16);
     struct jinja_value *v = jinja_dict_gets(obj.u.d, name);
     return v ? *v : undef_attr(ev, obj, name);
   }
@@ -270,6 +272,7 @@ struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value 
   switch (obj.type) {
   case JINJA_DICT:
   case JINJA_NAMESPACE: {
+    jinja_charge(ev->st, obj.u.d->n * 16);
     struct jinja_value *v = jinja_dict_get(obj.u.d, key);
     if (v)
       return *v;
@@ -294,6 +297,7 @@ struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value 
       }
       const char *s = obj.u.s->data;
       size_t len = obj.u.s->len;
+      jinja_charge(ev->st, len);
       int64_t n = (int64_t)jinja_utf8_len(s, len);
       if (i < 0)
         i += n;
@@ -430,8 +434,8 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name, c
   /* dict(**kw) and namespace(mapping?, **kw) */
   struct jinja_value d = jinja_dict_new(st);
   if (a->n >= 1 && (a->pos[0].type == JINJA_DICT || a->pos[0].type == JINJA_NAMESPACE))
-    for (size_t i = 0; i < a->pos[0].u.d->n; i++)
-      jinja_dict_set(st, d.u.d, a->pos[0].u.d->keys[i], a->pos[0].u.d->vals[i]);
+    for (size_t i = 0; i < a->pos[0].u.d->n; i++) /* a mapping's keys are already distinct */
+      jinja_dict_append(st, d.u.d, a->pos[0].u.d->keys[i], a->pos[0].u.d->vals[i]);
   else if (a->n >= 1)
     jinja_fail(st, "%s() positional argument must be a mapping", name);
   for (size_t k = 0; k < a->n_kw; k++)
@@ -637,14 +641,17 @@ static int contains(struct jinja_eval *ev, struct jinja_value container, struct 
     }
     if (item.u.s->len == 0)
       return 1;
+    jinja_charge(ev->st, container.u.s->len);
     return memmem(container.u.s->data, container.u.s->len, item.u.s->data, item.u.s->len) != NULL;
   case JINJA_LIST:
+    jinja_charge(ev->st, container.u.l->n * 16);
     for (size_t i = 0; i < container.u.l->n; i++)
       if (jinja_equal(container.u.l->items[i], item))
         return 1;
     return 0;
   case JINJA_DICT:
   case JINJA_NAMESPACE:
+    jinja_charge(ev->st, container.u.d->n * 16);
     return jinja_dict_get(container.u.d, item) != NULL;
   case JINJA_UNDEFINED: /* Python falls back on Undefined.__iter__, which is empty */
     return 0;
@@ -654,6 +661,8 @@ static int contains(struct jinja_eval *ev, struct jinja_value container, struct 
 }
 
 static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_value a, struct jinja_value b) {
+  if (a.type == JINJA_LIST && b.type == JINJA_LIST)
+    jinja_charge(ev->st, (a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n) * 16);
   switch (op) {
   case JINJA_OP_EQ:
     return jinja_bool(jinja_equal(a, b));

@@ -223,6 +223,7 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
   size_t sl = sep->u.s->len;
   if (sl == 0)
     jinja_fail(st, "empty separator");
+  jinja_charge(st, n);
   size_t i = 0;
   for (;;) {
     const char *hit = (maxsplit < 0 || (int64_t)np < maxsplit) ? memmem(s + i, n - i, sep->u.s->data, sl) : NULL;
@@ -260,6 +261,7 @@ static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, c
     jinja_buf_add(&b, s + i, n - i);
     return jinja_buf_value(&b);
   }
+  jinja_charge(ev->st, n);
   while (i < n && (count < 0 || done < count)) {
     const char *hit = memmem(s + i, n - i, o.u.s->data, ol);
     if (!hit)
@@ -684,7 +686,7 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
     size_t k = 0;
     spec[k++] = '%';
     i++;
-    while (i < n && strchr("-+ #0", s[i]) && k < 8)
+    while (i < n && s[i] && strchr("-+ #0", s[i]) && k < 8)
       spec[k++] = s[i++];
     while (i < n && s[i] >= '0' && s[i] <= '9' && k < 16)
       spec[k++] = s[i++];
@@ -809,6 +811,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     case JINJA_UNDEFINED:
       return jinja_int(0);
     case JINJA_STRING:
+      jinja_charge(st, in.u.s->len);
       return jinja_int((int64_t)jinja_utf8_len(in.u.s->data, in.u.s->len));
     case JINJA_LIST:
       return jinja_int((int64_t)in.u.l->n);
@@ -1151,10 +1154,13 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
     if (arg->type == JINJA_STRING) {
       if (v.type != JINJA_STRING)
         jinja_fail(st, "'in <string>' requires string as left operand, not %s", jinja_type_name(v));
+      jinja_charge(st, arg->u.s->len);
       return v.u.s->len == 0 || memmem(arg->u.s->data, arg->u.s->len, v.u.s->data, v.u.s->len) != NULL;
     }
-    if (arg->type == JINJA_DICT || arg->type == JINJA_NAMESPACE)
+    if (arg->type == JINJA_DICT || arg->type == JINJA_NAMESPACE) {
+      jinja_charge(st, arg->u.d->n * 16);
       return jinja_dict_get(arg->u.d, v) != NULL;
+    }
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, *arg, &n);
     for (size_t i = 0; i < n; i++)
@@ -1293,12 +1299,14 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
     if (IS("get")) {
       if (!a0)
         jinja_fail(st, "get expected at least 1 argument, got 0");
+      jinja_charge(st, self.u.d->n * 16);
       struct jinja_value *v = jinja_dict_get(self.u.d, *a0);
       return v ? *v : a1 ? *a1 : jinja_none();
     }
   } else if (self.type == JINJA_LIST) {
     if (!a0)
       jinja_fail(st, "%s() takes exactly one argument (0 given)", name);
+    jinja_charge(st, self.u.l->n * 16);
     int64_t count = 0;
     for (size_t i = 0; i < self.u.l->n; i++)
       if (jinja_equal(self.u.l->items[i], *a0)) {
@@ -1345,15 +1353,25 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
         jinja_fail(st, "must be str, not %s", a0 ? jinja_type_name(*a0) : "nothing");
       const char *sub = a0->u.s->data;
       size_t k = a0->u.s->len;
+      jinja_charge(st, n);
       int64_t found = -1, count = 0;
-      for (size_t i = 0; i + k <= n; i++) {
-        if (memcmp(s + i, sub, k) != 0)
-          continue;
-        if (found < 0 || IS("rfind"))
-          found = (int64_t)i;
-        count++;
-        if (IS("count") && k > 0)
-          i += k - 1;
+      if (k == 0) {
+        found = IS("rfind") ? (int64_t)n : 0;
+      } else {
+        size_t i = 0;
+        while (i + k <= n) {
+          const char *hit = memmem(s + i, n - i, sub, k);
+          if (!hit)
+            break;
+          size_t pos = (size_t)(hit - s);
+          if (found < 0 || IS("rfind"))
+            found = (int64_t)pos;
+          count++;
+          if (IS("find") || IS("index"))
+            break;
+          jinja_charge(st, k);
+          i = pos + (IS("count") ? k : 1);
+        }
       }
       if (IS("count"))
         return jinja_int(k == 0 ? (int64_t)jinja_utf8_len(s, n) + 1 : count);

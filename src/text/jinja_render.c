@@ -38,8 +38,17 @@ static struct jinja_value from_json(struct jinja_state *st, const cJSON *j, int 
   }
   if (cJSON_IsObject(j)) {
     struct jinja_value d = jinja_dict_new(st);
-    for (const cJSON *c = j->child; c; c = c->next)
-      jinja_dict_set(st, d.u.d, jinja_str(st, c->string ? c->string : ""), from_json(st, c, depth + 1));
+    /* Small objects drop duplicate keys as json.loads does (the last value wins); large ones are
+     * appended as they come, so a hostile context cannot make this quadratic. */
+    int dedupe = cJSON_GetArraySize(j) <= 256;
+    for (const cJSON *c = j->child; c; c = c->next) {
+      struct jinja_value key = jinja_str(st, c->string ? c->string : "");
+      struct jinja_value val = from_json(st, c, depth + 1);
+      if (dedupe)
+        jinja_dict_set(st, d.u.d, key, val);
+      else
+        jinja_dict_append(st, d.u.d, key, val);
+    }
     return d;
   }
   return jinja_none();

@@ -66,6 +66,14 @@ void jinja_step(struct jinja_state *st) {
     jinja_fail(st, "template exceeded the limit of %ld evaluation steps", st->max_steps);
 }
 
+void jinja_charge(struct jinja_state *st, size_t work) {
+  if (work < 64)
+    return;
+  st->steps += (long)(work >> 6);
+  if (st->steps > st->max_steps)
+    jinja_fail(st, "template exceeded the limit of %ld evaluation steps", st->max_steps);
+}
+
 void jinja_buf_init(struct jinja_buf *b, struct jinja_state *st, int heap, size_t limit) {
   b->st = st;
   b->data = NULL;
@@ -77,6 +85,7 @@ void jinja_buf_init(struct jinja_buf *b, struct jinja_state *st, int heap, size_
 void jinja_buf_add(struct jinja_buf *b, const char *s, size_t n) {
   if (n == 0)
     return;
+  jinja_charge(b->st, n);
   if (b->len + n > b->limit)
     jinja_fail(b->st, "template output exceeded the limit of %zu bytes", b->limit);
   if (b->len + n + 1 > b->cap) {
@@ -140,6 +149,7 @@ struct jinja_value jinja_float(double f) {
 }
 
 struct jinja_value jinja_str_n(struct jinja_state *st, const char *s, size_t n) {
+  jinja_charge(st, n);
   struct jinja_str *js = jinja_alloc(st, sizeof(*js) + n + 1);
   js->len = n;
   if (n)
@@ -155,6 +165,7 @@ struct jinja_value jinja_str(struct jinja_state *st, const char *s) {
 }
 
 struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple) {
+  jinja_charge(st, n * 16);
   struct jinja_list *l = jinja_alloc(st, sizeof(*l));
   l->n = n;
   l->is_tuple = is_tuple;
@@ -197,6 +208,11 @@ void jinja_dict_set(struct jinja_state *st, struct jinja_dict *d, struct jinja_v
     *slot = val;
     return;
   }
+  jinja_dict_append(st, d, key, val);
+}
+
+void jinja_dict_append(struct jinja_state *st, struct jinja_dict *d, struct jinja_value key,
+                       struct jinja_value val) {
   if (d->n == d->cap) {
     size_t cap = d->cap ? d->cap * 2 : 4;
     struct jinja_value *k = jinja_alloc(st, cap * sizeof(*k));
@@ -253,7 +269,14 @@ double jinja_as_double(struct jinja_value v) {
   }
 }
 
-int jinja_equal(struct jinja_value a, struct jinja_value b) {
+static int equal_at(struct jinja_value a, struct jinja_value b, int depth);
+
+int jinja_equal(struct jinja_value a, struct jinja_value b) { return equal_at(a, b, 0); }
+
+/* Python ==; nesting deeper than JINJA_MAX_DEPTH compares unequal instead of exhausting the stack. */
+static int equal_at(struct jinja_value a, struct jinja_value b, int depth) {
+  if (depth > JINJA_MAX_DEPTH)
+    return 0;
   if (jinja_is_number(a) && jinja_is_number(b)) {
     if (a.type != JINJA_FLOAT && b.type != JINJA_FLOAT) {
       int64_t x = a.type == JINJA_BOOL ? a.u.b : a.u.i;
@@ -274,7 +297,7 @@ int jinja_equal(struct jinja_value a, struct jinja_value b) {
     if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->n != b.u.l->n)
       return 0;
     for (size_t i = 0; i < a.u.l->n; i++)
-      if (!jinja_equal(a.u.l->items[i], b.u.l->items[i]))
+      if (!equal_at(a.u.l->items[i], b.u.l->items[i], depth + 1))
         return 0;
     return 1;
   case JINJA_DICT:
@@ -282,7 +305,7 @@ int jinja_equal(struct jinja_value a, struct jinja_value b) {
       return 0;
     for (size_t i = 0; i < a.u.d->n; i++) {
       struct jinja_value *o = jinja_dict_get(b.u.d, a.u.d->keys[i]);
-      if (!o || !jinja_equal(a.u.d->vals[i], *o))
+      if (!o || !equal_at(a.u.d->vals[i], *o, depth + 1))
         return 0;
     }
     return 1;
@@ -338,10 +361,15 @@ int jinja_compare(struct jinja_state *st, struct jinja_value a, struct jinja_val
   }
   if (a.type == JINJA_LIST && b.type == JINJA_LIST && a.u.l->is_tuple == b.u.l->is_tuple) {
     size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
+    jinja_charge(st, n * 16);
     for (size_t i = 0; i < n; i++) {
       if (jinja_equal(a.u.l->items[i], b.u.l->items[i]))
         continue;
-      return jinja_compare(st, a.u.l->items[i], b.u.l->items[i]);
+      if (++st->depth > JINJA_MAX_DEPTH)
+        jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
+      int c = jinja_compare(st, a.u.l->items[i], b.u.l->items[i]);
+      st->depth--;
+      return c;
     }
     return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
   }

@@ -98,6 +98,9 @@ _Noreturn void jinja_fail(struct jinja_state *st, const char *fmt, ...)
 _Noreturn void jinja_fail_msg(struct jinja_state *st, const char *msg);
 /* Counts one evaluation step against st->max_steps. */
 void jinja_step(struct jinja_state *st);
+/* Charges WORK units (bytes scanned or copied; list items count 16) as WORK/64 steps, so that
+ * one step cannot hide unbounded work (a substring test on a 16 MiB string inside a loop). */
+void jinja_charge(struct jinja_state *st, size_t work);
 
 /* A growable byte buffer in malloc'd memory (the output) or in the arena (temporaries). */
 struct jinja_buf {
@@ -127,6 +130,10 @@ struct jinja_value jinja_dict_new(struct jinja_state *st);
 /* Sets KEY (replacing an equal key in place, else appending). */
 void jinja_dict_set(struct jinja_state *st, struct jinja_dict *d, struct jinja_value key,
                     struct jinja_value val);
+/* Appends KEY without looking for an equal one (the caller knows keys are distinct or accepts
+ * that lookups find the first). */
+void jinja_dict_append(struct jinja_state *st, struct jinja_dict *d, struct jinja_value key,
+                       struct jinja_value val);
 /* The value of KEY or NULL. */
 struct jinja_value *jinja_dict_get(struct jinja_dict *d, struct jinja_value key);
 struct jinja_value *jinja_dict_gets(struct jinja_dict *d, const char *key);

@@ -135,6 +135,11 @@ static void bounds(void) {
                  "limit");
   expect_bounded("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nesting");
   expect_bounded("{{ range(1000000) }}", "Range too big");
+  /* One step must not hide unbounded work: scans of a big string inside a loop are charged. */
+  expect_bounded("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}",
+                 "steps");
+  expect_bounded("{% set s = 'ab' * 500000 %}{% for i in range(100000) %}{{ s.count('b') }}{% endfor %}", "steps");
+  expect_bounded("{% set l = range(100000) | list %}{% for i in range(100000) %}{{ -1 in l }}{% endfor %}", "steps");
   expect_bounded("{{ 'x' * 100000000 }}", "limit");
   expect_bounded("{{ [1] * 100000000 }}", "limit");
   char *deep = malloc(20010);
@@ -161,6 +166,26 @@ static void bounds(void) {
   free(err);
 }
 
+/* A context with a 200000-key object and a 200000-item list renders in linear time. */
+static void big_context(void) {
+  cJSON *ctx = cJSON_CreateObject();
+  cJSON *obj = cJSON_AddObjectToObject(ctx, "d");
+  cJSON *arr = cJSON_AddArrayToObject(ctx, "l");
+  char key[32];
+  for (int i = 0; i < 200000; i++) {
+    snprintf(key, sizeof key, "k%d", i);
+    cJSON_AddNumberToObject(obj, key, i);
+    cJSON_AddItemToArray(arr, cJSON_CreateNumber(i));
+  }
+  size_t len;
+  char *err = NULL;
+  char *out = chat_template_render("{{ d | length }} {{ l | length }} {{ d['k199999'] }} {{ l[-1] }}", ctx, &len, &err);
+  CHECK(out && strcmp(out, "200000 200000 199999 199999") == 0, "big context: %s", out ? out : err);
+  free(out);
+  free(err);
+  cJSON_Delete(ctx);
+}
+
 static void syntax_errors(void) {
   static const char *bad[] = {"{% if x %}open", "{{ 1 +", "{% for %}", "{{ ) }}", "{% endif %}", "{# open",
                               "{{ 'unterminated }}", "{% unknown_tag %}", "{{ a | }}", "{% raw %}never", NULL};
@@ -178,6 +203,7 @@ int main(void) {
   generated_cases();
   bounds();
   syntax_errors();
+  big_context();
   int shared = shared_suite();
   int rc = test_finish("test_chat_template");
   if (shared < 0 && rc == 0)
