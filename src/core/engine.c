@@ -605,6 +605,11 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
         finish_seq(e, s);
     }
     account_waste(e);
+  } else if (scheduler_has_work(&e->sched) && e->n_dirty == 0) {
+    /* Nothing runnable and nothing to report: only possible when the sequences holding blocks
+     * wait for one that cannot get any (beams of one request on a pool too small for them). */
+    return ERR("no request can make progress: the KV pool is too small for the running requests "
+               "(raise --pa-memory-mb)"), PAGODA_ERR_OUT_OF_MEMORY;
   }
   collect_outputs(e, n_outs);
   return PAGODA_OK;

@@ -1,0 +1,169 @@
+/* test_engine_invariance.c - outputs do not depend on batching: the same requests with the same
+ * seeds give the same tokens run one at a time, all at once, with chunked prefill at several
+ * chunk sizes and small token budgets (mixed steps), with prefix caching on or off, at other
+ * block sizes, and on a tiny pool that forces preemption. Greedy and seeded sampling (T 0.8),
+ * n = 2 samples included. Real model: ../shared/testdata/models/stories260K.gguf. */
+#include <string.h>
+
+#include "pagoda.h"
+#include "test_util.h"
+
+#define NREQ 10
+#define MAXOUT 40
+
+struct result {
+  int32_t tokens[NREQ][2][MAXOUT];
+  int n[NREQ][2];
+  int finish[NREQ][2];
+};
+
+static int32_t prompts[NREQ][400];
+static int prompt_len[NREQ];
+
+static void make_prompts(void) {
+  uint64_t rng = 99;
+  for (int r = 0; r < NREQ; r++) {
+    prompt_len[r] = 5 + (int)(test_rand(&rng) % 300);
+    prompts[r][0] = 1; /* BOS */
+    for (int i = 1; i < prompt_len[r]; i++) /* the first 70 tokens shared by the even requests */
+      prompts[r][i] = (r % 2 == 0 && i < 70) ? 3 + (i * 37) % 500 : 3 + (int)(test_rand(&rng) % 509);
+  }
+}
+
+static void sampling(int r, struct pagoda_sampling_params *sp) {
+  pagoda_sampling_params_default(sp);
+  sp->max_tokens = MAXOUT;
+  sp->temperature = r % 3 == 0 ? 0 : 0.8f;
+  sp->seed = 1000 + r;
+  sp->ignore_eos = r % 4 != 1; /* some may stop at EOS: that must not depend on batching either */
+  sp->n = r == 4 ? 2 : 1;
+  sp->top_k = r == 5 ? 20 : 0;
+  sp->top_p = r == 7 ? 0.9f : 1;
+}
+
+/* Runs all requests; ONE_AT_A_TIME waits for each before adding the next. Returns 0 or 1. */
+static int run(const struct pagoda_engine_params *ep, int one_at_a_time, struct result *res,
+               struct pagoda_engine_stats *st) {
+  pagoda_engine_t *e;
+  memset(res, 0, sizeof *res);
+  REQUIRE(pagoda_engine_create(ep, &e) == PAGODA_OK, "create: %s", pagoda_last_error());
+  uint64_t ids[NREQ];
+  int added = 0;
+  for (;;) {
+    while (added < NREQ && (!one_at_a_time || !pagoda_engine_has_work(e))) {
+      struct pagoda_sampling_params sp;
+      sampling(added, &sp);
+      REQUIRE(pagoda_add_request_tokens(e, prompts[added], prompt_len[added], &sp, &ids[added]) == PAGODA_OK,
+              "add: %s", pagoda_last_error());
+      added++;
+    }
+    if (!pagoda_engine_has_work(e))
+      break;
+    const struct pagoda_output *outs;
+    int n;
+    REQUIRE(pagoda_engine_step(e, &outs, &n) == PAGODA_OK, "step: %s", pagoda_last_error());
+    for (int i = 0; i < n; i++) {
+      int r = 0;
+      while (r < added && ids[r] != outs[i].request_id)
+        r++;
+      REQUIRE(r < added && outs[i].index < 2, "unknown output");
+      int k = outs[i].index;
+      for (int j = 0; j < outs[i].num_token_ids && res->n[r][k] < MAXOUT; j++)
+        res->tokens[r][k][res->n[r][k]++] = outs[i].token_ids[j];
+      if (outs[i].finish_reason)
+        res->finish[r][k] = outs[i].finish_reason;
+    }
+  }
+  pagoda_engine_stats(e, st);
+  CHECK(st->free_blocks == st->num_blocks, "all blocks returned: %d of %d", st->free_blocks, st->num_blocks);
+  pagoda_engine_free(e);
+  return 0;
+}
+
+static void compare(const char *what, const struct result *a, const struct result *b) {
+  for (int r = 0; r < NREQ; r++)
+    for (int k = 0; k < (r == 4 ? 2 : 1); k++) {
+      int same = a->n[r][k] == b->n[r][k] && a->finish[r][k] == b->finish[r][k] &&
+                 !memcmp(a->tokens[r][k], b->tokens[r][k], (size_t)a->n[r][k] * 4);
+      CHECK(same, "%s: request %d sample %d differs (%d vs %d tokens)", what, r, k, a->n[r][k], b->n[r][k]);
+    }
+}
+
+int main(void) {
+  const char *model = test_shared_path("models/stories260K.gguf");
+  if (!model)
+    return test_skip("stories260K.gguf not found");
+  make_prompts();
+  struct pagoda_engine_params base;
+  pagoda_engine_params_default(&base);
+  base.model = model;
+  base.device = "cpu";
+  base.threads = 1;
+  base.max_num_seqs = 16;
+  base.max_model_len = 512;
+  base.pa_memory_mb = 16;
+  static struct result ref, got;
+  struct pagoda_engine_stats st;
+  if (run(&base, 1, &ref, &st))
+    return test_finish("test_engine_invariance");
+  for (int r = 0; r < NREQ; r++)
+    CHECK(ref.n[r][0] >= 1 && ref.finish[r][0] != 0, "request %d finished with output", r);
+  CHECK(ref.n[4][1] == MAXOUT, "the second sample of request 4 ran");
+  CHECK(memcmp(ref.tokens[4][0], ref.tokens[4][1], MAXOUT * 4) != 0, "the two samples differ");
+  CHECK(st.prefix_hits > 0, "one at a time, the shared prefix is served from the cache (%lld)",
+        (long long)st.prefix_hits);
+
+  run(&base, 0, &got, &st);
+  compare("all at once", &ref, &got);
+
+  const int chunks[3] = {7, 32, 100};
+  for (int c = 0; c < 3; c++) {
+    struct pagoda_engine_params p = base;
+    p.prefill_chunk_size = chunks[c];
+    p.max_num_batched_tokens = 2 * chunks[c] + 5; /* mixed steps: decodes beside prompt chunks */
+    run(&p, 0, &got, &st);
+    char what[64];
+    snprintf(what, sizeof what, "chunk %d", chunks[c]);
+    compare(what, &ref, &got);
+  }
+  struct pagoda_engine_params p = base;
+  p.prefix_cache_n = 0;
+  run(&p, 0, &got, &st);
+  compare("prefix cache off", &ref, &got);
+  CHECK(st.prefix_hits == 0, "no hits with the cache off");
+  p = base;
+  p.block_size = 8;
+  run(&p, 1, &got, &st);
+  compare("block size 8", &ref, &got);
+
+  /* Tiny pool: 1 MiB of 20 KiB blocks (16 tokens) = 51 blocks, 32 of them one full context. */
+  p = base;
+  p.block_size = 16;
+  p.pa_memory_mb = 1;
+  run(&p, 0, &got, &st);
+  compare("tiny pool", &ref, &got);
+  CHECK(st.preemptions > 0, "the tiny pool preempted (%lld)", (long long)st.preemptions);
+  p.prefix_cache_n = 0;
+  p.prefill_chunk_size = 32;
+  run(&p, 0, &got, &st);
+  compare("tiny pool, no prefix cache, chunk 32", &ref, &got);
+  CHECK(st.preemptions > 0, "preempted (%lld)", (long long)st.preemptions);
+
+  /* --paged-attn off: contiguous regions with the sequence-level prefix cache, then one region
+   * only (the requests run one after another). */
+  p = base;
+  p.paged_attn = PAGODA_PAGED_ATTN_OFF;
+  run(&p, 0, &got, &st);
+  compare("paged-attn off", &ref, &got);
+  CHECK(st.paged == 0, "contiguous cache in use");
+  run(&p, 1, &got, &st);
+  compare("paged-attn off, one at a time", &ref, &got);
+  CHECK(st.prefix_hits > 0, "the sequence-level cache hit (%lld)", (long long)st.prefix_hits);
+  p.block_size = 16;
+  p.pa_memory_mb = 1;
+  run(&p, 0, &got, &st);
+  compare("paged-attn off, one region", &ref, &got);
+  CHECK(st.num_blocks == 50 && st.kv_peak_usage < 0.7, "one region of 32 blocks: %d blocks, peak %.2f",
+        st.num_blocks, st.kv_peak_usage);
+  return test_finish("test_engine_invariance");
+}
