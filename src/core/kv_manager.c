@@ -291,6 +291,8 @@ void kv_manager_release(struct kv_manager *m, struct kv_seq *s) {
 }
 
 int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs) {
+  if (m->p.contiguous)
+    return 0; /* regions are fixed: nothing is shared or counted per block */
   const struct block_pool *p = &m->pool;
   int nb = p->num_blocks, bs = m->p.block_size;
   int32_t *refs = calloc((size_t)nb, sizeof *refs);

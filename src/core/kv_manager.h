@@ -91,7 +91,7 @@ static inline int kv_manager_capacity(const struct kv_manager *m) { return m->po
 /* Checks every structural invariant against the sequences SEQS (all live tables): ref counts equal
  * the number of tables holding each block, free + used = total, the free queue holds exactly the
  * unreferenced blocks, every cached hash maps to a block hashed with its stored parent and tokens.
- * O(blocks + slots); for tests. Returns 0, or -1 with err_last() describing the first violation. */
+ * O(blocks + slots); for tests. Paged mode only (contiguous mode has nothing to check: returns 0). Returns 0, or -1 with err_last() describing the first violation. */
 int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs);
 
 #endif
