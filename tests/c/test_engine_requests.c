@@ -18,6 +18,13 @@ struct out {
 };
 
 static pagoda_engine_t *e;
+static int callback_outputs, polled_outputs;
+
+static void on_output(const struct pagoda_output *out, void *user) {
+  (void)out;
+  CHECK(user == &callback_outputs, "user pointer");
+  callback_outputs++;
+}
 
 /* Runs until idle, collecting outputs of up to 4 requests x 4 samples. */
 static int drain(const uint64_t *ids, int n_ids, struct out (*o)[4]) {
@@ -25,6 +32,7 @@ static int drain(const uint64_t *ids, int n_ids, struct out (*o)[4]) {
     const struct pagoda_output *outs;
     int n;
     REQUIRE(pagoda_engine_step(e, &outs, &n) == PAGODA_OK, "step: %s", pagoda_last_error());
+    polled_outputs += n;
     for (int i = 0; i < n; i++) {
       int r = 0;
       while (r < n_ids && ids[r] != outs[i].request_id)
@@ -63,6 +71,8 @@ int main(void) {
   ep.threads = 1;
   ep.max_num_seqs = 8;
   ep.pa_memory_mb = 16;
+  ep.on_output = on_output;
+  ep.user = &callback_outputs;
   REQUIRE(pagoda_engine_create(&ep, &e) == PAGODA_OK, "create: %s", pagoda_last_error());
   struct pagoda_engine_stats st;
   static struct out o[4][4];
@@ -75,6 +85,8 @@ int main(void) {
   REQUIRE(pagoda_add_request(e, "Once upon a time", &sp, &ids[0]) == PAGODA_OK, "add");
   drain(ids, 1, o);
   CHECK(!strcmp(o[0][0].text, want), "streamed text: '%s'", o[0][0].text);
+  CHECK(callback_outputs == polled_outputs && polled_outputs == 64, "callback saw every output: %d of %d",
+        callback_outputs, polled_outputs);
   CHECK(o[0][0].n == 64 && o[0][0].finish == PAGODA_FINISH_LENGTH, "64 tokens, length");
   CHECK(o[0][0].usage.prompt_tokens == 5 && o[0][0].usage.completion_tokens == 64, "usage %d %d",
         o[0][0].usage.prompt_tokens, o[0][0].usage.completion_tokens);

@@ -109,3 +109,14 @@ def test_prompt_too_long_is_rejected():
     r = run("-m", str(MODEL), "-p", "Once upon a time " * 600, "--raw", "-n", "8")
     assert r.returncode == 1
     assert b"exceeds the maximum sequence length" in r.stderr
+
+
+@needs_model
+def test_interactive_chat_without_template():
+    # stories260K has no chat template: the lines and replies form one raw transcript
+    r = subprocess.run([BIN, "run", "-m", str(MODEL), "--temperature", "0", "-n", "12"],
+                       input=b"Once upon a time\nThe dog\n", capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode().split("\n")
+    assert out[0] == ", there was a little girl named Lily. She loved to"[:len(out[0])] and len(out[0]) > 10
+    assert r.stderr.decode().count("prompt: ") == 2
