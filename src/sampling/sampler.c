@@ -110,16 +110,23 @@ int sampler_candidates(struct sampler *s, const struct sampler_params *p, const 
       mx = logits[i];
   float inv_t = 1.0f / p->temperature;
   int n = 0;
-  for (int i = 0; i < V; i++) {
-    float e = expf((logits[i] - mx) * inv_t);
-    s->probs[i] = e;
-    if (e > 0)
+  for (int i = 0; i < V; i++)
+    if (logits[i] > -INFINITY)
       s->order[n++] = i;
-  }
   if (p->top_k > 0 && p->top_k < n) {
-    select_top(s->probs, s->order, n, p->top_k);
+    /* Select on the logits (same order as the probabilities): only k exponentials per token. */
+    select_top(logits, s->order, n, p->top_k);
     n = p->top_k;
   }
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    int32_t id = s->order[i];
+    float e = expf((logits[id] - mx) * inv_t);
+    s->probs[id] = e;
+    if (e > 0) /* underflow at low temperature: such tokens cannot be drawn */
+      s->order[m++] = id;
+  }
+  n = m;
   if (p->top_p < 1.0f && p->top_p > 0) {
     qsort_r(s->order, (size_t)n, sizeof *s->order, cmp_desc, s->probs);
     double total = 0;
