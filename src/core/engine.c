@@ -7,6 +7,7 @@
  * sequences (tokens, tables) when added; nothing is allocated per token apart from the amortized
  * growth of a sequence's output text. */
 #include <math.h>
+#include <omp.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +33,9 @@ struct pagoda_engine {
   int vocab, max_model_len, block_size, max_blocks_per_seq;
   struct kv_manager kv;
   struct scheduler sched;
-  struct sampler sampler;
+  struct sampler *samplers; /* (n_samplers) one scratch per OpenMP thread of the sampling loop */
+  int n_samplers;
+  int32_t *picked;         /* (max_num_seqs) token sampled for each scheduled item, -1: later */
   int32_t *eog;            /* (n_eog) ids that end generation (EOS, end of turn) */
   int n_eog;
   /* The step's batch in host memory (the model copies it to its device). */
@@ -130,7 +133,8 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->logits = malloc((size_t)B * e->vocab * sizeof(float));
   e->copy_src = malloc((size_t)B * 4);
   e->copy_dst = malloc((size_t)B * 4);
-  if (!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
+  e->picked = malloc((size_t)B * 4);
+  if (!e->picked ||!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
       !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst)
     return ERR("out of memory for the step buffers (lower --max-num-batched-tokens or --max-num-seqs)");
   return 0;
@@ -199,8 +203,16 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   if (kv_manager_init(&e->kv, &kp))
     goto fail;
   struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
-  if (scheduler_init(&e->sched, &sp, &e->kv) || sampler_init(&e->sampler, e->vocab) || alloc_batch(e))
+  if (scheduler_init(&e->sched, &sp, &e->kv) || alloc_batch(e))
     goto fail;
+  e->n_samplers = p->threads > 0 ? p->threads : omp_get_max_threads();
+  if (e->n_samplers < 1)
+    e->n_samplers = 1;
+  if (!(e->samplers = calloc((size_t)e->n_samplers, sizeof *e->samplers)))
+    goto fail;
+  for (int i = 0; i < e->n_samplers; i++)
+    if (sampler_init(&e->samplers[i], e->vocab))
+      goto fail;
   int tv = tokenizer_vocab_size(e->tok);
   if (tv > e->vocab)
     tv = e->vocab;
@@ -243,7 +255,10 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   scheduler_free(&e->sched);
   if (e->kv.pool.blocks)
     kv_manager_free(&e->kv);
-  sampler_free(&e->sampler);
+  for (int i = 0; e->samplers && i < e->n_samplers; i++)
+    sampler_free(&e->samplers[i]);
+  free(e->samplers);
+  free(e->picked);
   free(e->input_ids);
   free(e->positions);
   free(e->slots);
@@ -431,7 +446,7 @@ static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const flo
       c->s.admitted = 1;
       scheduler_add(&e->sched, &c->s);
     }
-    int32_t tok = sampler_pick(&e->sampler, sp, logits, &c->rng);
+    int32_t tok = sampler_pick(&e->samplers[0], sp, logits, &c->rng);
     if (sequence_push_token(c, tok, e->tok, e->max_model_len))
       return -1;
     e->generated++;
@@ -575,14 +590,38 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       return PAGODA_ERR_BACKEND;
     e->steps++;
     scheduler_update(&e->sched);
+    /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
+     * thread its own scratch): processors, then the token for plain samples. Forks and beams
+     * touch shared state and are finished in phase 2. */
+    int nl = 0;
+    for (int b = 0; b < o->num_items; b++)
+      nl += e->logit_row[b] >= 0;
+    int nt = (long)nl * e->vocab >= (1L << 17) ? e->n_samplers : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+    for (int b = 0; b < o->num_items; b++) {
+      e->picked[b] = -1;
+      if (e->logit_row[b] < 0)
+        continue;
+      struct sequence *s = (struct sequence *)o->items[b].seq;
+      struct sampler *smp = &e->samplers[omp_get_thread_num()];
+      float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
+      struct sampler_params sp;
+      sequence_sampler_params(s, &sp);
+      sampler_apply_processors(smp, &sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                               sequence_num_output(s));
+      int forks = s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
+      if (!s->req->beam && !forks)
+        e->picked[b] = sampler_pick(smp, &sp, lg, &s->rng);
+    }
+    /* Phase 2, in batch order: tokens, forks, beams, stop conditions. */
     for (int b = 0; b < o->num_items; b++) {
       if (e->logit_row[b] < 0)
         continue;
       struct sequence *s = (struct sequence *)o->items[b].seq;
       float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
-      const struct sampler_params *sp = sequence_sampler_params(s);
-      sampler_apply_processors(&e->sampler, sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
-                               sequence_num_output(s));
+      struct sampler_params spv;
+      sequence_sampler_params(s, &spv);
+      const struct sampler_params *sp = &spv;
       if (s->req->beam) { /* beams report once, at the end, in rank order */
         struct beam_env env = {&e->sched, &e->kv, e->tok, e->vocab, e->max_model_len};
         int rc = beam_on_logits(&env, s, lg);
@@ -596,7 +635,7 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       if (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started &&
           fork_samples(e, s, lg, sp))
         return PAGODA_ERR_OUT_OF_MEMORY;
-      int32_t tok = sampler_pick(&e->sampler, sp, lg, &s->rng);
+      int32_t tok = e->picked[b] >= 0 ? e->picked[b] : sampler_pick(&e->samplers[0], sp, lg, &s->rng);
       if (sequence_push_token(s, tok, e->tok, e->max_model_len))
         return PAGODA_ERR_OUT_OF_MEMORY;
       e->generated++;

@@ -127,11 +127,11 @@ void request_free(struct request *r) {
   free(r);
 }
 
-const struct sampler_params *sequence_sampler_params(struct sequence *seq) {
-  struct request *r = seq->req;
-  r->sampler.suppress_ids = r->suppress;
-  r->sampler.n_suppress = sequence_num_output(seq) < r->sp.min_tokens ? r->n_suppress : 0;
-  return &r->sampler;
+void sequence_sampler_params(const struct sequence *seq, struct sampler_params *out) {
+  const struct request *r = seq->req;
+  *out = r->sampler;
+  out->suppress_ids = r->suppress;
+  out->n_suppress = sequence_num_output(seq) < r->sp.min_tokens ? r->n_suppress : 0;
 }
 
 static int append_text(struct sequence *seq, const char *s, size_t n) {

@@ -59,8 +59,9 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
                                const struct tokenizer *tok, const int32_t *eog_ids, int n_eog);
 void request_free(struct request *r);
 
-/* The sampler parameters for SEQ's next token (min_tokens suppression included). */
-const struct sampler_params *sequence_sampler_params(struct sequence *seq);
+/* The sampler parameters for SEQ's next token (min_tokens suppression included), into *OUT.
+ * Reads only: safe to call for several sequences at once. */
+void sequence_sampler_params(const struct sequence *seq, struct sampler_params *out);
 
 /* Appends generated token TOK to SEQ: decodes its text, applies EOS / stop ids / stop strings
  * (after min_tokens), max_tokens and MAX_MODEL_LEN; sets seq->finish when it ends. Returns 0, or
