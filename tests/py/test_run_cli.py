@@ -120,3 +120,13 @@ def test_interactive_chat_without_template():
     out = r.stdout.decode().split("\n")
     assert out[0] == ", there was a little girl named Lily. She loved to"[:len(out[0])] and len(out[0]) > 10
     assert r.stderr.decode().count("prompt: ") == 2
+
+
+@needs_model
+def test_contiguous_cache_same_greedy_text():
+    case = greedy_cases()[0]
+    r = run("-m", str(MODEL), "-p", case["prompt"], "--raw", "--temperature", "0", "-n", "64",
+            "--paged-attn", "off")
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == case["continuation"]
+    assert "Prefix caching enabled (sequence-level, contiguous cache" in r.stderr.decode()
