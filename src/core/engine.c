@@ -330,6 +330,9 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     return ERR("the prompt is empty"), PAGODA_ERR_INVALID_ARG;
   if (validate(e, ids, n, &sp))
     return PAGODA_ERR_INVALID_ARG;
+  if (sp.beam_width > 1 && !kv_manager_can_fork(&e->kv))
+    return ERR("beam search needs the paged KV cache (it shares blocks between beams): drop --paged-attn off"),
+           PAGODA_ERR_UNSUPPORTED;
   int max_tokens = sp.max_tokens > 0 ? sp.max_tokens : e->max_model_len - n;
   if (max_tokens < 1)
     max_tokens = 1; /* admission below reports the prompt as too long */
