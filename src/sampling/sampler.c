@@ -12,7 +12,9 @@ int sampler_init(struct sampler *s, int vocab) {
   s->counts = calloc((size_t)vocab, sizeof *s->counts);
   s->probs = malloc((size_t)vocab * sizeof *s->probs);
   s->order = malloc((size_t)vocab * sizeof *s->order);
-  if (!s->counts || !s->probs || !s->order) {
+  s->tmp = malloc((size_t)vocab * sizeof *s->tmp);
+  s->bucket_mass = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_mass);
+  if (!s->counts || !s->probs || !s->order || !s->tmp || !s->bucket_mass) {
     sampler_free(s);
     return ERR("out of memory for a sampler over %d tokens", vocab);
   }
@@ -23,6 +25,10 @@ void sampler_free(struct sampler *s) {
   free(s->counts);
   free(s->probs);
   free(s->order);
+  free(s->tmp);
+  free(s->bucket_mass);
+  s->tmp = NULL;
+  s->bucket_mass = NULL;
   s->counts = NULL;
   s->probs = NULL;
   s->order = NULL;
@@ -101,33 +107,156 @@ static void select_top(const float *probs, int32_t *ids, int n, int k) {
   }
 }
 
-int sampler_candidates(struct sampler *s, const struct sampler_params *p, const float *logits,
-                       const int32_t **ids, const float **probs) {
-  int V = s->vocab;
-  float mx = -INFINITY;
-  for (int i = 0; i < V; i++)
-    if (logits[i] > mx)
-      mx = logits[i];
-  float inv_t = 1.0f / p->temperature;
-  int n = 0;
-  for (int i = 0; i < V; i++)
-    if (logits[i] > -INFINITY)
-      s->order[n++] = i;
-  if (p->top_k > 0 && p->top_k < n) {
-    /* Select on the logits (same order as the probabilities): only k exponentials per token. */
-    select_top(logits, s->order, n, p->top_k);
-    n = p->top_k;
+/* The largest of X[0, n) (-inf for none); eight independent lanes so the loop vectorizes. */
+static float max_of(const float *x, int n) {
+  float m[8];
+  for (int j = 0; j < 8; j++)
+    m[j] = -INFINITY;
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++)
+      m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+  float r = -INFINITY;
+  for (int j = 0; j < 8; j++)
+    r = m[j] > r ? m[j] : r;
+  for (; i < n; i++)
+    r = x[i] > r ? x[i] : r;
+  return r;
+}
+
+/* exp(x) for x <= 0, vectorizable: x = k ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2),
+ * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^k through the exponent bits.
+ * Below -87.3 (and -inf) it is 0, as the probability of such a token is below FLT_MIN. */
+static inline float exp_nonpos(float x) {
+  float k = rintf(x * 1.44269504f);
+  float r = x - k * 0.693145752f - k * 1.42860677e-6f;
+  float p = 1 + r * (1 + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+  union {
+    int32_t i;
+    float f;
+  } sc;
+  sc.i = ((int32_t)k + 127) << 23;
+  return x >= -87.3f ? p * sc.f : 0.0f;
+}
+
+static uint32_t prob_key(float p) { /* monotone in p for p > 0: the exponent and 4 mantissa bits */
+  union {
+    float f;
+    uint32_t u;
+  } v = {p};
+  return v.u >> 19;
+}
+
+/* top-p over order[0, n) when n is large: the probability mass per bucket of prob_key locates
+ * the bucket where the cumulative mass (from the top) crosses top_p; buckets above it are kept
+ * whole, only the crossing one is sorted. Same set as sorting everything. Returns the count. */
+static int top_p_buckets(struct sampler *s, int n, float top_p) {
+  double *mass = s->bucket_mass;
+  memset(mass, 0, SAMPLER_BUCKETS * sizeof *mass);
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    float q = s->probs[s->order[i]];
+    mass[prob_key(q)] += q;
+    total += q;
   }
-  int m = 0;
+  double target = top_p * total, cum = 0;
+  int b = SAMPLER_BUCKETS - 1;
+  for (; b >= 0; b--) {
+    if (cum + mass[b] >= target)
+      break;
+    cum += mass[b];
+  }
+  if (b < 0)
+    return n; /* rounding: everything is below the target */
+  int m = 0, t = 0;
   for (int i = 0; i < n; i++) {
     int32_t id = s->order[i];
-    float e = expf((logits[id] - mx) * inv_t);
-    s->probs[id] = e;
-    if (e > 0) /* underflow at low temperature: such tokens cannot be drawn */
+    uint32_t k = prob_key(s->probs[id]);
+    if (k > (uint32_t)b)
       s->order[m++] = id;
+    else if (k == (uint32_t)b)
+      s->tmp[t++] = id;
   }
-  n = m;
-  if (p->top_p < 1.0f && p->top_p > 0) {
+  qsort_r(s->tmp, (size_t)t, sizeof *s->tmp, cmp_desc, s->probs);
+  for (int i = 0; i < t && cum < target; i++) {
+    s->order[m++] = s->tmp[i];
+    cum += s->probs[s->tmp[i]];
+  }
+  return m;
+}
+
+/* The K first ids of the total order on LOGITS (finite ones only), unsorted, into heap[0, ret):
+ * one pass with a K-entry min-heap whose root is the weakest kept id. */
+static int top_k_heap(const float *logits, int V, int k, int32_t *heap) {
+  int n = 0;
+  for (int i = 0; i < V; i++) {
+    if (!(logits[i] > -INFINITY))
+      continue;
+    int j;
+    if (n < k) { /* sift up */
+      j = n++;
+      while (j > 0 && before(logits, heap[(j - 1) / 2], i)) {
+        heap[j] = heap[(j - 1) / 2];
+        j = (j - 1) / 2;
+      }
+      heap[j] = i;
+      continue;
+    }
+    if (!before(logits, i, heap[0]))
+      continue;
+    j = 0; /* replace the root, sift down */
+    for (;;) {
+      int c = 2 * j + 1;
+      if (c >= n)
+        break;
+      if (c + 1 < n && before(logits, heap[c], heap[c + 1]))
+        c++;
+      if (!before(logits, i, heap[c]))
+        break;
+      heap[j] = heap[c];
+      j = c;
+    }
+    heap[j] = i;
+  }
+  return n;
+}
+
+/* Candidates with unnormalized probabilities (the maximum's is 1); *TOTAL their sum. */
+static int candidates_raw(struct sampler *s, const struct sampler_params *p, const float *logits,
+                          double *total_out) {
+  int V = s->vocab, n = 0;
+  float mx = max_of(logits, V), inv_t = 1.0f / p->temperature;
+  if (p->top_k > 0 && p->top_k < V) {
+    /* Select on the logits (same order as the probabilities): only k exponentials. */
+    if (p->top_k <= 1024) {
+      n = top_k_heap(logits, V, p->top_k, s->order);
+    } else {
+      for (int i = 0; i < V; i++)
+        if (logits[i] > -INFINITY)
+          s->order[n++] = i;
+      if (p->top_k < n) {
+        select_top(logits, s->order, n, p->top_k);
+        n = p->top_k;
+      }
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      int32_t id = s->order[i];
+      s->probs[id] = exp_nonpos((logits[id] - mx) * inv_t);
+      if (s->probs[id] > 0) /* underflow at low temperature: such tokens cannot be drawn */
+        s->order[m++] = id;
+    }
+    n = m;
+  } else {
+    for (int i = 0; i < V; i++) /* contiguous: vectorized */
+      s->probs[i] = exp_nonpos((logits[i] - mx) * inv_t);
+    for (int i = 0; i < V; i++)
+      if (s->probs[i] > 0)
+        s->order[n++] = i;
+  }
+  if (p->top_p < 1.0f && p->top_p > 0 && n > SAMPLER_SORT_MAX) {
+    n = top_p_buckets(s, n, p->top_p);
+  } else if (p->top_p < 1.0f && p->top_p > 0) {
     qsort_r(s->order, (size_t)n, sizeof *s->order, cmp_desc, s->probs);
     double total = 0;
     for (int i = 0; i < n; i++)
@@ -156,6 +285,14 @@ int sampler_candidates(struct sampler *s, const struct sampler_params *p, const 
   double total = 0;
   for (int i = 0; i < n; i++)
     total += s->probs[s->order[i]];
+  *total_out = total;
+  return n;
+}
+
+int sampler_candidates(struct sampler *s, const struct sampler_params *p, const float *logits,
+                       const int32_t **ids, const float **probs) {
+  double total;
+  int n = candidates_raw(s, p, logits, &total);
   for (int i = 0; i < n; i++) /* in place: probs stays indexed by token id */
     s->probs[s->order[i]] = (float)(s->probs[s->order[i]] / total);
   *ids = s->order;
@@ -164,25 +301,54 @@ int sampler_candidates(struct sampler *s, const struct sampler_params *p, const 
 }
 
 int32_t sampler_pick(struct sampler *s, const struct sampler_params *p, const float *logits, struct rng *r) {
-  if (p->temperature <= 0) {
-    int32_t best = 0;
-    for (int i = 1; i < s->vocab; i++)
-      if (logits[i] > logits[best])
-        best = i;
-    return best;
+  if (p->temperature <= 0) { /* the first index holding the maximum */
+    float mx = max_of(logits, s->vocab);
+    for (int i = 0; i < s->vocab; i++)
+      if (logits[i] == mx)
+        return i;
+    return 0;
   }
-  const int32_t *ids;
-  const float *probs;
-  int n = sampler_candidates(s, p, logits, &ids, &probs);
+  if (!(p->top_k > 0 && p->top_k < s->vocab) && !(p->top_p < 1.0f && p->top_p > 0) && !(p->min_p > 0)) {
+    /* Temperature only: every token is a candidate, walked in id order without an id list. */
+    int V = s->vocab;
+    float mx = max_of(logits, V), inv_t = 1.0f / p->temperature;
+    for (int i = 0; i < V; i++)
+      s->probs[i] = exp_nonpos((logits[i] - mx) * inv_t);
+    double lane[8] = {0}, total = 0;
+    int i = 0;
+    for (; i + 8 <= V; i += 8)
+      for (int j = 0; j < 8; j++)
+        lane[j] += s->probs[i + j];
+    for (int j = 0; j < 8; j++)
+      total += lane[j];
+    for (; i < V; i++)
+      total += s->probs[i];
+    if (!(total > 0)) /* every logit -inf */
+      return 0;
+    double target = rng_uniform(r) * total, cum = 0;
+    int last = 0;
+    for (i = 0; i < V; i++) {
+      if (s->probs[i] > 0) {
+        cum += s->probs[i];
+        last = i;
+        if (target < cum)
+          return i;
+      }
+    }
+    return last;
+  }
+  double total;
+  int n = candidates_raw(s, p, logits, &total);
   if (n == 0) /* every logit -inf: fall back to the argmax rule */
     return 0;
-  double u = rng_uniform(r), cum = 0;
+  /* One draw: the first candidate whose cumulative (unnormalized) mass exceeds u * total. */
+  double target = rng_uniform(r) * total, cum = 0;
   for (int i = 0; i < n; i++) {
-    cum += probs[ids[i]];
-    if (u < cum)
-      return ids[i];
+    cum += s->probs[s->order[i]];
+    if (target < cum)
+      return s->order[i];
   }
-  return ids[n - 1];
+  return s->order[n - 1];
 }
 
 float sampler_logprob(const float *logits, int vocab, int32_t id) {

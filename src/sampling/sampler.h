@@ -22,12 +22,17 @@ struct sampler_params {
   int n_suppress;
 };
 
-/* Scratch sized for one vocabulary; one per engine (the engine thread samples sequentially). */
+#define SAMPLER_BUCKETS 4096 /* top-p histogram over the float bits of probabilities */
+#define SAMPLER_SORT_MAX 2048 /* top-p sorts at most this many candidates, else buckets first */
+
+/* Scratch sized for one vocabulary; one per sampling thread. */
 struct sampler {
   int vocab;
-  int32_t *counts; /* (vocab) zero between calls */
-  float *probs;    /* (vocab) unnormalized probabilities at the current temperature */
-  int32_t *order;  /* (vocab) candidate ids */
+  int32_t *counts;     /* (vocab) zero between calls */
+  float *probs;        /* (vocab) unnormalized probabilities at the current temperature */
+  int32_t *order;      /* (vocab) candidate ids */
+  int32_t *tmp;        /* (vocab) top-p: the ids of the crossing bucket */
+  double *bucket_mass; /* (SAMPLER_BUCKETS) top-p: probability mass per bucket */
 };
 
 /* Returns 0, or -1 with err_last() set. Release with sampler_free. */
@@ -42,8 +47,11 @@ void sampler_apply_processors(struct sampler *s, const struct sampler_params *p,
 /* The tokens that survive temperature, then top-k, then top-p (over the top-k set renormalized,
  * as HF applies them), then min-p. *IDS (count) lists them; *PROBS (vocab, indexed by token id)
  * holds their probabilities renormalized to sum 1 (other entries are meaningless); both point
- * into the sampler's scratch until the next call. Sorted by probability (ties: lower id first) when
- * top-k or top-p is on, in id order otherwise. Requires temperature > 0. Returns the count. */
+ * into the sampler's scratch until the next call. The order is a function of the logits and the
+ * parameters only (sorted by probability, ties by id, for top-k and small top-p sets; id order
+ * otherwise; large top-p sets: the whole buckets above the cut in id order, then the sorted tail).
+ * Exponentials use a polynomial with relative error < 2e-7. Requires temperature > 0. Returns
+ * the count. */
 int sampler_candidates(struct sampler *s, const struct sampler_params *p, const float *logits,
                        const int32_t **ids, const float **probs);
 

@@ -94,6 +94,76 @@ static void hf_reference(const float *logits, float temp, int top_k, float top_p
     keep[i] = sc[i] != -INFINITY;
 }
 
+struct pd {
+  double p;
+  int id;
+};
+
+static int cmp_pd(const void *a, const void *b) {
+  const struct pd *x = a, *y = b;
+  if (x->p != y->p)
+    return x->p > y->p ? -1 : 1;
+  return x->id - y->id;
+}
+
+/* A large vocabulary (more than SAMPLER_SORT_MAX candidates) takes the bucketed top-p path: same set as a full sort (HF's rule), and
+ * probabilities within 1e-6 of exact softmax. */
+static void large_vocab(void) {
+  enum { LV = 40000 };
+  struct sampler big;
+  if (sampler_init(&big, LV)) {
+    CHECK(0, "init");
+    return;
+  }
+  float *lg = malloc(LV * sizeof *lg);
+  struct pd *ref = malloc(LV * sizeof *ref);
+  int *keep = malloc(LV * sizeof *keep);
+  uint64_t st = 777;
+  const float tps[3] = {0.5f, 0.9f, 0.99f}, temps[2] = {0.7f, 1.3f};
+  for (int trial = 0; trial < 12; trial++) {
+    for (int i = 0; i < LV; i++) /* a peaked distribution: a few strong tokens, a long tail */
+      lg[i] = 6 * test_randf(&st) * test_randf(&st) * test_randf(&st);
+    struct sampler_params q = {.temperature = temps[trial % 2], .top_p = tps[trial % 3], .repetition_penalty = 1};
+    q.min_p = trial >= 6 ? 0.01f : 0;
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < LV; i++)
+      mx = fmax(mx, lg[i]);
+    for (int i = 0; i < LV; i++) {
+      ref[i].p = exp((lg[i] - mx) / q.temperature);
+      ref[i].id = i;
+      sum += ref[i].p;
+    }
+    qsort(ref, LV, sizeof *ref, cmp_pd);
+    memset(keep, 0, LV * sizeof *keep);
+    double before = 0;
+    int nk = 0;
+    for (int i = 0; i < LV && before < q.top_p * sum; i++) {
+      before += ref[i].p;
+      if (ref[i].p >= q.min_p * ref[0].p)
+        keep[ref[i].id] = 1, nk++;
+    }
+    const int32_t *ids;
+    const float *pr;
+    int n = sampler_candidates(&big, &q, lg, &ids, &pr);
+    int same = n == nk;
+    double kept_sum = 0, worst = 0;
+    for (int i = 0; i < LV; i++)
+      if (keep[i])
+        kept_sum += exp((lg[i] - mx) / q.temperature);
+    for (int i = 0; i < n && same; i++) {
+      same &= keep[ids[i]];
+      double exact = exp((lg[ids[i]] - mx) / q.temperature) / kept_sum;
+      worst = fmax(worst, fabs(pr[ids[i]] - exact) / exact);
+    }
+    CHECK(same, "trial %d: top-p %g over %d tokens: %d kept, reference %d", trial, q.top_p, LV, n, nk);
+    CHECK(worst < 1e-6, "trial %d: probability relative error %g", trial, worst);
+  }
+  free(lg);
+  free(ref);
+  free(keep);
+  sampler_free(&big);
+}
+
 int main(void) {
   REQUIRE(sampler_init(&s, V) == 0, "init");
   float logits[V];
@@ -207,6 +277,17 @@ int main(void) {
   CHECK(fabs(counts[0] / 200000.0 - 4 / 9.0) < 0.006 && fabs(counts[1] / 200000.0 - 3 / 9.0) < 0.006 &&
             fabs(counts[2] / 200000.0 - 2 / 9.0) < 0.006 && counts[3] == 0,
         "frequencies %d %d %d %d", counts[0], counts[1], counts[2], counts[3]);
+
+  /* Temperature only (no masks) takes its own path: same frequencies. */
+  for (int i = 0; i < V; i++)
+    counts[i] = 0;
+  for (int i = 0; i < 200000; i++)
+    counts[sampler_pick(&s, &p, logits, &r1)]++;
+  CHECK(fabs(counts[0] / 200000.0 - 0.4) < 0.006 && fabs(counts[1] / 200000.0 - 0.3) < 0.006 &&
+            fabs(counts[2] / 200000.0 - 0.2) < 0.006 && fabs(counts[3] / 200000.0 - 0.1) < 0.006 &&
+            counts[4] == 0,
+        "temperature-only frequencies %d %d %d %d", counts[0], counts[1], counts[2], counts[3]);
+  large_vocab();
 
   /* Penalties. prompt {1, 2}, output {2, 3, 3}; logits l[1] = 2, l[2] = -1, l[3] = 3, l[4] = 1.
    * repetition 2 (HF: tokens of prompt and output): l1 = 2/2 = 1, l2 = -1*2 = -2, l3 = 3/2 = 1.5.
