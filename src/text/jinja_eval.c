@@ -489,14 +489,25 @@ static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, 
   if (times < 0)
     times = 0;
   if (seq.type == JINJA_STRING) {
-    struct jinja_buf b;
-    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
-    for (int64_t i = 0; i < times; i++) {
-      if (seq.u.s->len == 0) /* nothing to add; do not spin on a huge count */
-        break;
-      jinja_buf_add(&b, seq.u.s->data, seq.u.s->len);
+    size_t len = seq.u.s->len;
+    if (len == 0 || times == 0)
+      return jinja_str(st, "");
+    if ((uint64_t)times > JINJA_MAX_OUTPUT / len)
+      jinja_fail(st, "template output exceeded the limit of %u bytes", JINJA_MAX_OUTPUT);
+    size_t total = len * (size_t)times;
+    jinja_charge(st, total);
+    struct jinja_value r = {.type = JINJA_STRING};
+    struct jinja_str *s = jinja_alloc(st, sizeof(*s) + total + 1);
+    s->len = total;
+    memcpy(s->data, seq.u.s->data, len);
+    for (size_t have = len; have < total;) { /* doubling copies */
+      size_t k = have < total - have ? have : total - have;
+      memcpy(s->data + have, s->data, k);
+      have += k;
     }
-    return jinja_buf_value(&b);
+    s->data[total] = 0;
+    r.u.s = s;
+    return r;
   }
   size_t n = seq.u.l->n;
   if (n && (uint64_t)times > JINJA_MAX_OUTPUT / n)

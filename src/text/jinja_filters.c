@@ -215,6 +215,7 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
         i = k;
       }
       parts[np++] = jinja_str_n(st, s + start, i - start);
+      jinja_step(st);
     }
     return make_list(ev, parts, np);
   }
@@ -232,6 +233,7 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
       break;
     }
     parts[np++] = jinja_str_n(st, s + i, (size_t)(hit - (s + i)));
+    jinja_step(st);
     i = (size_t)(hit - s) + sl;
   }
   return make_list(ev, parts, np);
@@ -1369,6 +1371,7 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
           count++;
           if (IS("find") || IS("index"))
             break;
+          jinja_step(st); /* one step per match */
           jinja_charge(st, k);
           i = pos + (IS("count") ? k : 1);
         }

@@ -157,13 +157,8 @@ static void bounds(void) {
   expect_bounded(tmpl, "nesting");
   free(deep);
   free(tmpl);
-  /* The defaults: a runaway loop ends with the step-limit message at the default limit. */
-  size_t len;
-  char *err = NULL;
-  char *out = chat_template_render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                                   NULL, &len, &err);
-  CHECK(!out && err && strstr(err, "10000000 evaluation steps"), "default step limit: %s", err ? err : "rendered");
-  free(err);
+  /* The default limits are checked through the CLI by tests/py/test_render_template.py (a
+   * 10-million-step run is too slow for the sanitizer build). */
 }
 
 /* A context with a 200000-key object and a 200000-item list renders in linear time. */
