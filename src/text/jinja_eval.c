@@ -381,17 +381,28 @@ static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_c
   return out;
 }
 
-/* strftime_now(fmt): the current time (UTC when SOURCE_DATE_EPOCH pins it, local otherwise),
- * formatted like Python's datetime.strftime. */
+/* strftime_now(fmt), formatted like Python's datetime.strftime. The time is, in order:
+ * $SOURCE_DATE_EPOCH (UTC) when set; the day named by the context's date_string ("26 Jul 2024",
+ * the variable Llama templates read for today's date), so that one render states one date and
+ * is reproducible; otherwise the local time now. */
 static struct jinja_value strftime_now(struct jinja_eval *ev, const struct jinja_value *fmt) {
   if (!fmt || fmt->type != JINJA_STRING)
     jinja_fail(ev->st, "strftime_now() argument must be str");
   time_t now = time(NULL);
   struct tm tm;
+  memset(&tm, 0, sizeof tm);
   const char *epoch = getenv("SOURCE_DATE_EPOCH");
+  struct jinja_value *ds = NULL;
+  for (size_t i = 0; ev->globals && i < ev->globals->n; i++)
+    if (!strcmp(ev->globals->names[i], "date_string"))
+      ds = &ev->globals->vals[i];
+  const char *end = NULL;
   if (epoch && *epoch) {
     now = (time_t)strtoll(epoch, NULL, 10);
     gmtime_r(&now, &tm);
+  } else if (ds && ds->type == JINJA_STRING && (end = strptime(ds->u.s->data, "%d %b %Y", &tm)) && !*end) {
+    time_t t = timegm(&tm); /* fills in the weekday and day of the year */
+    gmtime_r(&t, &tm);
   } else {
     localtime_r(&now, &tm);
   }

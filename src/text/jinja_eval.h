@@ -48,6 +48,7 @@ struct jinja_eval {
   struct jinja_state *st;
   struct jinja_buf *out;    /* where text goes now (macro bodies and set blocks swap it) */
   struct jinja_frame *frame; /* innermost scope */
+  const struct jinja_frame *globals; /* the context's variables (as passed, before any set) */
   struct jinja_value filter_input; /* body text of a filter block or filtered set block */
   int loop_depth;
 };

@@ -89,7 +89,13 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
     jinja_fail(&st, "the template context must be a JSON object");
   }
 
-  struct jinja_eval ev = {.st = &st, .out = &out, .frame = globals, .filter_input = jinja_undefined(NULL)};
+  /* The context's own variables stay in this frame; template-level sets go to a child frame, so
+   * strftime_now reads the date_string the caller passed. */
+  struct jinja_frame *top = jinja_alloc(&st, sizeof(*top));
+  memset(top, 0, sizeof(*top));
+  top->parent = globals;
+  struct jinja_eval ev = {.st = &st, .out = &out, .frame = top, .globals = globals,
+                          .filter_input = jinja_undefined(NULL)};
   jinja_eval_render(&ev, root);
 
   char *result = out.data ? out.data : calloc(1, 1);

@@ -102,6 +102,21 @@ def test_raise_exception_exit_1(tmp_path):
     assert r.stderr == b"Bad: 3\n"
 
 
+def test_strftime_now(tmp_path):
+    tmpl = "{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%A, %B %d') }}"
+    # Without a date: today, as transformers' datetime.now().strftime gives it.
+    r = render_cli(tmp_path, tmpl, {})
+    assert r.returncode == 0
+    assert r.stdout.decode() == render_jinja2(tmpl, {})[0]
+    # The context's date_string names the day, so one render states one date.
+    r = render_cli(tmp_path, tmpl, {"date_string": "26 Jul 2024"})
+    assert r.stdout == b"26 Jul 2024|2024-07-26|Friday, July 26"
+    env = dict(os.environ, SOURCE_DATE_EPOCH="86400")
+    r = subprocess.run([BIN, "render-template", str(tmp_path / "t.jinja"), str(tmp_path / "c.json")],
+                       capture_output=True, env=env)
+    assert r.stdout == b"02 Jan 1970|1970-01-02|Friday, January 02"
+
+
 def test_usage_errors(tmp_path):
     assert subprocess.run([BIN, "render-template"], capture_output=True).returncode == 2
     assert subprocess.run([BIN, "render-template", "a"], capture_output=True).returncode == 2
