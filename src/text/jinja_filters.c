@@ -699,6 +699,15 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
     }
     if (i >= n)
       jinja_fail(st, "incomplete format");
+    spec[k] = 0;
+    {
+      const char *w = spec + 1;
+      while (w < spec + k && strchr("-+ #0", *w))
+        w++;
+      const char *dot = memchr(spec, '.', k);
+      if ((w < spec + k && *w != '.' && strtol(w, NULL, 10) > 100000) || (dot && strtol(dot + 1, NULL, 10) > 100000))
+        jinja_fail(st, "format width or precision is too large");
+    }
     char conv = s[i];
     if (conv == '%') {
       jinja_buf_add(&b, "%", 1);
@@ -1278,7 +1287,49 @@ static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value s
     }
     if (!v)
       jinja_fail(st, "Replacement index %s out of range for positional args tuple", field[0] ? field : "0");
-    jinja_write_str(&b, *v);
+    if (!colon || !colon[1]) {
+      jinja_write_str(&b, *v);
+    } else { /* [[fill]align][width][.precision][type] */
+      const char *f = colon + 1;
+      char fill = ' ', align = 0;
+      if (f[0] && (f[1] == '<' || f[1] == '>' || f[1] == '^')) {
+        fill = f[0];
+        align = f[1];
+        f += 2;
+      } else if (f[0] == '<' || f[0] == '>' || f[0] == '^') {
+        align = *f++;
+      }
+      long width = strtol(f, (char **)&f, 10), prec = -1;
+      if (*f == '.')
+        prec = strtol(f + 1, (char **)&f, 10);
+      char type = *f;
+      if (width > 100000 || prec > 100000)
+        jinja_fail(st, "format width or precision is too large");
+      struct jinja_buf t;
+      jinja_buf_init(&t, st, 0, JINJA_MAX_OUTPUT);
+      if (type == 'f' || type == 'e' || type == 'g' || type == '%') {
+        char tmp[512], spec8[32];
+        double x = jinja_as_double(*v) * (type == '%' ? 100 : 1);
+        snprintf(spec8, sizeof spec8, "%%.%ld%c", prec < 0 ? 6 : prec, type == '%' ? 'f' : type);
+        snprintf(tmp, sizeof tmp, spec8, x);
+        jinja_buf_adds(&t, tmp);
+        if (type == '%')
+          jinja_buf_add(&t, "%", 1);
+      } else {
+        jinja_write_str(&t, *v);
+        if (prec >= 0 && v->type == JINJA_STRING)
+          t.len = jinja_utf8_offset(t.data ? t.data : "", t.len, (size_t)prec);
+      }
+      if (!align)
+        align = v->type == JINJA_STRING ? '<' : '>';
+      long cps = (long)jinja_utf8_len(t.data ? t.data : "", t.len), pad = width > cps ? width - cps : 0;
+      long left = align == '>' ? pad : align == '^' ? pad / 2 : 0;
+      for (long k = 0; k < left; k++)
+        jinja_buf_add(&b, &fill, 1);
+      jinja_buf_add(&b, t.data ? t.data : "", t.len);
+      for (long k = left; k < pad; k++)
+        jinja_buf_add(&b, &fill, 1);
+    }
     i += flen + 1;
   }
   return jinja_buf_value(&b);

@@ -297,7 +297,8 @@ static void jinja_lex_tag(struct jinja_lexer *lx, int is_block) {
     if (depth == 0) {
       char sign = 0;
       size_t q = p;
-      if ((c == '-' || c == '+') && q + 2 < lx->n + 0 && s[q + 1] == close0 && s[q + 2] == '}') {
+      /* "-%}" / "+%}" / "-}}"; a variable has no "+}}" form (that is the + operator). */
+      if ((c == '-' || (c == '+' && is_block)) && q + 2 < lx->n && s[q + 1] == close0 && s[q + 2] == '}') {
         sign = c;
         q++;
       }

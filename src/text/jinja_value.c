@@ -12,6 +12,8 @@
 #define JINJA_CHUNK_MIN (64u << 10)
 
 void *jinja_alloc(struct jinja_state *st, size_t size) {
+  if (size > JINJA_MAX_ARENA) /* also keeps the rounding below from wrapping */
+    jinja_fail(st, "template exceeded the memory limit of %zu MiB", JINJA_MAX_ARENA >> 20);
   size = (size + 15) & ~(size_t)15;
   struct jinja_chunk *c = st->chunks;
   if (!c || c->cap - c->used < size) {
@@ -165,6 +167,8 @@ struct jinja_value jinja_str(struct jinja_state *st, const char *s) {
 }
 
 struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple) {
+  if (n > JINJA_MAX_ARENA / sizeof(struct jinja_value))
+    jinja_fail(st, "template exceeded the memory limit of %zu MiB", JINJA_MAX_ARENA >> 20);
   jinja_charge(st, n * 16);
   struct jinja_list *l = jinja_alloc(st, sizeof(*l));
   l->n = n;
