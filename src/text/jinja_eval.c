@@ -638,10 +638,8 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
       l.u.l->items[a.u.l->n + i] = b.u.l->items[i];
     return l;
   }
-  if (op == JINJA_OP_MOD && a.type == JINJA_STRING) {
-    jinja_check_defined(st, b);
+  if (op == JINJA_OP_MOD && a.type == JINJA_STRING) /* an Undefined argument formats as '' */
     return jinja_percent_format(ev, a, b);
-  }
   if (op == JINJA_OP_MUL) {
     if ((a.type == JINJA_STRING || a.type == JINJA_LIST) && (b.type == JINJA_INT || b.type == JINJA_BOOL))
       return repeat(ev, a, b.type == JINJA_BOOL ? b.u.b : b.u.i);

@@ -864,6 +864,9 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
   }
   if (IS("replace"))
     return replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"), int_arg(ev, jinja_arg(a, 2, "count"), -1));
+  /* Undefined's __int__, __float__, __abs__ and __round__ raise. */
+  if (IS("int") || IS("float") || IS("abs") || IS("round"))
+    jinja_check_defined(st, in);
   if (IS("int")) {
     int64_t def = int_arg(ev, jinja_arg(a, 0, "default"), 0), base = int_arg(ev, jinja_arg(a, 1, "base"), 10), r;
     double f;
@@ -943,6 +946,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     size_t n;
     struct jinja_value *items;
     if (dict) {
+      jinja_check_defined(st, in); /* dictsort calls value.items(), which an Undefined refuses */
       struct jinja_value pairs = items_of(ev, in);
       items = pairs.u.l->items;
       n = pairs.u.l->n;
@@ -987,8 +991,10 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     }
     return acc;
   }
-  if (IS("indent"))
+  if (IS("indent")) {
+    jinja_check_defined(st, in); /* Jinja2 appends "\n" to the value first */
     return indent(ev, in, a);
+  }
   if (IS("wordcount")) {
     struct jinja_value s = str_of(ev, in);
     size_t i = 0, n = s.u.s->len;
