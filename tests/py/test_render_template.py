@@ -45,7 +45,8 @@ def render_cli(tmp_path, template, context):
     c = tmp_path / "c.json"
     t.write_bytes(template.encode())
     c.write_text(json.dumps(context, ensure_ascii=False))
-    return subprocess.run([BIN, "render-template", str(t), str(c)], capture_output=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    return subprocess.run([BIN, "render-template", str(t), str(c)], capture_output=True, timeout=60, env=env)
 
 
 def render_jinja2(template, context):
