@@ -35,7 +35,7 @@ static struct jinja_value undef_attr(struct jinja_eval *ev, struct jinja_value o
 
 static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key) {
   struct jinja_buf b;
-  jinja_buf_init(&b, ev->st, 0, 4096);
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   jinja_buf_adds(&b, type_repr(ev->st, obj));
   jinja_buf_adds(&b, " has no element ");
   jinja_write_repr(&b, key);

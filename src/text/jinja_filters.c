@@ -201,10 +201,7 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
       if (i >= n)
         break;
       if (maxsplit >= 0 && (int64_t)np >= maxsplit) {
-        size_t e = n;
-        while (e > i && py_space((unsigned char)s[e - 1]))
-          e--;
-        parts[np++] = jinja_str_n(st, s + i, e - i);
+        parts[np++] = jinja_str_n(st, s + i, n - i); /* the rest, trailing whitespace kept */
         break;
       }
       size_t start = i;
@@ -237,6 +234,59 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
     i = (size_t)(hit - s) + sl;
   }
   return make_list(ev, parts, np);
+}
+
+/* str.rsplit: like split, but at most MAXSPLIT cuts counted from the right. */
+static struct jinja_value rsplit(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *sep, int64_t maxsplit) {
+  if (maxsplit < 0)
+    return split(ev, v, sep, -1);
+  struct jinja_state *st = ev->st;
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len, np = 0, e = n;
+  jinja_charge(st, n);
+  struct jinja_value *parts = jinja_alloc(st, (n + 2) * sizeof(*parts));
+  int ws = !sep || sep->type == JINJA_NONE;
+  if (!ws && (sep->type != JINJA_STRING || sep->u.s->len == 0))
+    jinja_fail(st, sep->type != JINJA_STRING ? "must be str or None" : "empty separator");
+  for (;;) {
+    if (ws) {
+      while (e > 0 && py_space((unsigned char)s[e - 1]))
+        e--;
+      if (e == 0)
+        break;
+      if ((int64_t)np >= maxsplit) {
+        parts[np++] = jinja_str_n(st, s, e); /* the rest, leading whitespace kept */
+        break;
+      }
+      size_t b = e;
+      while (b > 0 && !py_space((unsigned char)s[b - 1]))
+        b--;
+      parts[np++] = jinja_str_n(st, s + b, e - b);
+      e = b;
+    } else {
+      size_t sl = sep->u.s->len;
+      size_t hit = SIZE_MAX;
+      if ((int64_t)np < maxsplit)
+        for (size_t p = e >= sl ? e - sl + 1 : 0; p-- > 0;) {
+          jinja_charge(st, sl); /* each candidate may compare up to sl bytes */
+          if (memcmp(s + p, sep->u.s->data, sl) == 0) {
+            hit = p;
+            break;
+          }
+        }
+      if (hit == SIZE_MAX) {
+        parts[np++] = jinja_str_n(st, s, e);
+        break;
+      }
+      parts[np++] = jinja_str_n(st, s + hit + sl, e - hit - sl);
+      e = hit;
+    }
+    jinja_step(st);
+  }
+  struct jinja_value l = jinja_list_new(st, np, 0);
+  for (size_t i = 0; i < np; i++)
+    l.u.l->items[i] = parts[np - 1 - i];
+  return l;
 }
 
 static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *old,
@@ -1395,12 +1445,8 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
       return strip(ev, self, a0, 2);
     if (IS("split"))
       return split(ev, self, jinja_arg(a, 0, "sep"), int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1));
-    if (IS("rsplit")) {
-      /* Only the unlimited form, which equals split. */
-      if (int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1) >= 0)
-        jinja_fail(st, "rsplit with maxsplit is not supported");
-      return split(ev, self, jinja_arg(a, 0, "sep"), -1);
-    }
+    if (IS("rsplit"))
+      return rsplit(ev, self, jinja_arg(a, 0, "sep"), int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1));
     if (IS("startswith"))
       return jinja_bool(starts_or_ends(ev, self, a0, 0));
     if (IS("endswith"))

@@ -454,7 +454,7 @@ FILTERS = """{{ '  pad  ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'hello world' 
 """
 
 METHODS = """{{ '  x  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ '  x  '.lstrip() }}|{{ '  x  '.rstrip() }}|{{ '..a..'.rstrip('.') }}
-{{ 'a,b,,c'.split(',') }} {{ ' a  b c '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a b c'.split(maxsplit=1) }} {{ 'a<sep>b'.split('<sep>')[-1] }}
+{{ 'a,b,,c'.split(',') }} {{ ' a  b c '.split() }} {{ 'a b c '.split(none, 1) }} {{ 'a<t>b<t>c'.rsplit('<t>', 1) }} {{ ' a b  c '.rsplit(None, 1) }} {{ 'x'.rsplit('y', 2) }} {{ 'a b'.rsplit() }} {{ '  a  b  '.split(maxsplit=1) }} {{ 'a b c'.split(' ', 1) }} {{ 'a b c'.split(maxsplit=1) }} {{ 'a<sep>b'.split('<sep>')[-1] }}
 {{ 'hello'.startswith('he') }} {{ 'hello'.startswith(('x', 'h')) }} {{ 'hello'.endswith('lo') }} {{ 'HeLLo wOrld 3rd'.title() }} {{ 'hELLO'.capitalize() }}
 {{ 'Hi'.upper() }} {{ 'Hi'.lower() }} {{ 'aXbXc'.replace('X', '-') }} {{ 'banana'.find('an') }} {{ 'banana'.rfind('an') }} {{ 'banana'.find('z') }} {{ 'banana'.count('a') }}
 {{ '-'.join(['a', 'b', 'c']) }} {{ ''.join(words) }} {{ 'a\\nb\\r\\nc'.splitlines() }} {{ '123'.isdigit() }} {{ 'abc'.isalpha() }} {{ ' '.isspace() }} {{ 'ABC'.isupper() }} {{ 'abc'.islower() }}
