@@ -33,7 +33,8 @@ static struct jinja_value undef_attr(struct jinja_eval *ev, struct jinja_value o
   return jinja_undefined(msg(ev->st, "'%s' has no attribute '%s'", type_repr(ev->st, obj), name));
 }
 
-static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key) {
+static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_value obj,
+                                        struct jinja_value key) {
   struct jinja_buf b;
   jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   jinja_buf_adds(&b, type_repr(ev->st, obj));
@@ -42,7 +43,8 @@ static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_valu
   return jinja_undefined(jinja_buf_value(&b).u.s->data);
 }
 
-void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name, struct jinja_value v) {
+void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                     struct jinja_value v) {
   for (size_t i = 0; i < f->n; i++)
     if (!strcmp(f->names[i], name)) {
       f->vals[i] = v;
@@ -72,8 +74,8 @@ static struct jinja_frame *frame_new(struct jinja_state *st, struct jinja_frame 
   return f;
 }
 
-static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callable_kind kind, const char *name,
-                                       struct jinja_value self) {
+static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callable_kind kind,
+                                       const char *name, struct jinja_value self) {
   struct jinja_callable *c = jinja_alloc(ev->st, sizeof(*c));
   memset(c, 0, sizeof(*c));
   c->kind = kind;
@@ -85,7 +87,8 @@ static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callabl
   return v;
 }
 
-static const char *const jinja_globals[] = {"range", "dict", "namespace", "raise_exception", "strftime_now", NULL};
+static const char *const jinja_globals[] = {"range",           "dict",         "namespace",
+                                            "raise_exception", "strftime_now", NULL};
 
 static struct jinja_value lookup(struct jinja_eval *ev, const char *name) {
   for (struct jinja_frame *f = ev->frame; f; f = f->parent)
@@ -232,7 +235,8 @@ static void slice_bounds(struct jinja_eval *ev, const struct jinja_value *sv, si
   }
 }
 
-static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj, const struct jinja_value *sv) {
+static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj,
+                                   const struct jinja_value *sv) {
   struct jinja_state *st = ev->st;
   size_t count;
   struct jinja_value *items;
@@ -267,7 +271,8 @@ static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj
   return out;
 }
 
-struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key) {
+struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj,
+                                      struct jinja_value key) {
   jinja_check_defined(ev->st, obj);
   switch (obj.type) {
   case JINJA_DICT:
@@ -331,7 +336,8 @@ static struct jinja_value capture(struct jinja_eval *ev, const struct jinja_node
   return jinja_buf_value(&b);
 }
 
-static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_callable *c, const struct jinja_args *a) {
+static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_callable *c,
+                                     const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_node *m = c->node;
   if (++st->depth > JINJA_MAX_DEPTH)
@@ -400,7 +406,8 @@ static struct jinja_value strftime_now(struct jinja_eval *ev, const struct jinja
   if (epoch && *epoch) {
     now = (time_t)strtoll(epoch, NULL, 10);
     gmtime_r(&now, &tm);
-  } else if (ds && ds->type == JINJA_STRING && (end = strptime(ds->u.s->data, "%d %b %Y", &tm)) && !*end) {
+  } else if (ds && ds->type == JINJA_STRING && (end = strptime(ds->u.s->data, "%d %b %Y", &tm)) &&
+             !*end) {
     time_t t = timegm(&tm); /* fills in the weekday and day of the year */
     gmtime_r(&t, &tm);
   } else {
@@ -411,7 +418,8 @@ static struct jinja_value strftime_now(struct jinja_eval *ev, const struct jinja
   return jinja_str_n(ev->st, tmp, n);
 }
 
-static struct jinja_value call_global(struct jinja_eval *ev, const char *name, const struct jinja_args *a) {
+static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
+                                      const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   if (!strcmp(name, "raise_exception")) {
     const struct jinja_value *m = jinja_arg(a, 0, "message");
@@ -456,7 +464,8 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name, c
   return d;
 }
 
-struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn, const struct jinja_args *a) {
+struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
+                                   const struct jinja_args *a) {
   jinja_check_defined(ev->st, fn);
   if (fn.type != JINJA_CALLABLE)
     jinja_fail(ev->st, "'%s' object is not callable", jinja_type_name(fn));
@@ -489,10 +498,12 @@ static void eval_args(struct jinja_eval *ev, const struct jinja_node *n, struct 
     a->kw[i] = eval(ev, n->kwargs[i]);
 }
 
-static _Noreturn void bad_operands(struct jinja_eval *ev, const char *op, struct jinja_value a, struct jinja_value b) {
+static _Noreturn void bad_operands(struct jinja_eval *ev, const char *op, struct jinja_value a,
+                                   struct jinja_value b) {
   jinja_check_defined(ev->st, a);
   jinja_check_defined(ev->st, b);
-  jinja_fail(ev->st, "unsupported operand type(s) for %s: '%s' and '%s'", op, jinja_type_name(a), jinja_type_name(b));
+  jinja_fail(ev->st, "unsupported operand type(s) for %s: '%s' and '%s'", op, jinja_type_name(a),
+             jinja_type_name(b));
 }
 
 static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, int64_t times) {
@@ -530,7 +541,8 @@ static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, 
   return l;
 }
 
-static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_value a, struct jinja_value b) {
+static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_value a,
+                                struct jinja_value b) {
   struct jinja_state *st = ev->st;
   static const char *names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
   if (op == JINJA_OP_CONCAT) {
@@ -630,7 +642,8 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
     r.markup = markup;
     return r;
   }
-  if (op == JINJA_OP_ADD && a.type == JINJA_LIST && b.type == JINJA_LIST && a.u.l->is_tuple == b.u.l->is_tuple) {
+  if (op == JINJA_OP_ADD && a.type == JINJA_LIST && b.type == JINJA_LIST &&
+      a.u.l->is_tuple == b.u.l->is_tuple) {
     struct jinja_value l = jinja_list_new(st, a.u.l->n + b.u.l->n, a.u.l->is_tuple);
     for (size_t i = 0; i < a.u.l->n; i++)
       l.u.l->items[i] = a.u.l->items[i];
@@ -641,9 +654,11 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
   if (op == JINJA_OP_MOD && a.type == JINJA_STRING) /* an Undefined argument formats as '' */
     return jinja_percent_format(ev, a, b);
   if (op == JINJA_OP_MUL) {
-    if ((a.type == JINJA_STRING || a.type == JINJA_LIST) && (b.type == JINJA_INT || b.type == JINJA_BOOL))
+    if ((a.type == JINJA_STRING || a.type == JINJA_LIST) &&
+        (b.type == JINJA_INT || b.type == JINJA_BOOL))
       return repeat(ev, a, b.type == JINJA_BOOL ? b.u.b : b.u.i);
-    if ((b.type == JINJA_STRING || b.type == JINJA_LIST) && (a.type == JINJA_INT || a.type == JINJA_BOOL))
+    if ((b.type == JINJA_STRING || b.type == JINJA_LIST) &&
+        (a.type == JINJA_INT || a.type == JINJA_BOOL))
       return repeat(ev, b, a.type == JINJA_BOOL ? a.u.b : a.u.i);
   }
   if (op == JINJA_OP_ADD && a.type == JINJA_STRING && b.type != JINJA_UNDEFINED) {
@@ -680,7 +695,8 @@ static int contains(struct jinja_eval *ev, struct jinja_value container, struct 
   }
 }
 
-static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_value a, struct jinja_value b) {
+static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_value a,
+                                  struct jinja_value b) {
   if (a.type == JINJA_LIST && b.type == JINJA_LIST)
     jinja_charge(ev->st, (a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n) * 16);
   switch (op) {
@@ -694,7 +710,10 @@ static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_va
     return jinja_bool(!contains(ev, b, a));
   default: {
     int c = jinja_compare(ev->st, a, b);
-    return jinja_bool(op == JINJA_OP_LT ? c < 0 : op == JINJA_OP_LE ? c <= 0 : op == JINJA_OP_GT ? c > 0 : c >= 0);
+    return jinja_bool(op == JINJA_OP_LT   ? c < 0
+                      : op == JINJA_OP_LE ? c <= 0
+                      : op == JINJA_OP_GT ? c > 0
+                                          : c >= 0);
   }
   }
 }
@@ -754,7 +773,8 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     struct jinja_value v = eval(ev, n->a);
     jinja_check_defined(st, v);
     if (v.type == JINJA_INT)
-      r = n->op == '-' ? (v.u.i == INT64_MIN ? jinja_float(9.2233720368547758e18) : jinja_int(-v.u.i)) : v;
+      r = n->op == '-' ? (v.u.i == INT64_MIN ? jinja_float(9.2233720368547758e18) : jinja_int(-v.u.i))
+                       : v;
     else if (v.type == JINJA_BOOL)
       r = jinja_int(n->op == '-' ? -v.u.b : v.u.b);
     else if (v.type == JINJA_FLOAT)
@@ -792,7 +812,9 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     if (jinja_truthy(eval(ev, n->a)))
       r = eval(ev, n->b);
     else
-      r = n->c ? eval(ev, n->c) : jinja_undefined("the inline if-expression evaluated to false and no else section was defined.");
+      r = n->c ? eval(ev, n->c)
+               : jinja_undefined(
+                     "the inline if-expression evaluated to false and no else section was defined.");
     break;
   case JINJA_N_LIST:
   case JINJA_N_TUPLE:
@@ -819,7 +841,8 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
 }
 
 /* Binds an assignment target (name or tuple of names) in frame F. */
-static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct jinja_node *target, struct jinja_value v) {
+static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct jinja_node *target,
+                   struct jinja_value v) {
   struct jinja_state *st = ev->st;
   if (target->kind == JINJA_N_NAME) {
     jinja_frame_set(st, f, target->name, v);

@@ -46,10 +46,10 @@ struct jinja_args {
 
 struct jinja_eval {
   struct jinja_state *st;
-  struct jinja_buf *out;    /* where text goes now (macro bodies and set blocks swap it) */
-  struct jinja_frame *frame; /* innermost scope */
+  struct jinja_buf *out;             /* where text goes now (macro bodies and set blocks swap it) */
+  struct jinja_frame *frame;         /* innermost scope */
   const struct jinja_frame *globals; /* the context's variables (as passed, before any set) */
-  struct jinja_value filter_input; /* body text of a filter block or filtered set block */
+  struct jinja_value filter_input;   /* body text of a filter block or filtered set block */
   int loop_depth;
 };
 
@@ -58,14 +58,17 @@ void jinja_eval_render(struct jinja_eval *ev, const struct jinja_node *body);
 
 /* Jinja2 rules for obj.name and obj[key]: missing -> undefined carrying Jinja2's message. */
 struct jinja_value jinja_eval_getattr(struct jinja_eval *ev, struct jinja_value obj, const char *name);
-struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key);
+struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj,
+                                      struct jinja_value key);
 /* Calls a callable value. */
-struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn, const struct jinja_args *a);
+struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
+                                   const struct jinja_args *a);
 /* The items that iterating V yields (dict: keys, string: characters); *n their count. */
 struct jinja_value *jinja_eval_iterate(struct jinja_eval *ev, struct jinja_value v, size_t *n);
 /* The keyword argument NAME, else positional argument I, else NULL. */
 const struct jinja_value *jinja_arg(const struct jinja_args *a, size_t i, const char *name);
 
-void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name, struct jinja_value v);
+void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                     struct jinja_value v);
 
 #endif

@@ -10,7 +10,9 @@
 
 /* ---- helpers ---- */
 
-static struct jinja_value str_of(struct jinja_eval *ev, struct jinja_value v) { return jinja_to_str(ev->st, v); }
+static struct jinja_value str_of(struct jinja_eval *ev, struct jinja_value v) {
+  return jinja_to_str(ev->st, v);
+}
 
 static int64_t int_arg(struct jinja_eval *ev, const struct jinja_value *v, int64_t def) {
   if (!v || v->type == JINJA_NONE)
@@ -43,7 +45,8 @@ static int py_space(int32_t c) {
 /* Decodes the next code point at S[*i] (invalid bytes read as themselves). */
 static int32_t next_cp(const char *s, size_t n, size_t *i) {
   utf8proc_int32_t cp;
-  utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
+  utf8proc_ssize_t k =
+      utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
   if (k <= 0) {
     cp = (unsigned char)s[*i];
     k = 1;
@@ -72,8 +75,8 @@ static void put_case(struct jinja_buf *b, int32_t c, int map) {
     int32_t cp;
     const char *upper, *title, *lower;
   } special[] = {
-      {0x00DF, "SS", "Ss", NULL},                 /* sharp s */
-      {0x0130, NULL, NULL, "i\xcc\x87"},         /* capital I with dot above */
+      {0x00DF, "SS", "Ss", NULL},               /* sharp s */
+      {0x0130, NULL, NULL, "i\xcc\x87"},        /* capital I with dot above */
       {0x0149, "\xca\xbcN", "\xca\xbcN", NULL}, /* n preceded by apostrophe */
       {0xFB00, "FF", "Ff", NULL},
       {0xFB01, "FI", "Fi", NULL},
@@ -86,13 +89,17 @@ static void put_case(struct jinja_buf *b, int32_t c, int map) {
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
     if (special[i].cp != c)
       continue;
-    const char *r = map == MAP_UPPER ? special[i].upper : map == MAP_TITLE ? special[i].title : special[i].lower;
+    const char *r = map == MAP_UPPER   ? special[i].upper
+                    : map == MAP_TITLE ? special[i].title
+                                       : special[i].lower;
     if (r) {
       jinja_buf_adds(b, r);
       return;
     }
   }
-  put_cp(b, map == MAP_UPPER ? utf8proc_toupper(c) : map == MAP_TITLE ? utf8proc_totitle(c) : utf8proc_tolower(c));
+  put_cp(b, map == MAP_UPPER   ? utf8proc_toupper(c)
+            : map == MAP_TITLE ? utf8proc_totitle(c)
+                               : utf8proc_tolower(c));
 }
 
 static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value v, int mode) {
@@ -118,7 +125,8 @@ static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value 
       map = prev_cased ? MAP_LOWER : MAP_TITLE;
       prev_cased = is_cased(c);
       break;
-    case CASE_TITLE_WORDS: { /* Jinja2's title: word[0].upper() + word[1:].lower(), words split at -, space, ( { [ < */
+    case CASE_TITLE_WORDS: { /* Jinja2's title: word[0].upper() + word[1:].lower(), words split at -,
+                                space, ( { [ < */
       int sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c);
       map = sep ? -1 : word_start ? MAP_UPPER : MAP_LOWER;
       word_start = sep;
@@ -142,7 +150,8 @@ static int in_chars(const char *cs, size_t cn, int32_t cp) {
 }
 
 /* str.strip/lstrip/rstrip (WHICH: 1 left, 2 right, 3 both) with CHARS (NULL: whitespace). */
-static struct jinja_value strip(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *chars, int which) {
+static struct jinja_value strip(struct jinja_eval *ev, struct jinja_value v,
+                                const struct jinja_value *chars, int which) {
   v = str_of(ev, v);
   const char *s = v.u.s->data;
   size_t n = v.u.s->len, a = 0, e = n;
@@ -183,7 +192,8 @@ static struct jinja_value make_list(struct jinja_eval *ev, struct jinja_value *i
   return l;
 }
 
-static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *sep, int64_t maxsplit) {
+static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v,
+                                const struct jinja_value *sep, int64_t maxsplit) {
   struct jinja_state *st = ev->st;
   const char *s = v.u.s->data;
   size_t n = v.u.s->len;
@@ -224,7 +234,8 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
   jinja_charge(st, n);
   size_t i = 0;
   for (;;) {
-    const char *hit = (maxsplit < 0 || (int64_t)np < maxsplit) ? memmem(s + i, n - i, sep->u.s->data, sl) : NULL;
+    const char *hit =
+        (maxsplit < 0 || (int64_t)np < maxsplit) ? memmem(s + i, n - i, sep->u.s->data, sl) : NULL;
     if (!hit) {
       parts[np++] = jinja_str_n(st, s + i, n - i);
       break;
@@ -237,7 +248,8 @@ static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, con
 }
 
 /* str.rsplit: like split, but at most MAXSPLIT cuts counted from the right. */
-static struct jinja_value rsplit(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *sep, int64_t maxsplit) {
+static struct jinja_value rsplit(struct jinja_eval *ev, struct jinja_value v,
+                                 const struct jinja_value *sep, int64_t maxsplit) {
   if (maxsplit < 0)
     return split(ev, v, sep, -1);
   struct jinja_state *st = ev->st;
@@ -289,8 +301,9 @@ static struct jinja_value rsplit(struct jinja_eval *ev, struct jinja_value v, co
   return l;
 }
 
-static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *old,
-                                  const struct jinja_value *new, int64_t count) {
+static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v,
+                                  const struct jinja_value *old, const struct jinja_value *new,
+                                  int64_t count) {
   v = str_of(ev, v);
   struct jinja_value o = str_of(ev, old ? *old : jinja_str(ev->st, ""));
   struct jinja_value w = str_of(ev, new ? *new : jinja_str(ev->st, ""));
@@ -328,7 +341,8 @@ static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, c
   return jinja_buf_value(&b);
 }
 
-static int starts_or_ends(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *arg, int ends) {
+static int starts_or_ends(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *arg,
+                          int ends) {
   if (!arg)
     jinja_fail(ev->st, "%s() takes at least 1 argument (0 given)", ends ? "endswith" : "startswith");
   if (arg->type == JINJA_LIST && arg->u.l->is_tuple) {
@@ -338,16 +352,16 @@ static int starts_or_ends(struct jinja_eval *ev, struct jinja_value v, const str
     return 0;
   }
   if (arg->type != JINJA_STRING)
-    jinja_fail(ev->st, "%s first arg must be str or a tuple of str, not %s", ends ? "endswith" : "startswith",
-               jinja_type_name(*arg));
+    jinja_fail(ev->st, "%s first arg must be str or a tuple of str, not %s",
+               ends ? "endswith" : "startswith", jinja_type_name(*arg));
   size_t n = v.u.s->len, k = arg->u.s->len;
   if (k > n)
     return 0;
   return memcmp(v.u.s->data + (ends ? n - k : 0), arg->u.s->data, k) == 0;
 }
 
-static struct jinja_value join(struct jinja_eval *ev, struct jinja_value seq, const char *sep, size_t sep_len,
-                               const struct jinja_value *attribute) {
+static struct jinja_value join(struct jinja_eval *ev, struct jinja_value seq, const char *sep,
+                               size_t sep_len, const struct jinja_value *attribute) {
   size_t n;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
   struct jinja_buf b;
@@ -364,7 +378,8 @@ static struct jinja_value join(struct jinja_eval *ev, struct jinja_value seq, co
 }
 
 /* Jinja2's make_attrgetter: "a.b" or "0" walks items; ints index sequences. */
-static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v, struct jinja_value attr) {
+static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v,
+                                   struct jinja_value attr) {
   if (attr.type != JINJA_STRING)
     return jinja_eval_getitem(ev, v, attr);
   const char *s = attr.u.s->data;
@@ -438,7 +453,8 @@ static struct jinja_value items_of(struct jinja_eval *ev, struct jinja_value v) 
   return l;
 }
 
-static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v,
+                                 const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   int ensure_ascii = bool_arg(jinja_arg(a, 0, "ensure_ascii"), 0);
   const struct jinja_value *ind = jinja_arg(a, 1, "indent");
@@ -493,7 +509,8 @@ static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, co
   return jinja_buf_value(&e);
 }
 
-static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
+                                 const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_value *w = jinja_arg(a, 0, "width");
   int first = bool_arg(jinja_arg(a, 1, "first"), 0), blank = bool_arg(jinja_arg(a, 2, "blank"), 0);
@@ -546,7 +563,12 @@ struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v
   jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   for (size_t i = 0; i < v.u.s->len; i++) {
     char c = v.u.s->data[i];
-    const char *r = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&#34;" : c == '\'' ? "&#39;" : NULL;
+    const char *r = c == '&'    ? "&amp;"
+                    : c == '<'  ? "&lt;"
+                    : c == '>'  ? "&gt;"
+                    : c == '"'  ? "&#34;"
+                    : c == '\'' ? "&#39;"
+                                : NULL;
     if (r)
       jinja_buf_adds(&b, r);
     else
@@ -586,7 +608,8 @@ static int parse_float(const char *s, double *out) {
   return 1;
 }
 
-static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value v,
+                                      const struct jinja_args *a) {
   int64_t prec = int_arg(ev, jinja_arg(a, 0, "precision"), 0);
   const struct jinja_value *m = jinja_arg(a, 1, "method");
   const char *method = m && m->type == JINJA_STRING ? m->u.s->data : "common";
@@ -596,7 +619,8 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
   if (!strcmp(method, "common")) {
     if (v.type != JINJA_FLOAT)
       return jinja_int(v.type == JINJA_BOOL ? v.u.b : v.u.i);
-    if (prec >= 0 && prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
+    if (prec >= 0 &&
+        prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
       char tmp[400];
       snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);
       r = strtod(tmp, NULL);
@@ -614,8 +638,8 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
 }
 
 /* select/reject/selectattr/rejectattr: keep items whose test result equals WANT. */
-static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a,
-                                       int by_attr, int want) {
+static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq,
+                                       const struct jinja_args *a, int by_attr, int want) {
   struct jinja_state *st = ev->st;
   size_t n = 0;
   /* Jinja2 iterates only a truthy sequence here, so none | selectattr(...) is empty. */
@@ -646,7 +670,8 @@ static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value
   return out;
 }
 
-static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq,
+                                    const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   size_t n = 0;
   struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
@@ -665,13 +690,15 @@ static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value se
   if (a->n < 1)
     jinja_fail(st, "map requires a filter argument");
   const char *filter = str_arg(ev, &a->pos[0], "filter name");
-  struct jinja_args fargs = {.pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
+  struct jinja_args fargs = {
+      .pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
   for (size_t i = 0; i < n; i++)
     out.u.l->items[i] = jinja_filter_apply(ev, filter, items[i], &fargs);
   return out;
 }
 
-static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a, int want_max) {
+static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq,
+                                  const struct jinja_args *a, int want_max) {
   size_t n;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
   int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
@@ -691,7 +718,8 @@ static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq,
   return items[best];
 }
 
-static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq,
+                                 const struct jinja_args *a) {
   size_t n;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
   int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
@@ -717,7 +745,8 @@ static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, 
 
 /* Python's printf-style str % args for the conversions templates use (s r d i f F e E g G x X o c %),
  * with flags, width and precision; a tuple supplies several arguments. */
-struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_value fmt, struct jinja_value args) {
+struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_value fmt,
+                                        struct jinja_value args) {
   struct jinja_state *st = ev->st;
   const struct jinja_value *argv = &args;
   size_t argc = 1, next = 0;
@@ -755,7 +784,8 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
       while (w < spec + k && strchr("-+ #0", *w))
         w++;
       const char *dot = memchr(spec, '.', k);
-      if ((w < spec + k && *w != '.' && strtol(w, NULL, 10) > 100000) || (dot && strtol(dot + 1, NULL, 10) > 100000))
+      if ((w < spec + k && *w != '.' && strtol(w, NULL, 10) > 100000) ||
+          (dot && strtol(dot + 1, NULL, 10) > 100000))
         jinja_fail(st, "format width or precision is too large");
     }
     char conv = s[i];
@@ -770,7 +800,9 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
     if (strchr("diouxXc", conv)) {
       if (!jinja_is_number(v))
         jinja_fail(st, "%%%c format: a real number is required, not %s", conv, jinja_type_name(v));
-      long long x = v.type == JINJA_FLOAT ? (long long)v.u.f : v.type == JINJA_BOOL ? v.u.b : (long long)v.u.i;
+      long long x = v.type == JINJA_FLOAT  ? (long long)v.u.f
+                    : v.type == JINJA_BOOL ? v.u.b
+                                           : (long long)v.u.i;
       spec[k++] = 'l';
       spec[k++] = 'l';
       spec[k++] = conv == 'i' || conv == 'u' ? 'd' : conv == 'c' ? 'd' : conv;
@@ -894,7 +926,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
     if (n == 0)
-      return jinja_undefined(IS("first") ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+      return jinja_undefined(IS("first") ? "No first item, sequence was empty."
+                                         : "No last item, sequence was empty.");
     return IS("first") ? items[0] : items[n - 1];
   }
   if (IS("join")) {
@@ -913,12 +946,14 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     return make_list(ev, items, n);
   }
   if (IS("replace"))
-    return replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"), int_arg(ev, jinja_arg(a, 2, "count"), -1));
+    return replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"),
+                   int_arg(ev, jinja_arg(a, 2, "count"), -1));
   /* Undefined's __int__, __float__, __abs__ and __round__ raise. */
   if (IS("int") || IS("float") || IS("abs") || IS("round"))
     jinja_check_defined(st, in);
   if (IS("int")) {
-    int64_t def = int_arg(ev, jinja_arg(a, 0, "default"), 0), base = int_arg(ev, jinja_arg(a, 1, "base"), 10), r;
+    int64_t def = int_arg(ev, jinja_arg(a, 0, "default"), 0),
+            base = int_arg(ev, jinja_arg(a, 1, "base"), 10), r;
     double f;
     if (in.type == JINJA_INT)
       return in;
@@ -1033,7 +1068,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     for (size_t i = 0; i < n; i++) {
       struct jinja_value x = attribute ? get_path(ev, items[i], *attribute) : items[i];
       if (!jinja_is_number(acc) || !jinja_is_number(x))
-        jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc), jinja_type_name(x));
+        jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc),
+                   jinja_type_name(x));
       if (acc.type == JINJA_FLOAT || x.type == JINJA_FLOAT)
         acc = jinja_float(jinja_as_double(acc) + jinja_as_double(x));
       else
@@ -1122,7 +1158,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
 
 /* ---- tests ---- */
 
-int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value v, const struct jinja_args *a) {
+int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value v,
+                     const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_value *arg = a->n ? &a->pos[0] : NULL;
 #define IS(x) (!strcmp(name, x))
@@ -1149,10 +1186,12 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
   if (IS("mapping"))
     return v.type == JINJA_DICT;
   if (IS("iterable"))
-    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING ||
+           v.type == JINJA_UNDEFINED;
   /* An Undefined has __len__, __getitem__ and __call__, so Jinja2 finds it a callable sequence. */
   if (IS("sequence"))
-    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING ||
+           v.type == JINJA_UNDEFINED;
   if (IS("callable"))
     return v.type == JINJA_CALLABLE || v.type == JINJA_UNDEFINED;
   if (IS("escaped"))
@@ -1192,23 +1231,26 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
       jinja_fail(st, "sameas needs an argument");
     if (v.type != arg->type)
       return 0;
-    return jinja_equal(v, *arg) && (v.type == JINJA_NONE || v.type == JINJA_BOOL || v.type == JINJA_INT ||
-                                    v.u.s == arg->u.s);
+    return jinja_equal(v, *arg) &&
+           (v.type == JINJA_NONE || v.type == JINJA_BOOL || v.type == JINJA_INT || v.u.s == arg->u.s);
   }
   if (IS("filter") || IS("test")) {
     if (v.type != JINJA_STRING)
       return 0;
-    static const char *filters[] = {"safe", "tojson", "trim", "upper", "lower", "capitalize", "title", "string",
-                                    "length", "count", "default", "d", "first", "last", "join", "items", "list",
-                                    "replace", "int", "float", "abs", "round", "select", "reject", "selectattr",
-                                    "rejectattr", "map", "attr", "unique", "min", "max", "reverse", "sort",
-                                    "dictsort", "sum", "indent", "wordcount", "escape", "e", "forceescape",
-                                    "center", "batch", "pprint", "format", NULL};
-    static const char *tests[] = {"defined", "undefined", "none", "boolean", "true", "false", "integer", "float",
-                                  "number", "string", "mapping", "iterable", "sequence", "callable", "escaped",
-                                  "lower", "upper", "even", "odd", "divisibleby", "sameas", "filter", "test",
-                                  "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
-                                  "greaterthan", ">", "ge", ">=", "in", NULL};
+    static const char *filters[] = {
+        "safe",   "tojson",    "trim",   "upper",      "lower",       "capitalize", "title",
+        "string", "length",    "count",  "default",    "d",           "first",      "last",
+        "join",   "items",     "list",   "replace",    "int",         "float",      "abs",
+        "round",  "select",    "reject", "selectattr", "rejectattr",  "map",        "attr",
+        "unique", "min",       "max",    "reverse",    "sort",        "dictsort",   "sum",
+        "indent", "wordcount", "escape", "e",          "forceescape", "center",     "batch",
+        "pprint", "format",    NULL};
+    static const char *tests[] = {
+        "defined", "undefined", "none",        "boolean",     "true",     "false",    "integer", "float",
+        "number",  "string",    "mapping",     "iterable",    "sequence", "callable", "escaped", "lower",
+        "upper",   "even",      "odd",         "divisibleby", "sameas",   "filter",   "test",    "eq",
+        "equalto", "==",        "ne",          "!=",          "lt",       "lessthan", "<",       "le",
+        "<=",      "gt",        "greaterthan", ">",           "ge",       ">=",       "in",      NULL};
     const char **list = IS("filter") ? filters : tests;
     for (int i = 0; list[i]; i++)
       if (!strcmp(list[i], v.u.s->data))
@@ -1264,10 +1306,11 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
 
 /* ---- Python methods ---- */
 
-static const char *const str_methods[] = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "rsplit",
-                                          "startswith", "endswith", "replace", "title", "capitalize", "find",
-                                          "rfind", "count", "join", "splitlines", "isdigit", "isalpha",
-                                          "isalnum", "isspace", "isupper", "islower", "format", "index", NULL};
+static const char *const str_methods[] = {
+    "upper",      "lower",    "strip",      "lstrip",  "rstrip",     "split",   "rsplit",
+    "startswith", "endswith", "replace",    "title",   "capitalize", "find",    "rfind",
+    "count",      "join",     "splitlines", "isdigit", "isalpha",    "isalnum", "isspace",
+    "isupper",    "islower",  "format",     "index",   NULL};
 static const char *const dict_methods[] = {"items", "keys", "values", "get", NULL};
 static const char *const list_methods[] = {"index", "count", NULL};
 
@@ -1279,8 +1322,8 @@ static int in_list(const char *const *list, const char *name) {
 }
 
 const char *jinja_method_unsafe(struct jinja_value self, const char *name) {
-  static const char *const list_mutators[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
-                                              "reverse", NULL};
+  static const char *const list_mutators[] = {"append", "extend", "insert",  "pop", "remove",
+                                              "clear",  "sort",   "reverse", NULL};
   static const char *const dict_mutators[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
   if (self.type == JINJA_LIST && !self.u.l->is_tuple && in_list(list_mutators, name))
     return "list";
@@ -1303,7 +1346,8 @@ int jinja_method_exists(struct jinja_value self, const char *name) {
 }
 
 /* str.format with positional {} / {0} and named {name} fields (no format specs). */
-static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value self, const struct jinja_args *a) {
+static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value self,
+                                     const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const char *s = self.u.s->data;
   size_t n = self.u.s->len, auto_idx = 0;
@@ -1342,7 +1386,8 @@ static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value s
       v = jinja_arg(a, SIZE_MAX, field);
     }
     if (!v)
-      jinja_fail(st, "Replacement index %s out of range for positional args tuple", field[0] ? field : "0");
+      jinja_fail(st, "Replacement index %s out of range for positional args tuple",
+                 field[0] ? field : "0");
     if (!colon || !colon[1]) {
       jinja_write_str(&b, *v);
     } else { /* [[fill]align][width][.precision][type] */
@@ -1508,8 +1553,12 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
       for (size_t i = 0; i < n;) {
         int32_t c = next_cp(s, n, &i);
         utf8proc_category_t k = utf8proc_category(c);
-        int digit = k == UTF8PROC_CATEGORY_ND, alpha = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
-        int ok = IS("isdigit") ? digit : IS("isalpha") ? alpha : IS("isalnum") ? digit || alpha : py_space(c);
+        int digit = k == UTF8PROC_CATEGORY_ND,
+            alpha = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+        int ok = IS("isdigit")   ? digit
+                 : IS("isalpha") ? alpha
+                 : IS("isalnum") ? digit || alpha
+                                 : py_space(c);
         if (!ok)
           return jinja_bool(0);
       }

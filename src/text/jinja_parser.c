@@ -133,7 +133,8 @@ static struct jinja_node *parse_expression(struct jinja_parser *p, int with_cond
 static struct jinja_node *parse_unary(struct jinja_parser *p, int with_filter);
 static struct jinja_node *parse_primary(struct jinja_parser *p);
 static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_node *node);
-static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline);
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node,
+                                       int start_inline);
 
 static int is_tuple_end(struct jinja_parser *p, const char *extra_end) {
   const struct jinja_token *t = cur(p);
@@ -142,8 +143,8 @@ static int is_tuple_end(struct jinja_parser *p, const char *extra_end) {
   return extra_end && is_name(t, extra_end);
 }
 
-static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr,
-                                      const char *extra_end, int explicit_parens) {
+static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr, const char *extra_end,
+                                      int explicit_parens) {
   struct jinja_nodes items = {0};
   int is_tuple = 0;
   int line = cur(p)->line;
@@ -218,7 +219,8 @@ static const char *parse_dotted_name(struct jinja_parser *p) {
   return name;
 }
 
-static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline) {
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node,
+                                       int start_inline) {
   while (is_op(cur(p), "|") || start_inline) {
     if (!start_inline)
       advance(p);
@@ -507,7 +509,8 @@ static struct jinja_node *parse_compare(struct jinja_parser *p) {
     int op = 0;
     if (t->type == JINJA_TOK_OP) {
       static const char *names[] = {"==", "!=", "<", "<=", ">", ">="};
-      static const int ops[] = {JINJA_OP_EQ, JINJA_OP_NE, JINJA_OP_LT, JINJA_OP_LE, JINJA_OP_GT, JINJA_OP_GE};
+      static const int ops[] = {JINJA_OP_EQ, JINJA_OP_NE, JINJA_OP_LT,
+                                JINJA_OP_LE, JINJA_OP_GT, JINJA_OP_GE};
       for (int i = 0; i < 6; i++)
         if (!strcmp(t->text, names[i]))
           op = ops[i];
@@ -585,7 +588,8 @@ static struct jinja_node *parse_expression(struct jinja_parser *p, int with_cond
 }
 
 /* Assignment targets: a name, ns.attr (WITH_NS), or a tuple of names. */
-static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_ns, const char *extra_end) {
+static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_ns,
+                                              const char *extra_end) {
   struct jinja_nodes items = {0};
   int is_tuple = 0;
   for (;;) {
@@ -803,7 +807,8 @@ static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *
         char tags[256] = "";
         for (size_t i = 0; ends[i]; i++)
           snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s'%s'", i ? " or " : "", ends[i]);
-        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.", tags);
+        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.",
+                   tags);
       }
       break;
     }

@@ -94,8 +94,8 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
   struct jinja_frame *top = jinja_alloc(&st, sizeof(*top));
   memset(top, 0, sizeof(*top));
   top->parent = globals;
-  struct jinja_eval ev = {.st = &st, .out = &out, .frame = top, .globals = globals,
-                          .filter_input = jinja_undefined(NULL)};
+  struct jinja_eval ev = {
+      .st = &st, .out = &out, .frame = top, .globals = globals, .filter_input = jinja_undefined(NULL)};
   jinja_eval_render(&ev, root);
 
   char *result = out.data ? out.data : calloc(1, 1);

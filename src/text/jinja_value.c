@@ -133,7 +133,9 @@ struct jinja_value jinja_undefined(const char *why) {
   v.u.why = why;
   return v;
 }
-struct jinja_value jinja_none(void) { return (struct jinja_value){.type = JINJA_NONE}; }
+struct jinja_value jinja_none(void) {
+  return (struct jinja_value){.type = JINJA_NONE};
+}
 struct jinja_value jinja_bool(int b) {
   struct jinja_value v = {.type = JINJA_BOOL};
   v.u.b = b != 0;
@@ -470,7 +472,8 @@ static void jinja_write_str_repr(struct jinja_buf *b, const char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     utf8proc_int32_t cp;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
     if (k <= 0) { /* invalid byte: Python would hold a surrogate escape; show it as \x.. */
       jinja_buf_addf(b, "\\x%02x", (unsigned char)s[i]);
       i++;
@@ -631,8 +634,7 @@ static void jinja_json_newline(struct jinja_buf *b, const char *indent, int leve
 }
 
 static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const char *indent,
-                                const char *item_sep, const char *key_sep, int sort_keys,
-                                int level) {
+                                const char *item_sep, const char *key_sep, int sort_keys, int level) {
   struct jinja_state *st = b->st;
   jinja_step(st);
   if (++st->depth > JINJA_MAX_DEPTH)
@@ -688,7 +690,8 @@ static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const
       order[i] = i;
     if (sort_keys) /* insertion sort: dicts in templates are small */
       for (size_t i = 1; i < d->n; i++)
-        for (size_t j = i; j > 0 && jinja_compare(st, d->keys[order[j - 1]], d->keys[order[j]]) > 0; j--) {
+        for (size_t j = i; j > 0 && jinja_compare(st, d->keys[order[j - 1]], d->keys[order[j]]) > 0;
+             j--) {
           size_t t = order[j];
           order[j] = order[j - 1];
           order[j - 1] = t;
