@@ -26,6 +26,8 @@ static const char *msg(struct jinja_state *st, const char *fmt, const char *a, c
 static const char *type_repr(struct jinja_state *st, struct jinja_value v) {
   if (v.type == JINJA_NONE)
     return "None";
+  if (v.type == JINJA_STRING && v.markup)
+    return "markupsafe.Markup object";
   return msg(st, "%s object", jinja_type_name(v), NULL);
 }
 
@@ -245,9 +247,19 @@ static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj
   else if (obj.type == JINJA_LIST) {
     items = obj.u.l->items;
     count = obj.u.l->n;
-  } else {
+  } else { /* Jinja2 turns the TypeError into an undefined naming the slice */
     jinja_check_defined(st, obj);
-    jinja_fail(st, "'%s' object is not subscriptable", jinja_type_name(obj));
+    struct jinja_buf b;
+    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+    jinja_buf_adds(&b, type_repr(st, obj));
+    jinja_buf_adds(&b, " has no element slice(");
+    for (int k = 0; k < 3; k++) {
+      if (k)
+        jinja_buf_adds(&b, ", ");
+      jinja_write_repr(&b, sv[k].type == JINJA_UNDEFINED ? jinja_none() : sv[k]);
+    }
+    jinja_buf_adds(&b, ")");
+    return jinja_undefined(jinja_buf_value(&b).u.s->data);
   }
   int64_t start, stop, step;
   slice_bounds(ev, sv, count, &start, &stop, &step);
@@ -834,7 +846,7 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     }
     break;
   default:
-    jinja_fail(st, "cannot evaluate this expression (line %d)", n->line);
+    jinja_fail(st, "cannot evaluate this expression");
   }
   st->depth--;
   return r;
@@ -861,7 +873,7 @@ static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct ji
     for (size_t i = 0; i < count; i++)
       assign(ev, f, target->args[i], items[i]);
   } else {
-    jinja_fail(st, "cannot assign to this target (line %d)", target->line);
+    jinja_fail(st, "cannot assign to this target");
   }
 }
 
@@ -1008,7 +1020,7 @@ static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   case JINJA_N_CONTINUE:
     return ev->loop_depth ? JINJA_FLOW_CONTINUE : JINJA_FLOW_NORMAL;
   default:
-    jinja_fail(st, "cannot execute this statement (line %d)", n->line);
+    jinja_fail(st, "cannot execute this statement");
   }
 }
 

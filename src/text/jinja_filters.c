@@ -750,6 +750,10 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
   struct jinja_state *st = ev->st;
   const struct jinja_value *argv = &args;
   size_t argc = 1, next = 0;
+  /* Python takes any non-tuple with __getitem__ (list, dict, Undefined) for a mapping: a
+   * single argument that may also go unused. */
+  int mapping = (args.type == JINJA_LIST && !args.u.l->is_tuple) || args.type == JINJA_DICT ||
+                args.type == JINJA_UNDEFINED;
   if (args.type == JINJA_LIST && args.u.l->is_tuple) {
     argv = args.u.l->items;
     argc = args.u.l->n;
@@ -852,7 +856,7 @@ struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_valu
       jinja_fail(st, "unsupported format character '%c' (0x%x)", conv, (unsigned char)conv);
     }
   }
-  if (next < argc)
+  if (next < argc && !mapping)
     jinja_fail(st, "not all arguments converted during string formatting");
   return jinja_buf_value(&b);
 }
@@ -1019,6 +1023,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
         jinja_buf_add(&b, chars[i].u.s->data, chars[i].u.s->len);
       return jinja_buf_value(&b);
     }
+    if (in.type != JINJA_LIST && in.type != JINJA_DICT && in.type != JINJA_UNDEFINED)
+      jinja_fail(st, "argument must be iterable");
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
     struct jinja_value l = jinja_list_new(st, n, 0);
@@ -1067,6 +1073,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     struct jinja_value acc = start ? *start : jinja_int(0);
     for (size_t i = 0; i < n; i++) {
       struct jinja_value x = attribute ? get_path(ev, items[i], *attribute) : items[i];
+      jinja_check_defined(st, x);
       if (!jinja_is_number(acc) || !jinja_is_number(x))
         jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc),
                    jinja_type_name(x));
@@ -1211,6 +1218,17 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
       cased = 1;
     }
     return cased;
+  }
+  if (IS("divisibleby") && arg)
+    jinja_check_defined(st, *arg);
+  if ((IS("even") || IS("odd") || IS("divisibleby")) && v.type == JINJA_FLOAT) { /* value % n as Python */
+    double d = IS("divisibleby") ? (arg ? jinja_as_double(*arg) : 1) : 2;
+    if (d == 0)
+      jinja_fail(st, "float modulo");
+    double m = fmod(v.u.f, d);
+    if (m != 0 && ((m < 0) != (d < 0)))
+      m += d;
+    return IS("odd") ? m == 1 : m == 0;
   }
   if (IS("even") || IS("odd") || IS("divisibleby")) {
     jinja_check_defined(st, v);
