@@ -244,7 +244,7 @@ static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj
   struct jinja_value *items;
   if (obj.type == JINJA_STRING)
     items = jinja_eval_iterate(ev, obj, &count);
-  else if (obj.type == JINJA_LIST) {
+  else if (obj.type == JINJA_LIST && !obj.u.l->view) {
     items = obj.u.l->items;
     count = obj.u.l->n;
   } else { /* Jinja2 turns the TypeError into an undefined naming the slice */
@@ -302,6 +302,8 @@ struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value 
   }
   case JINJA_LIST:
   case JINJA_STRING:
+    if ((key.type == JINJA_INT || key.type == JINJA_BOOL) && obj.type == JINJA_LIST && obj.u.l->view)
+      return undef_element(ev, obj, key); /* dict views cannot be indexed */
     if (key.type == JINJA_INT || key.type == JINJA_BOOL) {
       int64_t i = key.type == JINJA_BOOL ? key.u.b : key.u.i;
       if (obj.type == JINJA_LIST) {

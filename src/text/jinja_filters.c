@@ -422,7 +422,8 @@ static void sort_items(struct jinja_eval *ev, struct sort_item *it, size_t n, in
       size_t a = lo, b = mid, k = lo;
       while (a < mid && b < hi) {
         jinja_step(ev->st);
-        int c = jinja_compare(ev->st, it[b].key, it[a].key);
+        /* Jinja2 sorts by one-item key lists, which compare equal items (even Undefined) by ==. */
+        int c = jinja_equal(it[b].key, it[a].key) ? 0 : jinja_compare(ev->st, it[b].key, it[a].key);
         if (reverse ? c > 0 : c < 0)
           tmp[k++] = it[b++];
         else
@@ -887,7 +888,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     r.markup = 1;
     return r;
   }
-  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple)
+  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple && !in.u.l->view)
     return in;
   if (IS("tojson"))
     return tojson(ev, in, a);
@@ -1343,7 +1344,7 @@ const char *jinja_method_unsafe(struct jinja_value self, const char *name) {
   static const char *const list_mutators[] = {"append", "extend", "insert",  "pop", "remove",
                                               "clear",  "sort",   "reverse", NULL};
   static const char *const dict_mutators[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
-  if (self.type == JINJA_LIST && !self.u.l->is_tuple && in_list(list_mutators, name))
+  if (self.type == JINJA_LIST && !self.u.l->is_tuple && !self.u.l->view && in_list(list_mutators, name))
     return "list";
   if (self.type == JINJA_DICT && in_list(dict_mutators, name))
     return "dict";
@@ -1356,8 +1357,8 @@ int jinja_method_exists(struct jinja_value self, const char *name) {
     return in_list(str_methods, name);
   case JINJA_DICT:
     return in_list(dict_methods, name);
-  case JINJA_LIST:
-    return in_list(list_methods, name);
+  case JINJA_LIST: /* dict views have no index/count */
+    return !self.u.l->view && in_list(list_methods, name);
   default:
     return 0;
   }
@@ -1460,12 +1461,16 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
   const struct jinja_value *a0 = jinja_arg(a, 0, NULL), *a1 = jinja_arg(a, 1, NULL);
 #define IS(x) (!strcmp(name, x))
   if (self.type == JINJA_DICT) {
-    if (IS("items"))
-      return items_of(ev, self);
+    if (IS("items")) {
+      struct jinja_value l = items_of(ev, self);
+      l.u.l->view = JINJA_VIEW_ITEMS;
+      return l;
+    }
     if (IS("keys") || IS("values")) {
       struct jinja_value l = jinja_list_new(st, self.u.d->n, 0);
       for (size_t i = 0; i < self.u.d->n; i++)
         l.u.l->items[i] = IS("keys") ? self.u.d->keys[i] : self.u.d->vals[i];
+      l.u.l->view = IS("keys") ? JINJA_VIEW_KEYS : JINJA_VIEW_VALUES;
       return l;
     }
     if (IS("get")) {

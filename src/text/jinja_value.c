@@ -175,6 +175,7 @@ struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple
   struct jinja_list *l = jinja_alloc(st, sizeof(*l));
   l->n = n;
   l->is_tuple = is_tuple;
+  l->view = 0;
   l->items = n ? jinja_alloc(st, n * sizeof(struct jinja_value)) : NULL;
   for (size_t i = 0; i < n; i++)
     l->items[i] = jinja_none();
@@ -300,7 +301,7 @@ static int equal_at(struct jinja_value a, struct jinja_value b, int depth) {
   case JINJA_STRING:
     return a.u.s->len == b.u.s->len && memcmp(a.u.s->data, b.u.s->data, a.u.s->len) == 0;
   case JINJA_LIST:
-    if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->n != b.u.l->n)
+    if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->view != b.u.l->view || a.u.l->n != b.u.l->n)
       return 0;
     for (size_t i = 0; i < a.u.l->n; i++)
       if (!equal_at(a.u.l->items[i], b.u.l->items[i], depth + 1))
@@ -335,6 +336,8 @@ const char *jinja_type_name(struct jinja_value v) {
   case JINJA_STRING:
     return "str";
   case JINJA_LIST:
+    if (v.u.l->view)
+      return v.u.l->view == JINJA_VIEW_KEYS ? "dict_keys" : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values" : "dict_items";
     return v.u.l->is_tuple ? "tuple" : "list";
   case JINJA_DICT:
     return "dict";
@@ -528,6 +531,10 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
+    if (l->view) {
+      jinja_buf_adds(b, jinja_type_name(v));
+      jinja_buf_add(b, "(", 1);
+    }
     jinja_buf_add(b, l->is_tuple ? "(" : "[", 1);
     for (size_t i = 0; i < l->n; i++) {
       if (i)
@@ -537,6 +544,8 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     if (l->is_tuple && l->n == 1)
       jinja_buf_add(b, ",", 1);
     jinja_buf_add(b, l->is_tuple ? ")" : "]", 1);
+    if (l->view)
+      jinja_buf_add(b, ")", 1);
     break;
   }
   case JINJA_DICT:
@@ -662,6 +671,8 @@ static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
+    if (l->view)
+      jinja_fail(st, "Object of type %s is not JSON serializable", jinja_type_name(v));
     if (l->n == 0) {
       jinja_buf_adds(b, "[]");
       break;

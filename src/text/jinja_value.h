@@ -60,8 +60,11 @@ struct jinja_str {
 struct jinja_list {
   size_t n;
   int is_tuple;
+  int view; /* 0, or the dict view this list stands for (d.keys() etc.): JINJA_VIEW_* */
   struct jinja_value *items; /* (n) */
 };
+
+enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS };
 
 struct jinja_dict {
   size_t n, cap;
