@@ -524,7 +524,11 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     jinja_fail(b->st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
   switch (v.type) {
   case JINJA_STRING:
+    if (v.markup)
+      jinja_buf_adds(b, "Markup(");
     jinja_write_str_repr(b, v.u.s->data, v.u.s->len);
+    if (v.markup)
+      jinja_buf_adds(b, ")");
     break;
   case JINJA_UNDEFINED:
     jinja_buf_adds(b, "Undefined");
