@@ -118,6 +118,19 @@ def test_strftime_now(tmp_path):
     assert r.stdout == b"02 Jan 1970|1970-01-02|Friday, January 02"
 
 
+def test_json_number_kinds(tmp_path):
+    """json.loads makes 1.0 a float and 12345678901234567 an int; the CLI keeps both apart."""
+    tmpl = "{{ a }} {{ b }} {{ c | tojson }} {{ a | tojson }} {{ s }} {{ c }} {{ b | sum }}"
+    text = ('{"a": 1.0, "b": [2e3, -0, 12345678901234567, 3, -2.50, 1E2], '
+            '"c": {"d": 0.5, "k\\"1.5": 7, "z": 0.0}, "s": "1.0 \\" 2e3"}')
+    (tmp_path / "t.jinja").write_text(tmpl)
+    (tmp_path / "c.json").write_text(text)
+    r = subprocess.run([BIN, "render-template", str(tmp_path / "t.jinja"), str(tmp_path / "c.json")],
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == render_jinja2(tmpl, json.loads(text))[0]
+
+
 def test_usage_errors(tmp_path):
     assert subprocess.run([BIN, "render-template"], capture_output=True).returncode == 2
     assert subprocess.run([BIN, "render-template", "a"], capture_output=True).returncode == 2
