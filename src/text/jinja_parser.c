@@ -572,7 +572,9 @@ static struct jinja_node *parse_condexpr(struct jinja_parser *p) {
     c->b = e1;
     if (is_name(cur(p), "else")) {
       advance(p);
+      enter(p);
       c->c = parse_condexpr(p);
+      leave(p);
     }
     e1 = c;
   }

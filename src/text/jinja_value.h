@@ -9,7 +9,7 @@
 
 /* Limits that keep untrusted templates bounded (see docs/chat-templates.md). */
 #define JINJA_MAX_STEPS 10000000L           /* expression and statement evaluations per render */
-#define JINJA_MAX_OUTPUT (16u << 20)        /* bytes of rendered text */
+#define JINJA_MAX_OUTPUT (16u << 20)        /* bytes of rendered text, and of any one string */
 #define JINJA_MAX_ARENA ((size_t)256 << 20) /* bytes of values and syntax tree per render */
 #define JINJA_MAX_DEPTH 400                 /* nesting of parsing, evaluation and macro calls */
 

@@ -162,6 +162,14 @@ static void bounds(void) {
   deep[20000] = 0;
   snprintf(tmpl, 20020, "{{ %s }}", deep);
   expect_bounded(tmpl, "nesting");
+  /* A long else-if chain nests in the parser too. */
+  char *chain = malloc(12 * 20000 + 16);
+  size_t at = (size_t)sprintf(chain, "{{ 1");
+  for (int i = 0; i < 20000; i++)
+    at += (size_t)sprintf(chain + at, " if 1 else 1");
+  sprintf(chain + at, " }}");
+  expect_bounded(chain, "nesting");
+  free(chain);
   free(deep);
   free(tmpl);
   /* The default limits are checked through the CLI by tests/py/test_render_template.py (a
