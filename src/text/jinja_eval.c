@@ -89,8 +89,8 @@ static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callabl
   return v;
 }
 
-static const char *const jinja_globals[] = {"range",           "dict",         "namespace",
-                                            "raise_exception", "strftime_now", NULL};
+static const char *const jinja_globals[] = {"range",        "dict",   "namespace", "raise_exception",
+                                            "strftime_now", "joiner", NULL};
 
 static struct jinja_value lookup(struct jinja_eval *ev, const char *name) {
   for (struct jinja_frame *f = ev->frame; f; f = f->parent)
@@ -168,8 +168,8 @@ static struct jinja_value loop_attr(struct jinja_eval *ev, struct jinja_value ob
     return i > 0 ? l->items[i - 1] : jinja_undefined("there is no previous item");
   if (!strcmp(name, "nextitem"))
     return i + 1 < len ? l->items[i + 1] : jinja_undefined("there is no next item");
-  if (!strcmp(name, "cycle"))
-    return callable_new(ev, JINJA_FN_METHOD, "cycle", obj);
+  if (!strcmp(name, "cycle") || !strcmp(name, "changed"))
+    return callable_new(ev, JINJA_FN_METHOD, !strcmp(name, "cycle") ? "cycle" : "changed", obj);
   return undef_attr(ev, obj, name);
 }
 
@@ -441,6 +441,10 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
   }
   if (!strcmp(name, "strftime_now"))
     return strftime_now(ev, jinja_arg(a, 0, "format"));
+  if (!strcmp(name, "joiner")) {
+    const struct jinja_value *sep = jinja_arg(a, 0, "sep");
+    return callable_new(ev, JINJA_FN_JOINER, "joiner", sep ? jinja_to_str(st, *sep) : jinja_str(st, ", "));
+  }
   if (!strcmp(name, "range")) {
     int64_t v[3] = {0, 0, 1};
     if (a->n < 1 || a->n > 3)
@@ -488,6 +492,16 @@ struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
   case JINJA_FN_GLOBAL:
     return call_global(ev, c->name, a);
   case JINJA_FN_METHOD:
+    if (c->self.type == JINJA_LOOP && !strcmp(c->name, "changed")) { /* loop.changed(*values) */
+      struct jinja_loop *l = c->self.u.loop;
+      struct jinja_value now = jinja_list_new(ev->st, a->n, 1);
+      for (size_t i = 0; i < a->n; i++)
+        now.u.l->items[i] = a->pos[i];
+      int changed = !l->changed_called || !jinja_equal(now, l->last_changed);
+      l->last_changed = now;
+      l->changed_called = 1;
+      return jinja_bool(changed);
+    }
     if (c->self.type == JINJA_LOOP) { /* loop.cycle(a, b, ...) */
       if (a->n == 0)
         jinja_fail(ev->st, "no items for cycling given");
@@ -496,6 +510,12 @@ struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
     return jinja_method_call(ev, c->self, c->name, a);
   case JINJA_FN_MACRO:
     return call_macro(ev, c, a);
+  case JINJA_FN_JOINER:
+    if (!fn.u.c->used) {
+      fn.u.c->used = 1;
+      return jinja_str(ev->st, "");
+    }
+    return c->self;
   }
   return jinja_undefined(NULL);
 }
@@ -913,6 +933,7 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   loop->items = items;
   loop->length = count;
   loop->depth = 1; /* depth only grows in recursive loops, which are not supported */
+  loop->changed_called = 0;
   struct jinja_value loopv = {.type = JINJA_LOOP};
   loopv.u.loop = loop;
   ev->loop_depth++;

@@ -18,6 +18,7 @@ enum jinja_callable_kind {
   JINJA_FN_GLOBAL, /* range, dict, namespace, raise_exception, strftime_now (name) */
   JINJA_FN_METHOD, /* a Python method of self: "a".upper, d.items, loop.cycle (name) */
   JINJA_FN_MACRO,  /* a macro or the caller of a call block (node, closure) */
+  JINJA_FN_JOINER, /* joiner(sep): '' on the first call, then sep (self) */
 };
 
 struct jinja_callable {
@@ -27,12 +28,7 @@ struct jinja_callable {
   const struct jinja_node *node; /* JINJA_N_MACRO or JINJA_N_CALL_BLOCK */
   struct jinja_frame *closure;
   struct jinja_value caller; /* for a macro invoked by a call block; else undefined */
-};
-
-struct jinja_loop {
-  size_t index0, length;
-  const struct jinja_value *items; /* (length) the filtered sequence being iterated */
-  int depth;
+  int used;                  /* JINJA_FN_JOINER: called before */
 };
 
 /* Arguments of a call, filter, test or method. */

@@ -588,8 +588,8 @@ void jinja_write_str(struct jinja_buf *b, struct jinja_value v) {
   case JINJA_CALLABLE:
     jinja_buf_adds(b, "<function>");
     return;
-  case JINJA_LOOP:
-    jinja_buf_adds(b, "<LoopContext>");
+  case JINJA_LOOP: /* LoopContext.__repr__ */
+    jinja_buf_addf(b, "<LoopContext %zu/%zu>", v.u.loop->index0 + 1, v.u.loop->length);
     return;
   default:
     jinja_write_repr(b, v);

@@ -72,6 +72,15 @@ struct jinja_dict {
   struct jinja_value *vals; /* (cap) */
 };
 
+/* The state behind a for block's `loop` variable. */
+struct jinja_loop {
+  size_t index0, length;
+  const struct jinja_value *items; /* (length) the filtered sequence being iterated */
+  int depth;
+  struct jinja_value last_changed; /* argument of the previous loop.changed() call */
+  int changed_called;
+};
+
 /* One block of arena memory; chunks form a singly linked list freed at the end of a render. */
 struct jinja_chunk {
   struct jinja_chunk *next;

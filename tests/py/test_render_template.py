@@ -534,6 +534,7 @@ MISC = """{{ "%s-%d" % ("a", 3) }} {{ "%.2f" % 3.14159 }} {{ "%s" % none }} {{ '
 {{ '%5d|%-6.2f|%05d|%x|%o|%c|%+d|%e|%10.3s|' % (42, 3.14159, 7, 255, 8, 65, 5, 12345.678, 'abcdef') }}
 {{ '{:<5}|{:^7}|{:*>4}|{:.2f}|{:8.3f}|{:.1%}|{:.2}'.format('a', 'mid', 7, 3.14159, 2.5, 0.256, 'xyz') }}
 {{ nope | first }}|{{ nope | list }}|{{ nope | sort }}|{{ nope | reverse | list }}|{{ nope | replace('a', 'b') }}|{{ nope | e }}|{{ nope | center(3) }}|{{ nope | max }}|{{ nope | sum }}|{{ nope | unique | list }}|{{ nope | wordcount }}|{{ nope | pprint }}|{{ '%s' % nope }}|{{ nope == 1 }}{{ nope in [1] }}{{ 1 in nope }}
+{% for w in ['a', 'a', 'b', 'a'] %}{% if loop.changed(w) %}[{{ w }}]{% endif %}{{ loop }}{% endfor %} {% set comma = joiner() %}{% for w in words %}{{ comma() }}{{ w }}{% endfor %}|{% set j = joiner(' | ') %}{% for w in words %}{{ j() }}{{ w }}{% endfor %}
 {{ 'ǆa' | title }} {{ 'ß' | upper }} {{ 'İ' | lower | length }} {{ 'ﬁx'.upper() }} {{ 'ßa'.capitalize() }}
 {% macro outer() %}{% macro inner() %}i{% endmacro %}{{ inner() }}o{% endmacro %}{{ outer() }}
 {{ "abc" | batch(2) | list }} {{ (1, 2, 3)[1:] }} {{ (1, 2, 3)[::-1] }} {{ [(1, 2)] }} {{ words | join(', ', attribute=none) }}
