@@ -9,6 +9,8 @@
 #include <time.h>
 
 #include "text/jinja_filters.h"
+#include "text/jinja_methods.h"
+#include "text/jinja_string.h"
 
 enum { JINJA_FLOW_NORMAL, JINJA_FLOW_BREAK, JINJA_FLOW_CONTINUE };
 
@@ -111,6 +113,24 @@ const struct jinja_value *jinja_arg(const struct jinja_args *a, size_t i, const 
   if (i < a->n)
     return &a->pos[i];
   return NULL;
+}
+
+int64_t jinja_arg_int(struct jinja_eval *ev, const struct jinja_value *v, int64_t def) {
+  if (!v || v->type == JINJA_NONE)
+    return def;
+  if (v->type == JINJA_INT)
+    return v->u.i;
+  if (v->type == JINJA_BOOL)
+    return v->u.b;
+  jinja_fail(ev->st, "'%s' object cannot be interpreted as an integer", jinja_type_name(*v));
+}
+
+int jinja_arg_bool(const struct jinja_value *v, int def) { return v ? jinja_truthy(*v) : def; }
+
+const char *jinja_arg_str(struct jinja_eval *ev, const struct jinja_value *v, const char *what) {
+  if (!v || v->type != JINJA_STRING)
+    jinja_fail(ev->st, "%s must be a string", what);
+  return v->u.s->data;
 }
 
 struct jinja_value *jinja_eval_iterate(struct jinja_eval *ev, struct jinja_value v, size_t *n) {
@@ -443,7 +463,8 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
     return strftime_now(ev, jinja_arg(a, 0, "format"));
   if (!strcmp(name, "joiner")) {
     const struct jinja_value *sep = jinja_arg(a, 0, "sep");
-    return callable_new(ev, JINJA_FN_JOINER, "joiner", sep ? jinja_to_str(st, *sep) : jinja_str(st, ", "));
+    return callable_new(ev, JINJA_FN_JOINER, "joiner",
+                        sep ? jinja_to_str(st, *sep) : jinja_str(st, ", "));
   }
   if (!strcmp(name, "range")) {
     int64_t v[3] = {0, 0, 1};
@@ -686,7 +707,7 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
     return l;
   }
   if (op == JINJA_OP_MOD && a.type == JINJA_STRING) /* an Undefined argument formats as '' */
-    return jinja_percent_format(ev, a, b);
+    return jinja_string_percent(ev, a, b);
   if (op == JINJA_OP_MUL) {
     if ((a.type == JINJA_STRING || a.type == JINJA_LIST) &&
         (b.type == JINJA_INT || b.type == JINJA_BOOL))

@@ -64,6 +64,12 @@ struct jinja_value *jinja_eval_iterate(struct jinja_eval *ev, struct jinja_value
 /* The keyword argument NAME, else positional argument I, else NULL. */
 const struct jinja_value *jinja_arg(const struct jinja_args *a, size_t i, const char *name);
 
+/* Argument conversions with Python's errors: an int (NULL or none: DEF), truthiness (NULL: DEF),
+ * a string (WHAT names it in the message). */
+int64_t jinja_arg_int(struct jinja_eval *ev, const struct jinja_value *v, int64_t def);
+int jinja_arg_bool(const struct jinja_value *v, int def);
+const char *jinja_arg_str(struct jinja_eval *ev, const struct jinja_value *v, const char *what);
+
 void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name,
                      struct jinja_value v);
 

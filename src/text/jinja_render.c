@@ -156,8 +156,8 @@ static int keep_literals(cJSON *j, const char *text, const struct number_spans *
         return -1;
       size_t a = sp->start[*next], b = sp->end[*next];
       (*next)++;
-      int is_float_literal = memchr(text + a, '.', b - a) || memchr(text + a, 'e', b - a) ||
-                             memchr(text + a, 'E', b - a);
+      int is_float_literal =
+          memchr(text + a, '.', b - a) || memchr(text + a, 'e', b - a) || memchr(text + a, 'E', b - a);
       double d = j->valuedouble;
       int heuristic_int = d == floor(d) && fabs(d) <= 9007199254740992.0 && !(d == 0 && signbit(d));
       if (is_float_literal == heuristic_int) {

@@ -184,6 +184,13 @@ struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple
   return v;
 }
 
+struct jinja_value jinja_list_from(struct jinja_state *st, const struct jinja_value *items, size_t n) {
+  struct jinja_value l = jinja_list_new(st, n, 0);
+  for (size_t i = 0; i < n; i++)
+    l.u.l->items[i] = items[i];
+  return l;
+}
+
 struct jinja_value jinja_dict_new(struct jinja_state *st) {
   struct jinja_dict *d = jinja_alloc(st, sizeof(*d));
   memset(d, 0, sizeof(*d));
@@ -337,7 +344,9 @@ const char *jinja_type_name(struct jinja_value v) {
     return "str";
   case JINJA_LIST:
     if (v.u.l->view)
-      return v.u.l->view == JINJA_VIEW_KEYS ? "dict_keys" : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values" : "dict_items";
+      return v.u.l->view == JINJA_VIEW_KEYS     ? "dict_keys"
+             : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values"
+                                                : "dict_items";
     return v.u.l->is_tuple ? "tuple" : "list";
   case JINJA_DICT:
     return "dict";

@@ -60,7 +60,7 @@ struct jinja_str {
 struct jinja_list {
   size_t n;
   int is_tuple;
-  int view; /* 0, or the dict view this list stands for (d.keys() etc.): JINJA_VIEW_* */
+  int view;                  /* 0, or the dict view this list stands for (d.keys() etc.): JINJA_VIEW_* */
   struct jinja_value *items; /* (n) */
 };
 
@@ -138,6 +138,8 @@ struct jinja_value jinja_float(double f);
 struct jinja_value jinja_str_n(struct jinja_state *st, const char *s, size_t n);
 struct jinja_value jinja_str(struct jinja_state *st, const char *s);
 struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple);
+/* A list holding copies of ITEMS (n). */
+struct jinja_value jinja_list_from(struct jinja_state *st, const struct jinja_value *items, size_t n);
 struct jinja_value jinja_dict_new(struct jinja_state *st);
 /* Sets KEY (replacing an equal key in place, else appending). */
 void jinja_dict_set(struct jinja_state *st, struct jinja_dict *d, struct jinja_value key,
