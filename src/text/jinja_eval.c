@@ -54,6 +54,11 @@ void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *
       f->vals[i] = v;
       return;
     }
+  jinja_frame_push(st, f, name, v);
+}
+
+void jinja_frame_push(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                      struct jinja_value v) {
   if (f->n == f->cap) {
     size_t cap = f->cap ? f->cap * 2 : 8;
     const char **names = jinja_alloc(st, cap * sizeof(*names));
@@ -95,10 +100,13 @@ static const char *const jinja_globals[] = {"range",        "dict",   "namespace
                                             "strftime_now", "joiner", NULL};
 
 static struct jinja_value lookup(struct jinja_eval *ev, const char *name) {
-  for (struct jinja_frame *f = ev->frame; f; f = f->parent)
+  for (struct jinja_frame *f = ev->frame; f; f = f->parent) {
+    jinja_charge(ev->st,
+                 f->n * 4); /* frames are short; a context with huge numbers of keys is charged */
     for (size_t i = f->n; i-- > 0;)
       if (!strcmp(f->names[i], name))
         return f->vals[i];
+  }
   for (int i = 0; jinja_globals[i]; i++)
     if (!strcmp(jinja_globals[i], name))
       return callable_new(ev, JINJA_FN_GLOBAL, jinja_globals[i], jinja_none());

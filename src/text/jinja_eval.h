@@ -70,7 +70,11 @@ int64_t jinja_arg_int(struct jinja_eval *ev, const struct jinja_value *v, int64_
 int jinja_arg_bool(const struct jinja_value *v, int def);
 const char *jinja_arg_str(struct jinja_eval *ev, const struct jinja_value *v, const char *what);
 
+/* Sets NAME in frame F (replacing it when present). */
 void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name,
                      struct jinja_value v);
+/* Appends NAME without looking for it; lookups find the last binding. */
+void jinja_frame_push(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                      struct jinja_value v);
 
 #endif

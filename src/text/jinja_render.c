@@ -98,9 +98,10 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
   struct jinja_frame *globals = jinja_alloc(&st, sizeof(*globals));
   memset(globals, 0, sizeof(*globals));
   if (context && cJSON_IsObject(context)) {
+    /* Later duplicates shadow earlier ones (lookups scan from the end), so no search is needed. */
     for (const cJSON *c = context->child; c; c = c->next)
       if (c->string)
-        jinja_frame_set(&st, globals, jinja_str(&st, c->string).u.s->data, from_json(&st, c, 0));
+        jinja_frame_push(&st, globals, jinja_str(&st, c->string).u.s->data, from_json(&st, c, 0));
   } else if (context && !cJSON_IsNull(context)) {
     jinja_fail(&st, "the template context must be a JSON object");
   }
