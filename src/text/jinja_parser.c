@@ -316,8 +316,7 @@ static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_nod
         jinja_nodes_push(p->st, &args, parse_subscribed(p));
       }
       expect_op(p, "]");
-      if (args.n == 0)
-        jinja_fail(p->st, "expected subscript expression");
+      /* x[] is accepted by Jinja2 as x[()] (an empty tuple key). */
       struct jinja_node *g = node_new(p, JINJA_N_GETITEM);
       g->a = node;
       if (args.n == 1) {
