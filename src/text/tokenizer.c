@@ -11,6 +11,21 @@
 #include "util/file.h"
 #include "util/log.h"
 
+#define WS_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
+
+/* End of the chunk of S[start, len) that merges cannot leave: up to the next U+2581 that
+ * follows another character (see ws_chunks). */
+static size_t chunk_end(const char *s, size_t len, size_t start) {
+  for (size_t i = start + 1; i + 3 <= len; i++) {
+    if (s[i] != WS_MARK[0] || memcmp(s + i, WS_MARK, 3))
+      continue;
+    /* A character before it in this chunk that is not U+2581 itself: a boundary. */
+    if (i - start < 3 || memcmp(s + i - 3, WS_MARK, 3))
+      return i;
+  }
+  return len;
+}
+
 static int has_suffix(const char *s, const char *suf) {
   size_t n = strlen(s), m = strlen(suf);
   return n >= m && !strcmp(s + n - m, suf);
@@ -190,6 +205,16 @@ int tokenizer_finish(struct tokenizer *t) {
   for (int b = 0; b < 256; b++)
     t->added_start[b + 1] += t->added_start[b];
 
+  t->ws_chunks = !t->byte_level;
+  for (int32_t id = 0; id < n && t->ws_chunks; id++) {
+    size_t len;
+    const char *s = vocab_text(&t->vocab, id, &len);
+    for (size_t i = 3; s && i + 3 <= len; i++)
+      if (!memcmp(s + i, WS_MARK, 3) && memcmp(s + i - 3, WS_MARK, 3)) {
+        t->ws_chunks = 0;
+        break;
+      }
+  }
   for (int b = 0; b < 256; b++) {
     char name[8];
     snprintf(name, sizeof name, "<0x%02X>", b);
@@ -272,8 +297,8 @@ static int add_symbol(struct bpe_work *bw, int32_t id, uint32_t start, uint32_t 
   return 0;
 }
 
-/* Rank BPE on one pre-tokenized word. */
-static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+/* Rank BPE on one pre-tokenized word (or one chunk of it). */
+static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
   const uint8_t *p = (const uint8_t *)s;
   struct bpe_work *bw = &w->bw;
   bw->n_sym = 0;
@@ -319,21 +344,22 @@ static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const
   return emit_symbols(w);
 }
 
-/* SentencePiece BPE (GGUF "llama") on one segment: ' ' -> U+2581, an optional leading one,
- * merges by score, then characters that are no token become byte tokens. */
-static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
-  static const char ws_mark[3] = {(char)0xE2, (char)0x96, (char)0x81};
-  w->word.len = 0;
-  if (t->spm_add_space && text_buf_append(&w->word, ws_mark, 3))
-    return ERR("out of memory");
-  for (size_t i = 0; i < len; i++) {
-    int rc = s[i] == ' ' ? text_buf_append(&w->word, ws_mark, 3) : text_buf_append(&w->word, s + i, 1);
-    if (rc)
-      return ERR("out of memory");
+static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  if (!t->ws_chunks || t->ignore_merges)
+    return encode_chunk_bpe(t, w, s, len);
+  for (size_t start = 0; start < len;) {
+    size_t end = chunk_end(s, len, start);
+    if (encode_chunk_bpe(t, w, s + start, end - start))
+      return -1;
+    start = end;
   }
-  const char *word = w->word.data;
+  return 0;
+}
+
+/* Score merges over one chunk WORD (N bytes); characters left that are no token become byte
+ * tokens (or unk). */
+static int encode_chunk_spm(const struct tokenizer *t, struct encode_ws *w, const char *word, size_t n) {
   const uint8_t *p = (const uint8_t *)word;
-  size_t n = w->word.len;
   struct bpe_work *bw = &w->bw;
   bw->n_sym = 0;
   if (bpe_work_reserve(bw, (int)n + 1))
@@ -364,6 +390,28 @@ static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, co
       if (id >= 0 && emit(w, id))
         return -1;
     }
+  }
+  return 0;
+}
+
+/* SentencePiece BPE (GGUF "llama") on one segment: ' ' -> U+2581, an optional leading one,
+ * merges by score, then characters that are no token become byte tokens. */
+static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  w->word.len = 0;
+  if (t->spm_add_space && text_buf_append(&w->word, WS_MARK, 3))
+    return ERR("out of memory");
+  for (size_t i = 0; i < len; i++) {
+    int rc = s[i] == ' ' ? text_buf_append(&w->word, WS_MARK, 3) : text_buf_append(&w->word, s + i, 1);
+    if (rc)
+      return ERR("out of memory");
+  }
+  if (!t->ws_chunks)
+    return encode_chunk_spm(t, w, w->word.data, w->word.len);
+  for (size_t start = 0; start < w->word.len;) {
+    size_t end = chunk_end(w->word.data, w->word.len, start);
+    if (encode_chunk_spm(t, w, w->word.data + start, end - start))
+      return -1;
+    start = end;
   }
   return 0;
 }

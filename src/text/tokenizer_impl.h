@@ -59,6 +59,9 @@ struct tokenizer {
   int ignore_merges;          /* a word that is a token is taken whole */
   int32_t unk_id;             /* -1 when none */
   int spm_add_space;          /* SPM: each raw segment gets a leading space */
+  int ws_chunks;              /* no token has U+2581 after another character, so no merge can
+                                 cross "x|U+2581": words are merged chunk by chunk (same result,
+                                 but a text without pre-tokenizer is not one huge word) */
 
   struct normalizer norm;
   struct pretokenizer pre;
