@@ -2,6 +2,7 @@
  * segment normalize -> pre-tokenize -> BPE, plus BOS/EOS. */
 #include "text/tokenizer.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,25 +243,67 @@ const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_
 
 /* ---- encoding ---- */
 
-/* Scratch space of one encode call; every buffer grows to the largest word and is reused. */
+/* Scratch space of encoding; every buffer grows to the largest word and is reused. One per
+ * thread (a pthread key), so steady-state encoding allocates nothing and the tokenizer itself
+ * stays read-only and shareable between threads. */
 struct encode_ws {
   struct regex_ctx *rc;
   struct text_buf norm, tmp, word;
   struct piece_list pieces, pieces_tmp;
+  struct pretokenize_scratch pre;
   struct bpe_work bw;
   int32_t *ids; /* (cap) */
   int n, cap;
 };
 
-static void ws_free(struct encode_ws *w) {
+static void ws_free(void *p) {
+  struct encode_ws *w = p;
+  if (!w)
+    return;
   regex_ctx_free(w->rc);
   text_buf_free(&w->norm);
   text_buf_free(&w->tmp);
   text_buf_free(&w->word);
   piece_list_free(&w->pieces);
   piece_list_free(&w->pieces_tmp);
+  pretokenize_scratch_free(&w->pre);
   bpe_work_free(&w->bw);
   free(w->ids);
+  free(w);
+}
+
+static pthread_key_t ws_key;
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+static int ws_key_ok;
+
+static void ws_key_init(void) { ws_key_ok = pthread_key_create(&ws_key, ws_free) == 0; }
+
+/* This thread's workspace, or NULL on allocation failure. */
+static struct encode_ws *ws_get(void) {
+  pthread_once(&ws_once, ws_key_init);
+  struct encode_ws *w = ws_key_ok ? pthread_getspecific(ws_key) : NULL;
+  if (w)
+    return w;
+  w = calloc(1, sizeof *w);
+  if (!w)
+    return NULL;
+  w->rc = regex_ctx_create();
+  if (!w->rc || (ws_key_ok && pthread_setspecific(ws_key, w))) {
+    ws_free(w);
+    return NULL;
+  }
+  return w;
+}
+
+/* After a call: a workspace grown past 16 MiB by one huge text is released, not kept. */
+static void ws_release(struct encode_ws *w) {
+  size_t big = (size_t)16 << 20;
+  if (!ws_key_ok || w->norm.cap > big || w->tmp.cap > big || w->word.cap > big || w->pieces.buf.cap > big ||
+      w->pieces_tmp.buf.cap > big || (size_t)w->cap * 4 > big || (size_t)w->bw.cap * sizeof *w->bw.sym > big) {
+    if (ws_key_ok)
+      pthread_setspecific(ws_key, NULL);
+    ws_free(w);
+  }
 }
 
 static int emit(struct encode_ws *w, int32_t id) {
@@ -424,7 +467,8 @@ static int encode_segment(const struct tokenizer *t, struct encode_ws *w, const 
     return encode_segment_spm(t, w, s, len);
   if (normalizer_apply(&t->norm, w->rc, s, len, &w->norm, &w->tmp))
     return -1;
-  if (pretokenizer_apply(&t->pre, w->rc, w->norm.data, w->norm.len, at_origin, &w->pieces, &w->pieces_tmp))
+  if (pretokenizer_apply(&t->pre, w->rc, w->norm.data, w->norm.len, at_origin, &w->pieces, &w->pieces_tmp,
+                         &w->pre))
     return -1;
   for (int i = 0; i < w->pieces.n; i++)
     if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
@@ -493,14 +537,12 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
                      int parse_special, int32_t *ids, int max_ids) {
   if (!t || (!text && len))
     return ERR("tokenizer_encode: bad arguments");
-  struct encode_ws w = {0};
+  struct encode_ws *w = ws_get();
+  if (!w)
+    return ERR("out of memory");
+  w->n = 0;
   char *fixed = NULL;
   int rc = 0;
-  w.rc = regex_ctx_create();
-  if (!w.rc) {
-    rc = ERR("out of memory");
-    goto done;
-  }
   if (len && !unicode_utf8_valid(text, len)) {
     /* Invalid UTF-8 is read as HF's Python callers would after errors="replace". */
     fixed = malloc(len * 3);
@@ -511,27 +553,27 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
     len = unicode_utf8_repair(text, len, fixed);
     text = fixed;
   }
-  if (add_special && t->add_bos && t->bos_id >= 0 && (rc = emit(&w, t->bos_id)))
+  if (add_special && t->add_bos && t->bos_id >= 0 && (rc = emit(w, t->bos_id)))
     goto done;
   size_t seg = 0;
   while (seg <= len) {
     size_t ms = len, me = len;
     int k = t->n_added ? find_added(t, text, len, seg, parse_special, &ms, &me) : -1;
-    if ((rc = encode_segment(t, &w, text + seg, ms - seg, seg == 0)))
+    if ((rc = encode_segment(t, w, text + seg, ms - seg, seg == 0)))
       goto done;
     if (k < 0)
       break;
-    if ((rc = emit(&w, t->added[k].id)))
+    if ((rc = emit(w, t->added[k].id)))
       goto done;
     seg = me;
   }
-  if (add_special && t->add_eos && t->eos_id >= 0 && (rc = emit(&w, t->eos_id)))
+  if (add_special && t->add_eos && t->eos_id >= 0 && (rc = emit(w, t->eos_id)))
     goto done;
-  if (w.n > 0 && ids && max_ids > 0)
-    memcpy(ids, w.ids, (size_t)(w.n < max_ids ? w.n : max_ids) * sizeof *ids);
-  rc = w.n;
+  if (w->n > 0 && ids && max_ids > 0)
+    memcpy(ids, w->ids, (size_t)(w->n < max_ids ? w->n : max_ids) * sizeof *ids);
+  rc = w->n;
 done:
-  ws_free(&w);
+  ws_release(w);
   free(fixed);
   return rc;
 }
