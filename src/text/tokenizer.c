@@ -3,6 +3,7 @@
 #include "text/tokenizer.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,8 @@ struct tokenizer *tokenizer_load(const char *path) {
   }
   if (rc == 0)
     rc = tokenizer_finish(t);
+  static atomic_uint next_serial = 1;
+  t->serial = atomic_fetch_add(&next_serial, 1);
   if (rc) {
     tokenizer_free(t);
     return NULL;
@@ -246,7 +249,21 @@ const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_
 /* Scratch space of encoding; every buffer grows to the largest word and is reused. One per
  * thread (a pthread key), so steady-state encoding allocates nothing and the tokenizer itself
  * stays read-only and shareable between threads. */
+/* Direct-mapped cache of word -> ids: English text repeats its words, and a hit skips the
+ * merge loop. Keyed by (tokenizer serial, word bytes); a collision just overwrites. */
+#define CACHE_SLOTS 4096
+#define CACHE_WORD 46
+#define CACHE_IDS 14
+
+struct cache_entry {
+  uint32_t serial; /* 0 = empty */
+  uint8_t len, n_ids;
+  char word[CACHE_WORD];
+  int32_t ids[CACHE_IDS];
+};
+
 struct encode_ws {
+  struct cache_entry *cache; /* (CACHE_SLOTS) */
   struct regex_ctx *rc;
   struct text_buf norm, tmp, word;
   struct piece_list pieces, pieces_tmp;
@@ -260,6 +277,7 @@ static void ws_free(void *p) {
   struct encode_ws *w = p;
   if (!w)
     return;
+  free(w->cache);
   regex_ctx_free(w->rc);
   text_buf_free(&w->norm);
   text_buf_free(&w->tmp);
@@ -288,7 +306,8 @@ static struct encode_ws *ws_get(void) {
   if (!w)
     return NULL;
   w->rc = regex_ctx_create();
-  if (!w->rc || (ws_key_ok && pthread_setspecific(ws_key, w))) {
+  w->cache = calloc(CACHE_SLOTS, sizeof *w->cache);
+  if (!w->rc || !w->cache || (ws_key_ok && pthread_setspecific(ws_key, w))) {
     ws_free(w);
     return NULL;
   }
@@ -387,12 +406,53 @@ static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, cons
   return emit_symbols(w);
 }
 
+static struct cache_entry *cache_slot(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  return &w->cache[(vocab_hash(s, len) ^ t->serial) & (CACHE_SLOTS - 1)];
+}
+
+/* Emits the cached ids of word S if present; 1 on a hit. */
+static int cache_lookup(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len, int *rc) {
+  if (len > CACHE_WORD)
+    return 0;
+  struct cache_entry *e = cache_slot(t, w, s, len);
+  if (e->serial != t->serial || e->len != len || memcmp(e->word, s, len))
+    return 0;
+  *rc = 0;
+  for (int i = 0; i < e->n_ids && !*rc; i++)
+    *rc = emit(w, e->ids[i]);
+  return 1;
+}
+
+/* Remembers the ids emitted since FIRST for word S. */
+static void cache_store(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len, int first) {
+  int n = w->n - first;
+  if (len > CACHE_WORD || n > CACHE_IDS)
+    return;
+  struct cache_entry *e = cache_slot(t, w, s, len);
+  e->serial = t->serial;
+  e->len = (uint8_t)len;
+  e->n_ids = (uint8_t)n;
+  memcpy(e->word, s, len);
+  memcpy(e->ids, w->ids + first, (size_t)n * sizeof *e->ids);
+}
+
+/* Rank BPE of one unit (a word, or a chunk of one) through the cache. */
+static int encode_cached_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  int rc, first = w->n;
+  if (cache_lookup(t, w, s, len, &rc))
+    return rc;
+  rc = encode_chunk_bpe(t, w, s, len);
+  if (!rc)
+    cache_store(t, w, s, len, first);
+  return rc;
+}
+
 static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
   if (!t->ws_chunks || t->ignore_merges)
-    return encode_chunk_bpe(t, w, s, len);
+    return encode_cached_bpe(t, w, s, len);
   for (size_t start = 0; start < len;) {
     size_t end = chunk_end(s, len, start);
-    if (encode_chunk_bpe(t, w, s + start, end - start))
+    if (encode_cached_bpe(t, w, s + start, end - start))
       return -1;
     start = end;
   }
@@ -452,7 +512,14 @@ static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, co
     return encode_chunk_spm(t, w, w->word.data, w->word.len);
   for (size_t start = 0; start < w->word.len;) {
     size_t end = chunk_end(w->word.data, w->word.len, start);
-    if (encode_chunk_spm(t, w, w->word.data + start, end - start))
+    const char *c = w->word.data + start;
+    int rc, first = w->n;
+    if (!cache_lookup(t, w, c, end - start, &rc)) {
+      rc = encode_chunk_spm(t, w, c, end - start);
+      if (!rc)
+        cache_store(t, w, c, end - start, first);
+    }
+    if (rc)
       return -1;
     start = end;
   }

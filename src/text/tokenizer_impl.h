@@ -79,6 +79,7 @@ struct tokenizer {
   int32_t bos_id, eos_id;
   int add_bos, add_eos;
   char *chat_template;        /* owned or NULL */
+  uint32_t serial;            /* unique per loaded tokenizer: keys the per-thread word cache */
 };
 
 /* Loaders fill a zeroed tokenizer (vocab first); tokenizer_finish completes the derived
