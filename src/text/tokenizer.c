@@ -120,12 +120,14 @@ void tokenizer_free(struct tokenizer *t) {
   free(t->dec);
   free(t->special);
   free(t->eog);
+  free(t->norm_added);
+  free(t->norm_by_id);
   free(t->chat_template);
   free(t);
 }
 
 int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_t len, int special,
-                        int lstrip, int rstrip, int single_word) {
+                        int lstrip, int rstrip, int single_word, int normalized) {
   if (!len)
     return 0; /* an empty pattern would match everywhere */
   if (id < 0 || id >= t->vocab.n)
@@ -141,7 +143,8 @@ int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_
   s[len] = 0;
   t->added[t->n_added++] = (struct added_token){id, s, (uint32_t)len, (uint8_t)!!special,
                                                 (uint8_t)!!lstrip, (uint8_t)!!rstrip,
-                                                (uint8_t)!!single_word};
+                                                (uint8_t)!!single_word, (uint8_t)!!normalized};
+  t->n_added_normalized += !!normalized;
   return 0;
 }
 
@@ -166,6 +169,31 @@ void tokenizer_mark_eog_by_text(struct tokenizer *t) {
     if (id >= 0 && t->special[id])
       t->eog[id] = 1;
   }
+}
+
+static int cmp_added_id(const void *a, const void *b, void *ctx) {
+  const struct tokenizer *t = ctx;
+  int32_t x = t->added[*(const int32_t *)a].id, y = t->added[*(const int32_t *)b].id;
+  return x < y ? -1 : x > y;
+}
+
+const char *tokenizer_decode_text(const struct tokenizer *t, int32_t id, size_t *len) {
+  if (t->norm_added && t->norm_added[id]) {
+    int lo = 0, hi = t->n_norm_by_id - 1;
+    while (lo <= hi) {
+      int mid = (lo + hi) / 2;
+      const struct added_token *a = &t->added[t->norm_by_id[mid]];
+      if (a->id == id) {
+        *len = a->len;
+        return a->text;
+      }
+      if (a->id < id)
+        lo = mid + 1;
+      else
+        hi = mid - 1;
+    }
+  }
+  return vocab_text(&t->vocab, id, len);
 }
 
 static int cmp_added_len(const void *a, const void *b, void *ctx) {
@@ -194,6 +222,51 @@ int tokenizer_finish(struct tokenizer *t) {
   if (t->eos_id >= 0)
     t->eog[t->eos_id] = 1;
   tokenizer_mark_eog_by_text(t);
+
+  /* HF matches a `normalized` added token by its content passed through the normalizer. */
+  int n_norm = 0;
+  if (t->n_added_normalized && t->norm.n) {
+    t->norm_added = calloc((size_t)n, 1);
+    t->norm_by_id = malloc((size_t)t->n_added_normalized * sizeof *t->norm_by_id);
+    if (!t->norm_added || !t->norm_by_id)
+      return ERR("out of memory");
+    struct regex_ctx *rc = regex_ctx_create();
+    struct text_buf out = {0}, tmp = {0};
+    int bad = !rc;
+    for (int i = 0; i < t->n_added && !bad; i++) {
+      struct added_token *a = &t->added[i];
+      if (!a->normalized)
+        continue;
+      if (normalizer_apply(&t->norm, rc, a->text, a->len, &out, &tmp) || !out.len) {
+        bad = 1;
+        break;
+      }
+      char *m = malloc(out.len + 1);
+      if (!m) {
+        bad = 1;
+        break;
+      }
+      memcpy(m, out.data, out.len);
+      m[out.len] = 0;
+      if (!vocab_text(&t->vocab, a->id, NULL) && vocab_set(&t->vocab, a->id, m, out.len)) {
+        free(m);
+        bad = 1;
+        break;
+      }
+      t->norm_added[a->id] = 1;
+      t->norm_by_id[n_norm++] = i;
+      free(a->text);
+      a->text = m;
+      a->len = (uint32_t)out.len;
+    }
+    regex_ctx_free(rc);
+    text_buf_free(&out);
+    text_buf_free(&tmp);
+    if (bad)
+      return ERR("cannot normalize the added tokens");
+    qsort_r(t->norm_by_id, (size_t)n_norm, sizeof *t->norm_by_id, cmp_added_id, t);
+    t->n_norm_by_id = n_norm;
+  }
 
   /* Added tokens grouped by first byte, longest first: the first hit at a position is the
    * leftmost-longest match HF's Aho-Corasick finds. */
@@ -526,20 +599,43 @@ static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, co
   return 0;
 }
 
+static int encode_normalized(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len,
+                             int at_origin) {
+  if (pretokenizer_apply(&t->pre, w->rc, s, len, at_origin, &w->pieces, &w->pieces_tmp, &w->pre))
+    return -1;
+  for (int i = 0; i < w->pieces.n; i++)
+    if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
+      return -1;
+  return 0;
+}
+
+static int find_added(const struct tokenizer *t, const char *s, size_t len, size_t from, int parse_special,
+                      int normalized, size_t *ms, size_t *me);
+
 static int encode_segment(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len,
-                          int at_origin) {
+                          int at_origin, int parse_special) {
   if (!len)
     return 0;
   if (t->model == TOKENIZER_MODEL_SPM)
     return encode_segment_spm(t, w, s, len);
   if (normalizer_apply(&t->norm, w->rc, s, len, &w->norm, &w->tmp))
     return -1;
-  if (pretokenizer_apply(&t->pre, w->rc, w->norm.data, w->norm.len, at_origin, &w->pieces, &w->pieces_tmp,
-                         &w->pre))
-    return -1;
-  for (int i = 0; i < w->pieces.n; i++)
-    if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
+  if (!t->n_added_normalized)
+    return encode_normalized(t, w, w->norm.data, w->norm.len, at_origin);
+  /* HF's second pass: added tokens with `normalized` are found in the normalized text. */
+  const char *n = w->norm.data;
+  size_t nl = w->norm.len;
+  for (size_t seg = 0; seg <= nl;) {
+    size_t ms = nl, me = nl;
+    int k = find_added(t, n, nl, seg, parse_special, 1, &ms, &me);
+    if (ms > seg && encode_normalized(t, w, n + seg, ms - seg, at_origin && seg == 0))
       return -1;
+    if (k < 0)
+      break;
+    if (emit(w, t->added[k].id))
+      return -1;
+    seg = me;
+  }
   return 0;
 }
 
@@ -554,15 +650,16 @@ static uint32_t cp_before(const char *s, size_t pos, size_t lo, size_t *start) {
   return cp;
 }
 
-/* Finds the leftmost-longest added token in S[from, len) that may match. Returns its index in
+/* Finds the leftmost-longest added token in S[from, len) that may match (among those matched
+ * in raw text, or with NORMALIZED among those matched in normalized text). Returns its index in
  * t->added and the matched span (widened by lstrip/rstrip), or -1. */
 static int find_added(const struct tokenizer *t, const char *s, size_t len, size_t from, int parse_special,
-                      size_t *ms, size_t *me) {
+                      int normalized, size_t *ms, size_t *me) {
   for (size_t pos = from; pos < len; pos++) {
     uint8_t b = (uint8_t)s[pos];
     for (int k = t->added_start[b]; k < t->added_start[b + 1]; k++) {
       const struct added_token *a = &t->added[t->added_index[k]];
-      if (a->special && !parse_special)
+      if ((a->special && !parse_special) || a->normalized != normalized)
         continue;
       if (a->len > len - pos || memcmp(s + pos, a->text, a->len))
         continue;
@@ -625,8 +722,8 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
   size_t seg = 0;
   while (seg <= len) {
     size_t ms = len, me = len;
-    int k = t->n_added ? find_added(t, text, len, seg, parse_special, &ms, &me) : -1;
-    if ((rc = encode_segment(t, w, text + seg, ms - seg, seg == 0)))
+    int k = t->n_added ? find_added(t, text, len, seg, parse_special, 0, &ms, &me) : -1;
+    if ((rc = encode_segment(t, w, text + seg, ms - seg, seg == 0, parse_special)))
       goto done;
     if (k < 0)
       break;

@@ -232,7 +232,7 @@ int tokenizer_load_gguf(struct tokenizer *t, const char *path) {
     /* Control and unknown tokens are special (parse_special only); user-defined ones are
      * always matched in the text, as llama.cpp and HF's non-special added tokens are. */
     if (ty == VOCAB_TYPE_CONTROL || ty == VOCAB_TYPE_UNKNOWN || ty == VOCAB_TYPE_USER_DEFINED) {
-      if (tokenizer_add_added(t, i, s, len, ty != VOCAB_TYPE_USER_DEFINED, 0, 0, 0))
+      if (tokenizer_add_added(t, i, s, len, ty != VOCAB_TYPE_USER_DEFINED, 0, 0, 0, 0))
         goto out;
     }
   }

@@ -535,15 +535,21 @@ int tokenizer_load_json(struct tokenizer *t, const char *json_path, const char *
       goto out;
     t->vocab.type[it->valueint] = VOCAB_TYPE_NORMAL;
   }
+  const cJSON *norm_j = cJSON_GetObjectItemCaseSensitive(j, "normalizer");
+  int t_has_normalizer = norm_j && !cJSON_IsNull(norm_j);
   cJSON_ArrayForEach(it, added) {
     int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
     const char *c = jstr(it, "content");
     int special = jbool(it, "special", 0);
-    if (!vocab_text(&t->vocab, id, NULL) && vocab_set(&t->vocab, id, c, strlen(c)))
+    /* A token normalized like the text only differs from raw matching when there is a
+     * normalizer (HF's default for `normalized` is !special); HF then also spells a new
+     * token by its normalized content (set in tokenizer_finish). */
+    int normalized = t_has_normalizer && jbool(it, "normalized", !special);
+    if (!vocab_text(&t->vocab, id, NULL) && !normalized && vocab_set(&t->vocab, id, c, strlen(c)))
       goto out;
     t->vocab.type[id] = special ? VOCAB_TYPE_CONTROL : VOCAB_TYPE_USER_DEFINED;
     if (tokenizer_add_added(t, id, c, strlen(c), special, jbool(it, "lstrip", 0), jbool(it, "rstrip", 0),
-                            jbool(it, "single_word", 0)))
+                            jbool(it, "single_word", 0), normalized))
       goto out;
   }
   t->model = TOKENIZER_MODEL_BPE;
