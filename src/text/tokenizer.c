@@ -701,6 +701,9 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
                      int parse_special, int32_t *ids, int max_ids) {
   if (!t || (!text && len))
     return ERR("tokenizer_encode: bad arguments");
+  /* Offsets and counts inside are 32-bit; a text this large is refused, not truncated. */
+  if (len > (size_t)1 << 29)
+    return ERR("text too long to tokenize (%zu bytes; the limit is 512 MiB)", len);
   struct encode_ws *w = ws_get();
   if (!w)
     return ERR("out of memory");

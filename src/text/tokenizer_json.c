@@ -243,8 +243,10 @@ static int load_decoder(struct tokenizer *t, const cJSON *d) {
     st.kind = DECODE_STRIP;
     const char *c = jstr(d, "content");
     const cJSON *start = cJSON_GetObjectItemCaseSensitive(d, "start");
-    if (!c || strlen(c) != 1)
-      return ERR("tokenizer.json: Strip decoder supports one ASCII character");
+    if (!c || strlen(c) != 1) {
+      log_warn("tokenizer.json: Strip decoder with a non-ASCII content ignored");
+      return 0;
+    }
     st.ch = c[0];
     st.count = cJSON_IsNumber(start) ? start->valueint : 0;
   } else if (!strcmp(type, "Replace")) {
