@@ -217,6 +217,19 @@ static void special_checks(void) {
     CHECK(b > 3 && ids[0] != 32010, "<|user|> parsed without parse_special");
     CHECK(tokenizer_is_eog(t, 32007) && tokenizer_is_eog(t, 32000), "<|end|> and <|endoftext|> end generation");
     CHECK(tokenizer_chat_template(t) != NULL, "phi-3 chat template missing");
+    /* The GGUF of the same vocabulary gives the same ids for a chat prompt (its token flags
+     * come from llama.cpp's Phi-3 rules, those of the JSON from its added_tokens). */
+    const char *g = test_shared_path("vocab/ggml-vocab-phi-3.gguf");
+    struct tokenizer *tg = g ? tokenizer_load(g) : NULL;
+    const char *chat = "<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi</s> there<|end|>\n<|assistant|>\n";
+    for (int parse = 0; tg && parse < 2; parse++) {
+      int32_t a2[128], b2[128];
+      int na = tokenizer_encode(t, chat, strlen(chat), 0, parse, a2, 128);
+      int nb = tokenizer_encode(tg, chat, strlen(chat), 0, parse, b2, 128);
+      CHECK(na > 0 && na == nb && !memcmp(a2, b2, (size_t)na * sizeof *a2),
+            "phi-3 chat prompt (parse_special=%d): json %d ids, gguf %d ids", parse, na, nb);
+    }
+    tokenizer_free(tg);
   }
   tokenizer_free(t);
 }
