@@ -152,6 +152,34 @@ static int vocab_suite(const char *gguf_rel, const char *name) {
   return 0;
 }
 
+/* Byte-level BPE splits a 4-byte character over several tokens: nothing is emitted until the
+ * character is complete. */
+static void byte_level_stream_check(void) {
+  const char *p = test_shared_path("vocab/ggml-vocab-gpt-2.gguf");
+  struct tokenizer *t = p ? tokenizer_load(p) : NULL;
+  if (!t)
+    return;
+  const char *s = "\xf0\x9f\xa6\x99!";
+  int32_t ids[16];
+  int n = tokenizer_encode(t, s, strlen(s), 0, 0, ids, 16);
+  CHECK(n >= 3, "gpt-2: U+1F999 should take several byte-level tokens (%d ids)", n);
+  struct detokenizer *d = detokenizer_create(t, 0);
+  char out[256], all[64] = {0};
+  size_t len = 0;
+  for (int i = 0; i < n && i < 16; i++) {
+    int k = detokenizer_push(d, ids[i], out, sizeof out);
+    CHECK(k >= 0, "push failed");
+    if (k > 0) {
+      CHECK(len == 0 && k >= 4 && !memcmp(out, s, 4), "delta %d is not the whole character", i);
+      memcpy(all + len, out, (size_t)k);
+      len += (size_t)k;
+    }
+  }
+  CHECK(len == strlen(s) && !memcmp(all, s, len), "byte-level stream gave %zu bytes", len);
+  detokenizer_free(d);
+  tokenizer_free(t);
+}
+
 /* Special-token handling on the SPM GGUF (BOS from its metadata) and Phi-3's tokenizer.json. */
 static void special_checks(void) {
   const char *spm = test_shared_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -265,5 +293,6 @@ int main(void) {
   free_cases(&c);
 
   special_checks();
+  byte_level_stream_check();
   return test_finish("test_tokenizer_vocab");
 }
