@@ -162,7 +162,7 @@ int tokenizer_add_decode(struct tokenizer *t, struct decode_step step) {
 
 void tokenizer_mark_eog_by_text(struct tokenizer *t) {
   static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                      "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                                      "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>",
                                       "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     int32_t id = vocab_find(&t->vocab, names[i], strlen(names[i]));

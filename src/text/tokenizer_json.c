@@ -403,6 +403,27 @@ static int load_config(struct tokenizer *t, const char *dir, int found_bos, int 
     t->add_bos = found_bos;
     t->add_eos = found_eos;
   }
+  /* Newer checkpoints keep the template beside the config: chat_template.jinja, or
+   * chat_template.json {"chat_template": "..."}. */
+  if (!t->chat_template) {
+    snprintf(path, n, "%s/chat_template.jinja", dir);
+    if (file_exists(path)) {
+      t->chat_template = file_read_all(path, NULL);
+      if (!t->chat_template)
+        err_clear();
+    }
+  }
+  if (!t->chat_template) {
+    snprintf(path, n, "%s/chat_template.json", dir);
+    cJSON *ct = file_exists(path) ? read_json(path, 0) : NULL;
+    const char *s = ct ? jstr(ct, "chat_template") : NULL;
+    if (s && !(t->chat_template = strdup(s))) {
+      cJSON_Delete(ct);
+      free(path);
+      return ERR("out of memory");
+    }
+    cJSON_Delete(ct);
+  }
   free(path);
   return 0;
 }
