@@ -589,8 +589,21 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
   if (scheduler_schedule(&e->sched, &o))
     return PAGODA_ERR_OUT_OF_MEMORY;
   if (o->num_items) {
-    if (run_batch(e, o))
+    if (run_batch(e, o)) {
+      /* The device failed this batch: its requests end (reported as aborted, blocks freed) and
+       * the engine keeps serving the others. */
+      log_error("forward pass failed: %s", err_last_where());
+      for (int b = 0; b < o->num_items; b++) {
+        struct request *r = ((struct sequence *)o->items[b].seq)->req;
+        for (int k = 0; k < r->n_seqs; k++)
+          if (!r->seqs[k].finish) {
+            r->seqs[k].finish = PAGODA_FINISH_ABORT;
+            finish_seq(e, &r->seqs[k]);
+          }
+      }
+      collect_outputs(e, n_outs);
       return PAGODA_ERR_BACKEND;
+    }
     e->steps++;
     scheduler_update(&e->sched);
     /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
