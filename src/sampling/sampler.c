@@ -126,16 +126,18 @@ static float max_of(const float *x, int n) {
 
 /* exp(x) for x <= 0, vectorizable: x = k ln2 + r with |r| <= ln2/2 (Cody-Waite split of ln2),
  * e^r by its degree-6 Taylor polynomial (relative error < 2e-7), 2^k through the exponent bits.
- * Below -87.3 (and -inf) it is 0, as the probability of such a token is below FLT_MIN. */
+ * Below -87.3 (and -inf, NaN) it is 0, as the probability of such a token is below FLT_MIN;
+ * above 0 it is clamped to 1 (callers pass logit - max <= 0). */
 static inline float exp_nonpos(float x) {
-  float k = rintf(x * 1.44269504f);
-  float r = x - k * 0.693145752f - k * 1.42860677e-6f;
+  float xc = x > -87.3f ? (x < 0 ? x : 0) : -87.3f; /* clamped (NaN too): the int conversion is defined */
+  float k = rintf(xc * 1.44269504f);
+  float r = xc - k * 0.693145752f - k * 1.42860677e-6f;
   float p = 1 + r * (1 + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
   union {
     int32_t i;
     float f;
   } sc;
-  sc.i = ((int32_t)k + 127) << 23;
+  sc.i = (int32_t)((uint32_t)((int32_t)k + 127) << 23); /* k in [-126, 0] */
   return x >= -87.3f ? p * sc.f : 0.0f;
 }
 
