@@ -243,7 +243,13 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
       t->data = NULL;
       continue; /* unsupported types are reported by whoever asks for the tensor */
     }
-    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    int64_t n = t->ne[0], n2, n3;
+    if (__builtin_mul_overflow(n, t->ne[1], &n2) || __builtin_mul_overflow(n2, t->ne[2], &n3) ||
+        __builtin_mul_overflow(n3, t->ne[3], &n) || n > (int64_t)g->map.size) {
+      ERR("%s: tensor '%s' has more elements than the file can hold", name, t->name);
+      free(offsets);
+      goto fail;
+    }
     if (t->dtype == DTYPE_Q8_0 && t->ne[0] % Q8_0_BLOCK) {
       ERR("%s: tensor '%s': q8_0 row length %lld is not a multiple of 32", name, t->name,
           (long long)t->ne[0]);

@@ -102,8 +102,10 @@ static size_t mutate(uint8_t *buf, size_t len, size_t cap) {
           n = len - src;
         if (len + n > cap)
           n = cap - len;
+        uint8_t chunk[16];
+        memcpy(chunk, buf + src, n);
         memmove(buf + pos + n, buf + pos, len - pos);
-        memcpy(buf + pos, buf + src, n);
+        memcpy(buf + pos, chunk, n);
         len += n;
       }
       break;

@@ -1,0 +1,289 @@
+/* model_file.c - opens HF safetensors directories and GGUF files as a struct model_file. */
+#include "model/model_file.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+#include "util/file.h"
+#include "util/log.h"
+
+struct model_file_priv {
+  struct gguf_file *gguf;       /* GGUF input, or NULL */
+  struct safetensors_set *st;   /* HF input, or NULL */
+  char *where;                  /* the file named in messages about missing tensors; owned */
+  void **copies;                /* (n_copies) aligned copies of misaligned tensors; owned */
+  int n_copies;
+};
+
+/* One tensor as found in either format, before checking. */
+struct raw_tensor {
+  int dtype;               /* enum dtype, or -1 when the format's type is unsupported */
+  unsigned gguf_type;      /* GGUF only, for messages */
+  int n_dims;
+  int64_t rows, cols;      /* (rows, cols) = torch (out, in); 1-D: rows = 1 */
+  int64_t extra;           /* 1 when any further dimensions are all 1, else 2 */
+  const void *data;
+  size_t nbytes;
+  const char *file;
+};
+
+static int find_raw(const struct model_file_priv *p, const char *name, struct raw_tensor *r) {
+  memset(r, 0, sizeof *r);
+  if (p->gguf) {
+    const struct gguf_tensor *t = gguf_find_tensor(p->gguf, name);
+    if (!t)
+      return -1;
+    r->dtype = t->dtype;
+    r->gguf_type = t->ggml_type;
+    r->n_dims = t->n_dims;
+    /* ggml's ne[0] is the contiguous (input) dimension: torch (rows, cols) = (ne[1], ne[0]). */
+    r->cols = t->ne[0];
+    r->rows = t->ne[1];
+    /* Only whether further dimensions exist matters; their product could overflow for the
+     * tensors of unsupported types, whose sizes the parser does not bound. */
+    r->extra = t->ne[2] == 1 && t->ne[3] == 1 ? 1 : 2;
+    r->data = t->data;
+    r->nbytes = t->nbytes;
+    r->file = p->where;
+    return 0;
+  }
+  const struct safetensors_tensor *t = safetensors_set_find(p->st, name);
+  if (!t)
+    return -1;
+  r->dtype = (int)t->dtype;
+  r->n_dims = t->n_dims;
+  r->rows = t->n_dims >= 2 ? t->shape[t->n_dims - 2] : 1;
+  r->cols = t->n_dims >= 1 ? t->shape[t->n_dims - 1] : 1;
+  r->extra = 1;
+  for (int i = 0; i + 2 < t->n_dims; i++)
+    if (t->shape[i] != 1)
+      r->extra = 2;
+  r->data = t->data;
+  r->nbytes = t->nbytes;
+  r->file = t->file;
+  return 0;
+}
+
+/* Alignment element reads need: F32 4; F16, BF16 and Q8_0 (blocks start with an f16 scale) 2. */
+static size_t dtype_align(enum dtype t) { return t == DTYPE_F32 ? 4 : 2; }
+
+/* Looks up NAME and checks it is a ROWS x COLS matrix (ONE_D: a vector of COLS) of a readable
+ * dtype. OPTIONAL tensors may be absent (OUT->data stays NULL). */
+static int take(struct model_file *mf, struct host_tensor *out, const char *name, int64_t rows,
+                int64_t cols, int one_d, int optional) {
+  struct model_file_priv *p = mf->priv;
+  struct raw_tensor r;
+  memset(out, 0, sizeof *out);
+  if (find_raw(p, name, &r) != 0)
+    return optional ? 0 : ERR("%s: tensor '%s' is missing", p->where, name);
+  if (r.dtype < 0)
+    return ERR("%s: tensor '%s' has ggml type %u, which pagoda cannot read (F32, F16, BF16 and "
+               "Q8_0 are supported)", r.file, name, r.gguf_type);
+  if (one_d && r.dtype == DTYPE_Q8_0)
+    return ERR("%s: tensor '%s' is a vector stored as Q8_0 (norms and biases must be F32, F16 or "
+               "BF16)", r.file, name);
+  int dims_ok = one_d ? r.n_dims == 1 : r.n_dims == 2;
+  if (!dims_ok || r.extra != 1 || r.rows != rows || r.cols != cols) {
+    if (one_d)
+      return ERR("%s: tensor '%s' has shape %s(%lld, %lld), expected a vector of %lld", r.file,
+                 name, r.n_dims == 1 ? "1-D " : "", (long long)r.rows, (long long)r.cols,
+                 (long long)cols);
+    return ERR("%s: tensor '%s' has %d-D shape (%lld, %lld), expected (%lld, %lld) from the "
+               "config", r.file, name, r.n_dims, (long long)r.rows, (long long)r.cols,
+               (long long)rows, (long long)cols);
+  }
+  out->dtype = (enum dtype)r.dtype;
+  out->rows = one_d ? 1 : rows;
+  out->cols = cols;
+  out->data = r.data;
+  /* The safetensors format does not promise alignment; consumers read elements directly. */
+  if ((uintptr_t)r.data % dtype_align(out->dtype)) {
+    void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->n_copies + 1));
+    void *copy = malloc(r.nbytes ? r.nbytes : 1);
+    if (!nc || !copy) {
+      free(copy);
+      if (nc)
+        p->copies = nc;
+      return ERR("%s: out of memory copying tensor '%s'", r.file, name);
+    }
+    p->copies = nc;
+    memcpy(copy, r.data, r.nbytes);
+    p->copies[p->n_copies++] = copy;
+    out->data = copy;
+  }
+  return 0;
+}
+
+static int load_hf_tensors(struct model_file *mf) {
+  const struct model_config *c = &mf->config;
+  int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim,
+          kv = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
+  char n[160];
+  if (take(mf, &mf->tok_embd, "model.embed_tokens.weight", c->vocab_size, dim, 0, 0) ||
+      take(mf, &mf->out_norm, "model.norm.weight", 1, dim, 1, 0))
+    return -1;
+  /* transformers drops lm_head.weight from tied checkpoints and ties when asked to even if
+   * one was stored. */
+  if (!mf->config.tie_embeddings &&
+      take(mf, &mf->lm_head, "lm_head.weight", c->vocab_size, dim, 0, 1))
+    return -1;
+  if (!mf->lm_head.data) {
+    mf->lm_head = mf->tok_embd;
+    mf->config.tie_embeddings = 1;
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    struct layer_tensors *L = &mf->layers[i];
+#define T(field, suffix, r, cc, one_d, opt)                               \
+  snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                 \
+  if (take(mf, &L->field, n, r, cc, one_d, opt))                          \
+    return -1;
+    T(attn_norm, "input_layernorm.weight", 1, dim, 1, 0)
+    T(wq, "self_attn.q_proj.weight", q, dim, 0, 0)
+    T(wk, "self_attn.k_proj.weight", kv, dim, 0, 0)
+    T(wv, "self_attn.v_proj.weight", kv, dim, 0, 0)
+    T(wo, "self_attn.o_proj.weight", dim, q, 0, 0)
+    if (c->qkv_bias) {
+      T(bq, "self_attn.q_proj.bias", 1, q, 1, 0)
+      T(bk, "self_attn.k_proj.bias", 1, kv, 1, 0)
+      T(bv, "self_attn.v_proj.bias", 1, kv, 1, 0)
+    }
+    T(ffn_norm, "post_attention_layernorm.weight", 1, dim, 1, 0)
+    T(w_gate, "mlp.gate_proj.weight", ffn, dim, 0, 0)
+    T(w_up, "mlp.up_proj.weight", ffn, dim, 0, 0)
+    T(w_down, "mlp.down_proj.weight", dim, ffn, 0, 0)
+#undef T
+  }
+  return 0;
+}
+
+static int load_gguf_tensors(struct model_file *mf) {
+  const struct model_config *c = &mf->config;
+  int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim,
+          kv = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
+  char n[160];
+  if (take(mf, &mf->tok_embd, "token_embd.weight", c->vocab_size, dim, 0, 0) ||
+      take(mf, &mf->out_norm, "output_norm.weight", 1, dim, 1, 0) ||
+      take(mf, &mf->lm_head, "output.weight", c->vocab_size, dim, 0, 1) ||
+      take(mf, &mf->rope_freqs, "rope_freqs.weight", 1, c->head_dim / 2, 1, 1))
+    return -1;
+  if (!mf->lm_head.data) {
+    mf->lm_head = mf->tok_embd;
+    mf->config.tie_embeddings = 1;
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    struct layer_tensors *L = &mf->layers[i];
+#define T(field, suffix, r, cc, one_d, opt)                               \
+  snprintf(n, sizeof n, "blk.%d.%s", i, suffix);                          \
+  if (take(mf, &L->field, n, r, cc, one_d, opt))                          \
+    return -1;
+    T(attn_norm, "attn_norm.weight", 1, dim, 1, 0)
+    T(wq, "attn_q.weight", q, dim, 0, 0)
+    T(wk, "attn_k.weight", kv, dim, 0, 0)
+    T(wv, "attn_v.weight", kv, dim, 0, 0)
+    T(wo, "attn_output.weight", dim, q, 0, 0)
+    if (c->qkv_bias) {
+      T(bq, "attn_q.bias", 1, q, 1, 0)
+      T(bk, "attn_k.bias", 1, kv, 1, 0)
+      T(bv, "attn_v.bias", 1, kv, 1, 0)
+    }
+    T(ffn_norm, "ffn_norm.weight", 1, dim, 1, 0)
+    T(w_gate, "ffn_gate.weight", ffn, dim, 0, 0)
+    T(w_up, "ffn_up.weight", ffn, dim, 0, 0)
+    T(w_down, "ffn_down.weight", dim, ffn, 0, 0)
+#undef T
+  }
+  return 0;
+}
+
+static char *path_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, "%s/%s", dir, name);
+  return s;
+}
+
+static int open_hf(struct model_file *mf, const char *dir) {
+  struct model_file_priv *p = mf->priv;
+  char *cfg = path_join(dir, "config.json");
+  if (!cfg)
+    return ERR("out of memory");
+  if (!file_exists(cfg)) {
+    ERR("%s: no config.json in the model directory", dir);
+    free(cfg);
+    return -1;
+  }
+  int rc = config_from_hf_file(&mf->config, cfg);
+  free(cfg);
+  if (rc)
+    return -1;
+  if (!(p->st = safetensors_set_open(dir)))
+    return -1;
+  p->where = p->st->index_path ? strdup(p->st->index_path) : strdup(p->st->files[0]->name);
+  if (!p->where)
+    return ERR("out of memory");
+  return 0;
+}
+
+static int open_gguf(struct model_file *mf, const char *path) {
+  struct model_file_priv *p = mf->priv;
+  if (!(p->gguf = gguf_open(path)))
+    return -1;
+  if (!(p->where = strdup(path)))
+    return ERR("out of memory");
+  return config_from_gguf(&mf->config, p->gguf, path);
+}
+
+struct model_file *model_file_open(const char *path) {
+  struct model_file *mf = calloc(1, sizeof *mf);
+  struct model_file_priv *p = calloc(1, sizeof *p);
+  if (!mf || !p) {
+    free(mf);
+    free(p);
+    ERR("out of memory");
+    return NULL;
+  }
+  mf->priv = p;
+  int rc;
+  if (file_is_dir(path)) {
+    rc = open_hf(mf, path);
+  } else if (file_exists(path)) {
+    rc = open_gguf(mf, path);
+  } else {
+    rc = ERR("%s: no such model file or directory", path);
+  }
+  if (rc == 0) {
+    mf->layers = calloc((size_t)mf->config.n_layers, sizeof *mf->layers);
+    if (!mf->layers)
+      rc = ERR("%s: out of memory", path);
+  }
+  if (rc == 0)
+    rc = p->gguf ? load_gguf_tensors(mf) : load_hf_tensors(mf);
+  if (rc) {
+    model_file_close(mf);
+    return NULL;
+  }
+  mf->config.weight_dtype = mf->layers[0].wq.dtype;
+  return mf;
+}
+
+void model_file_close(struct model_file *mf) {
+  if (!mf)
+    return;
+  struct model_file_priv *p = mf->priv;
+  if (p) {
+    gguf_close(p->gguf);
+    safetensors_set_close(p->st);
+    for (int i = 0; i < p->n_copies; i++)
+      free(p->copies[i]);
+    free(p->copies);
+    free(p->where);
+    free(p);
+  }
+  free(mf->layers);
+  free(mf);
+}

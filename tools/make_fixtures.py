@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""make_fixtures.py - tiny random-weight transformers models and their logits, for pagoda's tests.
+
+Each fixture is a directory written by transformers' save_pretrained (config.json, safetensors
+weights), plus tokens.json (the input token ids, a JSON list) and logits.bin (float32
+little-endian, shape (n_tokens, vocab_size): model(input_ids).logits of one sequence, computed
+in float32 eval mode with eager attention on the CPU). Seeds are fixed; the script reloads every
+saved fixture and checks that the reloaded model reproduces the logits it wrote.
+
+Usage: python3 make_fixtures.py --out DIR [--only NAME ...]
+Needs torch and transformers (4.45+ or 5.x).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import traceback
+
+# Input ids shared by every fixture: spread over the vocabulary, with repeats (the same token at
+# two positions must give different logits through RoPE) and the first and last ids.
+TOKENS = [1, 17, 200, 43, 43, 255, 0, 128, 77, 17, 9, 250]
+VOCAB = 256
+
+
+def specs():
+    """name -> (class name, config kwargs, extra). All: vocab 256, hidden 64, 2 layers."""
+    base = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, max_position_embeddings=256,
+                initializer_range=0.1, bos_token_id=1, eos_token_id=2, hidden_act="silu")
+    return {
+        # Llama-2-like: multi-head attention, untied classifier.
+        "llama": ("LlamaForCausalLM",
+                  dict(base, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False), {}),
+        # Llama-3-like: GQA, llama3 RoPE scaling, tied embeddings, eos as a list. The scaling
+        # factors are Llama-3.1's (8, 1, 4); original_max_position_embeddings is 64 instead of
+        # 8192 so that, at these 12 positions, all three frequency bands (kept, smoothed,
+        # divided by 8) change the logits measurably.
+        "llama3": ("LlamaForCausalLM",
+                   dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                        eos_token_id=[2, 3],
+                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0,
+                                          original_max_position_embeddings=64)), {}),
+        # head_dim (32) != hidden / heads (16), with GQA.
+        "llama_hd": ("LlamaForCausalLM",
+                     dict(base, intermediate_size=128, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                          rope_theta=10000.0, tie_word_embeddings=False), {}),
+        "mistral": ("MistralForCausalLM",
+                    dict(base, intermediate_size=112, num_attention_heads=8,
+                         num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                         sliding_window=None, tie_word_embeddings=False), {}),
+        "qwen2": ("Qwen2ForCausalLM",
+                  dict(base, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
+                       tie_word_embeddings=False), {}),
+        "llama_bf16": ("LlamaForCausalLM",
+                       dict(base, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                            tie_word_embeddings=False), {"bf16": True}),
+        "llama_sharded": ("LlamaForCausalLM",
+                          dict(base, intermediate_size=128, num_attention_heads=4,
+                               num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                               tie_word_embeddings=False), {"shards": 2}),
+    }
+
+
+def version_tuple(v):
+    out = []
+    for part in v.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def make_config(transformers, cls_name, kw):
+    """The config object; transformers 5 takes RoPE settings as one rope_parameters dict."""
+    kw = dict(kw)
+    cfg_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+    if version_tuple(transformers.__version__) >= (5, 0):
+        rope = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+        scaling = kw.pop("rope_scaling", None)
+        if scaling:
+            rope.update(scaling)
+        kw["rope_parameters"] = rope
+    cfg = cfg_cls(**kw)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def randomize_extras(torch, model, seed):
+    """transformers initialises RMSNorm weights to 1 and biases to 0; give them random values so
+    that a loader or forward pass that drops or misplaces them changes the logits."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+
+def logits_of(torch, model):
+    ids = torch.tensor([TOKENS], dtype=torch.long)
+    with torch.no_grad():
+        return model(input_ids=ids).logits[0].float().contiguous()
+
+
+def save(model, out, max_shard_size=None):
+    kw = {}
+    if max_shard_size is not None:
+        kw["max_shard_size"] = max_shard_size
+    try:
+        model.save_pretrained(out, safe_serialization=True, **kw)
+    except TypeError:  # transformers 5 always writes safetensors and dropped the flag
+        model.save_pretrained(out, **kw)
+
+
+def load(transformers, torch, cls_name, out):
+    cls = getattr(transformers, cls_name)
+    try:
+        return cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
+    except TypeError:
+        return cls.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager")
+
+
+def total_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.state_dict().values())
+
+
+def build(torch, transformers, name, cls_name, kw, extra, out, seed):
+    torch.manual_seed(seed)
+    cfg = make_config(transformers, cls_name, kw)
+    model = getattr(transformers, cls_name)(cfg).float().eval()
+    randomize_extras(torch, model, seed)
+    if extra.get("bf16"):
+        # Save bf16 weights; the reference logits come from those same (rounded) weights upcast.
+        # save_pretrained records the parameters' dtype in config.json (checked below).
+        model = model.to(torch.bfloat16)
+        save(model, out)
+    elif extra.get("shards"):
+        # Shards hold whole tensors: find a limit that gives exactly the wanted count.
+        for frac in (0.6, 0.55, 0.7, 0.5, 0.8, 0.45, 0.9):
+            for f in os.listdir(out):
+                os.remove(os.path.join(out, f))
+            save(model, out, max_shard_size=int(total_bytes(model) * frac))
+            n = sum(f.endswith(".safetensors") for f in os.listdir(out))
+            if n == extra["shards"]:
+                break
+    else:
+        save(model, out)
+    if extra.get("bf16"):
+        # The reference is the saved bf16 weights upcast to float32: reload them. (The model in
+        # memory is not it: .to(bfloat16) also rounded the RoPE inv_freq buffer, which a float32
+        # load recomputes.) Its parameters must equal the bf16 ones exactly.
+        reloaded = load(transformers, torch, cls_name, out).eval()
+        got = dict(reloaded.named_parameters())
+        for pname, p in model.named_parameters():
+            assert torch.equal(got[pname].float(), p.float()), f"{name}: {pname} changed on reload"
+        model = reloaded
+    logits = logits_of(torch, model)
+    with open(os.path.join(out, "tokens.json"), "w") as f:
+        json.dump(TOKENS, f)
+        f.write("\n")
+    logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
+
+    # Checks: the files reproduce the logits; shapes, sharding and dtype are what was asked.
+    files = sorted(os.listdir(out))
+    shards = [f for f in files if f.endswith(".safetensors")]
+    if extra.get("shards"):
+        assert "model.safetensors.index.json" in files, files
+        assert len(shards) == extra["shards"], shards
+    else:
+        assert shards == ["model.safetensors"], shards
+    with open(os.path.join(out, "config.json")) as f:
+        saved_cfg = json.load(f)
+    if extra.get("bf16"):
+        assert (saved_cfg.get("torch_dtype") or saved_cfg.get("dtype")) == "bfloat16", saved_cfg
+    reloaded = load(transformers, torch, cls_name, out).eval()
+    again = logits_of(torch, reloaded)
+    diff = (again - logits).abs().max().item()
+    assert diff < 1e-5, f"{name}: reloaded model's logits differ by {diff}"
+    assert logits.shape == (len(TOKENS), VOCAB), logits.shape
+    std = logits.std().item()
+    assert std > 0.1, f"{name}: logits std {std} too small to test anything"
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
+    print(f"{name}: {cls_name}, files {files}, {size} bytes, logits std {std:.3f}, "
+          f"reload max diff {diff:.2e}", flush=True)
+    return size
+
+
+README = """# Test fixtures: tiny random-weight transformers models
+
+Made by `tools/make_fixtures.py` (fixed seeds) on the project's GPU machine's CPU:
+
+    python3 tools/make_fixtures.py --out tests/fixtures
+
+Versions: {versions}
+
+Each directory holds what `save_pretrained` wrote (`config.json`, `generation_config.json`,
+`model.safetensors` or `model.safetensors.index.json` + shards), plus
+
+- `tokens.json`: the input token ids (a JSON list, the same for every fixture);
+- `logits.bin`: float32 little-endian, shape (n_tokens, vocab_size): `model(input_ids).logits`
+  for that one sequence, computed in float32, eval mode, eager attention, on the CPU.
+
+All have vocab 256, hidden 64, 2 layers, max_position_embeddings 256 and initializer_range 0.1;
+RMSNorm weights are set to 1 + 0.2 N(0,1) and biases to 0.5 N(0,1) (transformers would make
+them 1 and 0, which would hide a loader that drops them).
+
+| name | class | what it covers |
+|---|---|---|
+| llama | LlamaForCausalLM | Llama-2-like: 4 heads (MHA), ffn 128, untied lm_head |
+| llama3 | LlamaForCausalLM | GQA 4/2, ffn 96, rope_theta 5e5, rope_scaling llama3 (factor 8, low 1, high 4, original_max_position_embeddings 64 so that all three frequency bands matter at 12 positions), tie_word_embeddings, eos_token_id a list |
+| llama_hd | LlamaForCausalLM | head_dim 32 != hidden/heads 16, GQA 4/2 |
+| mistral | MistralForCausalLM | GQA 8/2, ffn 112, rope_theta 1e6, sliding_window null |
+| qwen2 | Qwen2ForCausalLM | q/k/v biases, GQA 4/2, ffn 160, rope_theta 1e6 |
+| llama_bf16 | LlamaForCausalLM | weights saved in bfloat16; logits from those weights upcast to float32 (the saved directory reloaded with `from_pretrained(dtype=float32)`) |
+| llama_sharded | LlamaForCausalLM | max_shard_size small: model.safetensors.index.json + 2 shards |
+
+The script reloads each saved directory with `from_pretrained` and checks that it reproduces
+`logits.bin` (max abs difference printed by the script), so the files and the logits agree.
+
+Log of the run:
+
+```
+{log}
+```
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="*")
+    args = ap.parse_args()
+    import torch
+    import transformers
+    import safetensors
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    versions = (f"python {platform.python_version()}, torch {torch.__version__}, transformers "
+                f"{transformers.__version__}, safetensors {safetensors.__version__}")
+    print(versions, flush=True)
+    log = [versions]
+    os.makedirs(args.out, exist_ok=True)
+    total = 0
+    failed = []
+    for i, (name, (cls_name, kw, extra)) in enumerate(specs().items()):
+        if args.only and name not in args.only:
+            continue
+        out = os.path.join(args.out, name)
+        os.makedirs(out, exist_ok=True)
+        for f in os.listdir(out):
+            os.remove(os.path.join(out, f))
+        try:
+            size = build(torch, transformers, name, cls_name, kw, extra, out, seed=1234 + i)
+        except Exception:  # report and go on: one run should yield every fixture it can
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        total += size
+        log.append(f"{name}: {size} bytes")
+    log.append(f"total {total} bytes")
+    print(f"total {total} bytes", flush=True)
+    with open(os.path.join(args.out, "README.md"), "w") as f:
+        f.write(README.format(versions=versions, log="\n".join(log)))
+    if failed:
+        print("FAILED: " + " ".join(failed), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
