@@ -1,10 +1,127 @@
-/* cli_detokenize.c - placeholder until the subcommand lands (replaced by its owner). */
+/* cli_detokenize.c - `pagoda detokenize`: token ids on stdin -> the decoded text on stdout. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_io.h"
+#include "text/tokenizer.h"
+#include "util/log.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pagoda detokenize -m PATH [--skip-special] < ids\n\n"
+          "Reads token ids (decimal, separated by spaces, commas or newlines) from stdin and\n"
+          "prints exactly the decoded text.\n\n"
+          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, or a .gguf\n"
+          "  --skip-special   leave out special tokens (BOS, EOS, <|im_end|>, ...)\n"
+          "  -h, --help       this help\n");
+}
+
+/* Parses the ids in TEXT; returns the count or -1 (message printed). *IDS is malloc'd. */
+static int parse_ids(const char *text, int32_t **ids_out) {
+  int n = 0, cap = 256;
+  int32_t *ids = malloc((size_t)cap * sizeof *ids);
+  if (!ids) {
+    fprintf(stderr, "pagoda detokenize: out of memory\n");
+    return -1;
+  }
+  const char *p = text;
+  for (;;) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ',')
+      p++;
+    if (!*p)
+      break;
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < INT32_MIN || v > INT32_MAX ||
+        !(*end == 0 || *end == ' ' || *end == '\t' || *end == '\n' || *end == '\r' || *end == ',')) {
+      const char *e = p;
+      while (*e && *e != ' ' && *e != '\n' && *e != '\t' && *e != ',' && e - p < 40)
+        e++;
+      fprintf(stderr, "pagoda detokenize: '%.*s' is not a token id\n", (int)(e - p), p);
+      free(ids);
+      return -1;
+    }
+    if (n == cap) {
+      cap *= 2;
+      int32_t *m = realloc(ids, (size_t)cap * sizeof *ids);
+      if (!m) {
+        free(ids);
+        fprintf(stderr, "pagoda detokenize: out of memory\n");
+        return -1;
+      }
+      ids = m;
+    }
+    ids[n++] = (int32_t)v;
+    p = end;
+  }
+  *ids_out = ids;
+  return n;
+}
 
 int cli_detokenize(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "pagoda %s: not available in this build yet\n", argv[0]);
-  return 1;
+  const char *path = NULL;
+  int skip_special = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
+      if (++i >= argc) {
+        fprintf(stderr, "pagoda detokenize: %s needs a path\n", argv[i - 1]);
+        return 2;
+      }
+      path = argv[i];
+    } else if (!strcmp(argv[i], "--skip-special")) {
+      skip_special = 1;
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "pagoda detokenize: unknown option '%s'\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (!path) {
+    fprintf(stderr, "pagoda detokenize: -m PATH is required\n");
+    usage(stderr);
+    return 2;
+  }
+  struct tokenizer *t = tokenizer_load(path);
+  if (!t) {
+    fprintf(stderr, "pagoda detokenize: %s\n", err_last());
+    return 1;
+  }
+  size_t len;
+  char *text = cli_read_stdin(&len);
+  if (!text) {
+    fprintf(stderr, "pagoda detokenize: cannot read stdin\n");
+    tokenizer_free(t);
+    return 1;
+  }
+  int rc = 1;
+  int32_t *ids = NULL;
+  int n = strlen(text) == len ? parse_ids(text, &ids) : -1;
+  if (n < 0 && strlen(text) != len)
+    fprintf(stderr, "pagoda detokenize: NUL byte in the input\n");
+  if (n >= 0) {
+    int need = tokenizer_decode(t, ids, n, skip_special, NULL, 0);
+    char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (need < 0) {
+      fprintf(stderr, "pagoda detokenize: %s\n", err_last());
+    } else if (!out) {
+      fprintf(stderr, "pagoda detokenize: out of memory\n");
+    } else {
+      tokenizer_decode(t, ids, n, skip_special, out, (size_t)need + 1);
+      fwrite(out, 1, (size_t)need, stdout);
+      rc = fflush(stdout) ? 1 : 0;
+    }
+    free(out);
+  }
+  free(ids);
+  free(text);
+  tokenizer_free(t);
+  return rc;
 }

@@ -1,10 +1,89 @@
-/* cli_render_template.c - placeholder until the subcommand lands (replaced by its owner). */
+/* cli_render_template.c - `pagoda render-template TEMPLATE.jinja CONTEXT.json`: prints the
+ * rendering byte for byte (no newline added); a template error goes to stderr with exit 1. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
+#include "text/chat_template.h"
+
+static char *read_text(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  size_t k;
+  while (buf && (k = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += k;
+    if (n + 1 == cap) {
+      char *b = realloc(buf, cap * 2);
+      if (!b) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = b;
+      cap *= 2;
+    }
+  }
+  int bad = ferror(f);
+  fclose(f);
+  if (!buf || bad) {
+    free(buf);
+    return NULL;
+  }
+  buf[n] = 0;
+  *len = n;
+  return buf;
+}
 
 int cli_render_template(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "pagoda %s: not available in this build yet\n", argv[0]);
-  return 1;
+  if (argc != 3 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    fprintf(stderr, "usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n");
+    return 2;
+  }
+  size_t tlen, clen;
+  char *tmpl = read_text(argv[1], &tlen);
+  if (!tmpl) {
+    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[1]);
+    return 1;
+  }
+  if (strlen(tmpl) != tlen) {
+    fprintf(stderr, "pagoda render-template: %s contains a NUL byte\n", argv[1]);
+    free(tmpl);
+    return 1;
+  }
+  char *ctext = read_text(argv[2], &clen);
+  if (!ctext) {
+    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[2]);
+    free(tmpl);
+    return 1;
+  }
+  cJSON *ctx = cJSON_ParseWithLength(ctext, clen);
+  free(ctext);
+  if (!ctx || !cJSON_IsObject(ctx)) {
+    fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);
+    cJSON_Delete(ctx);
+    free(tmpl);
+    return 1;
+  }
+  size_t len;
+  char *err = NULL;
+  char *out = chat_template_render(tmpl, ctx, &len, &err);
+  cJSON_Delete(ctx);
+  free(tmpl);
+  if (!out) {
+    fprintf(stderr, "%s\n", err ? err : "template error");
+    free(err);
+    return 1;
+  }
+  int ok = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0;
+  free(out);
+  if (!ok) {
+    fprintf(stderr, "pagoda render-template: cannot write the output\n");
+    return 1;
+  }
+  return 0;
 }

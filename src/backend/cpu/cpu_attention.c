@@ -1,0 +1,170 @@
+/* cpu_attention.c - paged causal attention over the block tables (GQA), online softmax.
+ *
+ * Each (query token, head) is computed on its own: it walks the keys of its sequence in position
+ * order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks are fixed
+ * in position space, and no other token takes part, so a token's result
+ * is bit-for-bit the same whatever the block size, the other sequences in the batch, or whether
+ * it is computed inside a prefill chunk or alone in a decode step.
+ */
+#include <math.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ATT_SIMD 1
+#else
+#define ATT_SIMD 0
+#endif
+
+#include "backend/cpu/cpu_backend.h"
+#include "util/log.h"
+
+#define ATT_CHUNK 32 /* key positions scored before one softmax rescale */
+#define ATT_GROUP 8  /* query heads of one KV head processed together at most */
+
+static inline float att_dot(const float *a, const float *b, int n) {
+  int i = 0;
+  float s = 0;
+#if ATT_SIMD
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  s = _mm_cvtss_f32(h);
+#endif
+  for (; i < n; i++)
+    s += a[i] * b[i];
+  return s;
+}
+
+/* acc[i] = acc[i] * c + e * v[i] */
+static inline void att_axpby(float *acc, float c, float e, const float *v, int n) {
+  int i = 0;
+#if ATT_SIMD
+  __m256 cv = _mm256_set1_ps(c), ev = _mm256_set1_ps(e);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + i),
+                                              _mm256_mul_ps(cv, _mm256_loadu_ps(acc + i))));
+#endif
+  for (; i < n; i++)
+    acc[i] = acc[i] * c + e * v[i];
+}
+
+/* Rejects batches whose metadata would read outside the cache (request-path input). */
+static int att_check(const struct kv_layer *kv, const struct batch *b, int n_heads) {
+  if (kv->dtype != DTYPE_F32)
+    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32; "
+               "f8e4m3 is CUDA-only)", dtype_name(kv->dtype));
+  if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0)
+    return ERR("attention: %d heads are not a multiple of %d KV heads", n_heads, kv->n_kv_heads);
+  if (kv->head_dim > CPU_MAX_HEAD_DIM)
+    return ERR("attention: head_dim %d above %d", kv->head_dim, CPU_MAX_HEAD_DIM);
+  if (b->query_start[0] != 0 || b->query_start[b->num_seqs] != b->num_tokens)
+    return ERR("attention: query_start must cover tokens [0, %d)", b->num_tokens);
+  for (int s = 0; s < b->num_seqs; s++) {
+    int len = b->seq_lens[s];
+    if (b->query_start[s + 1] < b->query_start[s])
+      return ERR("attention: query_start decreases at sequence %d", s);
+    if (len < 0 || len > (int64_t)b->max_blocks_per_seq * kv->block_size)
+      return ERR("attention: sequence %d of %d tokens exceeds its %d blocks", s, len,
+                 b->max_blocks_per_seq);
+    const int32_t *table = b->block_tables + (size_t)s * b->max_blocks_per_seq;
+    for (int i = 0; i < (len + kv->block_size - 1) / kv->block_size; i++)
+      if (table[i] < 0 || table[i] >= kv->num_blocks)
+        return ERR("attention: sequence %d maps block %d to %d, outside the pool of %d", s, i,
+                   table[i], kv->num_blocks);
+    for (int t = b->query_start[s]; t < b->query_start[s + 1]; t++)
+      if (b->positions[t] < 0 || b->positions[t] >= len)
+        return ERR("attention: token %d at position %d outside its sequence of %d", t, b->positions[t],
+                   len);
+  }
+  return 0;
+}
+
+/* Heads h0 .. h0 + nh - 1 (all mapped to KV head kvh) of query token t of sequence seq. They
+ * share each key and value read; every head's arithmetic is the same as when it runs alone. */
+static void att_heads(float *o, const float *qs, const float *kc, const float *vc, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, float scale, int t, int seq, int kvh, int h0,
+                      int nh) {
+  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+  const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
+  const int pos = b->positions[t];
+  float acc[ATT_GROUP][CPU_MAX_HEAD_DIM]; /* per head: sum of exp(score - m) * v */
+  float sc[ATT_GROUP][ATT_CHUNK];
+  float m[ATT_GROUP], l[ATT_GROUP];
+  const float *vrow[ATT_CHUNK];
+  const float *qv[ATT_GROUP];
+  for (int g = 0; g < nh; g++) {
+    qv[g] = qs + ((size_t)t * n_heads + h0 + g) * hd;
+    m[g] = -INFINITY;
+    l[g] = 0;
+    for (int i = 0; i < hd; i++)
+      acc[g][i] = 0;
+  }
+  for (int j0 = 0; j0 <= pos; j0 += ATT_CHUNK) {
+    int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
+    for (int jj = 0; jj < n; jj++) {
+      int j = j0 + jj;
+      size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
+      for (int g = 0; g < nh; g++)
+        sc[g][jj] = att_dot(qv[g], kc + off, hd) * scale;
+      vrow[jj] = vc + off;
+    }
+    for (int g = 0; g < nh; g++) {
+      float cm = -INFINITY;
+      for (int jj = 0; jj < n; jj++)
+        cm = sc[g][jj] > cm ? sc[g][jj] : cm;
+      float nm = m[g] > cm ? m[g] : cm;
+      float corr = expf(m[g] - nm); /* 0 on the first chunk (m = -inf) */
+      l[g] *= corr;
+      for (int jj = 0; jj < n; jj++) {
+        float e = expf(sc[g][jj] - nm);
+        l[g] += e;
+        att_axpby(acc[g], jj == 0 ? corr : 1.0f, e, vrow[jj], hd);
+      }
+      m[g] = nm;
+    }
+  }
+  for (int g = 0; g < nh; g++) {
+    float inv = 1.0f / l[g];
+    float *ov = o + ((size_t)t * n_heads + h0 + g) * hd;
+    for (int i = 0; i < hd; i++)
+      ov[i] = acc[g][i] * inv;
+  }
+}
+
+int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
+                  const struct batch *b, int n_heads, float scale) {
+  if (att_check(kv, b, n_heads) != 0)
+    return -1;
+  float *o = out;          /* (T, n_heads, head_dim) */
+  const float *qs = q;     /* (T, n_heads, head_dim) */
+  const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
+  const float *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
+  const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
+  /* Heads sharing a KV head run together (one read of K/V for the group) when that still leaves
+   * enough work items for the threads; else one head per item. Results are the same either way. */
+  int gsz = (int64_t)T * nkv >= 2 * (int64_t)be->n_threads ? group : 1;
+  gsz = gsz > ATT_GROUP ? ATT_GROUP : gsz;
+  const int n_sub = (group + gsz - 1) / gsz;
+  const int64_t n_items = (int64_t)T * nkv * n_sub;
+
+#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
+  for (int64_t item = 0; item < n_items; item++) {
+    int t = (int)(item / (nkv * n_sub)), rest = (int)(item % (nkv * n_sub));
+    int kvh = rest / n_sub, sub = rest % n_sub;
+    int lo = 0, hi = b->num_seqs - 1; /* the sequence s with query_start[s] <= t < query_start[s+1] */
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if (b->query_start[mid] <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    int h0 = kvh * group + sub * gsz;
+    int nh = group - sub * gsz < gsz ? group - sub * gsz : gsz;
+    att_heads(o, qs, kc, vc, kv, b, n_heads, scale, t, lo, kvh, h0, nh);
+  }
+  return 0;
+}

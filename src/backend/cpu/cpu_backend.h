@@ -1,0 +1,36 @@
+/* cpu_backend.h - the CPU backend's state and the ops its .c files share (internal). */
+#ifndef PAGODA_CPU_BACKEND_H
+#define PAGODA_CPU_BACKEND_H
+
+#include "backend/backend.h"
+
+/* Largest head_dim the attention kernel accepts (its accumulator lives on the stack). */
+#define CPU_MAX_HEAD_DIM 512
+
+struct cpu_backend {
+  struct backend base;  /* base.n_threads: OpenMP threads of every parallel op (>= 1) */
+  void **owned;         /* (n_owned) weight copies this backend made (unaligned host data) */
+  int n_owned, cap_owned;
+};
+
+/* Element i of a 1-D weight (F32/F16/BF16) as f32; biases and norm weights. */
+float cpu_weight_elem(const struct weight *w, int64_t i);
+
+int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight *w,
+               const struct weight *bias, int T, int out_f32);
+int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
+                  const struct batch *b, int n_heads, float scale);
+
+int cpu_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
+int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
+                int T, int dim, float eps);
+int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int T, int n_heads,
+             int n_kv_heads, int head_dim, const struct rope_params *rp);
+int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
+                 const struct batch *b);
+int cpu_gather_rows(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim);
+int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, const int32_t *src,
+                    const int32_t *dst, int n);
+
+#endif

@@ -1,0 +1,156 @@
+/* cpu_ops.c - the CPU backend's row-wise ops: embed, rmsnorm, rope, silu_mul, KV writes, copies. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "util/log.h"
+
+int cpu_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T) {
+  (void)be;
+  float *o = out; /* (T, dim) */
+  int64_t dim = emb->cols;
+  size_t row_bytes = dtype_row_bytes(emb->dtype, dim);
+  for (int t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= emb->rows)
+      return ERR("token id %d out of range (vocabulary of %lld)", ids[t], (long long)emb->rows);
+  for (int t = 0; t < T; t++)
+    dtype_to_f32(o + (size_t)t * dim, (const char *)emb->data + row_bytes * (size_t)ids[t], emb->dtype,
+                 dim);
+  return 0;
+}
+
+int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
+                int T, int dim, float eps) {
+  if (w->cols != dim || w->dtype == DTYPE_Q8_0)
+    return ERR("rmsnorm: weight of %lld %s elements for dim %d", (long long)w->cols,
+               dtype_name(w->dtype), dim);
+  float *o = out;              /* (T, dim) */
+  float *res = residual;       /* (T, dim) or NULL */
+  const float *xs = x;         /* (T, dim) */
+#pragma omp parallel for num_threads(be->n_threads) if (T > 1) schedule(static)
+  for (int t = 0; t < T; t++) {
+    float *r = res ? res + (size_t)t * dim : NULL;
+    const float *xi = xs + (size_t)t * dim;
+    if (r) {
+      for (int i = 0; i < dim; i++)
+        r[i] += xi[i];
+      xi = r;
+    }
+    /* Sum of squares in double: dim can be 8192, and this is O(T * dim), not the hot loop. */
+    double ss = 0;
+    for (int i = 0; i < dim; i++)
+      ss += (double)xi[i] * xi[i];
+    float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    float *oi = o + (size_t)t * dim;
+    if (w->dtype == DTYPE_F32) {
+      const float *wf = w->data;
+      for (int i = 0; i < dim; i++)
+        oi[i] = xi[i] * inv * wf[i];
+    } else {
+      for (int i = 0; i < dim; i++)
+        oi[i] = xi[i] * inv * cpu_weight_elem(w, i);
+    }
+  }
+  return 0;
+}
+
+/* Rotates one head's pairs: neox pairs (i, i + half), interleaved pairs (2i, 2i + 1). */
+static void rope_head(float *v, const float *cs, const float *sn, int half, int neox) {
+  for (int i = 0; i < half; i++) {
+    int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    float x0 = v[a], x1 = v[b];
+    v[a] = x0 * cs[i] - x1 * sn[i];
+    v[b] = x0 * sn[i] + x1 * cs[i];
+  }
+}
+
+int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int T, int n_heads,
+             int n_kv_heads, int head_dim, const struct rope_params *rp) {
+  int half = rp->rot_dim / 2;
+  if (rp->rot_dim <= 0 || rp->rot_dim > head_dim || rp->rot_dim % 2 || head_dim > CPU_MAX_HEAD_DIM)
+    return ERR("rope: rot_dim %d with head_dim %d", rp->rot_dim, head_dim);
+  float *qs = q; /* (T, n_heads, head_dim) */
+  float *ks = k; /* (T, n_kv_heads, head_dim) */
+#pragma omp parallel for num_threads(be->n_threads) if (T > 1) schedule(static)
+  for (int t = 0; t < T; t++) {
+    float cs[CPU_MAX_HEAD_DIM / 2], sn[CPU_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < half; i++) {
+      /* The angle is rounded to f32 as in HF (position * inv_freq in float32); cos/sin of it are
+       * then taken accurately. */
+      float ang = (float)positions[t] * rp->inv_freq[i];
+      cs[i] = (float)cos((double)ang);
+      sn[i] = (float)sin((double)ang);
+    }
+    for (int h = 0; h < n_heads; h++)
+      rope_head(qs + ((size_t)t * n_heads + h) * head_dim, cs, sn, half, rp->neox);
+    for (int h = 0; h < n_kv_heads; h++)
+      rope_head(ks + ((size_t)t * n_kv_heads + h) * head_dim, cs, sn, half, rp->neox);
+  }
+  return 0;
+}
+
+int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F) {
+  float *o = out;         /* (T, F), may alias gate */
+  const float *g = gate;  /* (T, F) */
+  const float *u = up;    /* (T, F) */
+  size_t n = (size_t)T * F;
+#pragma omp parallel for num_threads(be->n_threads) if (n > 65536) schedule(static)
+  for (size_t i = 0; i < n; i++)
+    o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+  return 0;
+}
+
+int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
+                 const struct batch *b) {
+  (void)be;
+  if (kv->dtype != DTYPE_F32)
+    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32; "
+               "f8e4m3 is CUDA-only)", dtype_name(kv->dtype));
+  size_t row = (size_t)kv->n_kv_heads * kv->head_dim;  /* one token's K (or V) */
+  size_t head = (size_t)kv->head_dim;
+  int64_t n_slots = (int64_t)kv->num_blocks * kv->block_size;
+  const float *ks = k; /* (T, n_kv_heads, head_dim) */
+  const float *vs = v; /* (T, n_kv_heads, head_dim) */
+  float *kc = kv->k, *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
+  for (int t = 0; t < b->num_tokens; t++) {
+    int64_t s = b->slot_mapping[t];
+    if (s < 0)
+      continue;
+    if (s >= n_slots)
+      return ERR("kv_write: slot %lld beyond the cache (%lld slots)", (long long)s, (long long)n_slots);
+    int64_t blk = s / kv->block_size, off = s % kv->block_size;
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+      size_t dst = (((size_t)blk * kv->n_kv_heads + h) * kv->block_size + (size_t)off) * head;
+      memcpy(kc + dst, ks + t * row + h * head, head * sizeof(float));
+      memcpy(vc + dst, vs + t * row + h * head, head * sizeof(float));
+    }
+  }
+  return 0;
+}
+
+int cpu_gather_rows(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim) {
+  (void)be;
+  float *o = out;        /* (n, dim) */
+  const float *xs = x;   /* (rows, dim); idx must be valid rows (the model checks them) */
+  for (int i = 0; i < n; i++)
+    memcpy(o + (size_t)i * dim, xs + (size_t)idx[i] * dim, (size_t)dim * sizeof(float));
+  return 0;
+}
+
+int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, const int32_t *src,
+                    const int32_t *dst, int n) {
+  (void)be;
+  for (int l = 0; l < n_layers; l++) {
+    struct kv_layer *kv = &layers[l];
+    if (kv->dtype != DTYPE_F32)
+      return ERR("cpu backend: KV cache dtype %s is not supported", dtype_name(kv->dtype));
+    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * kv->head_dim; /* floats per block */
+    for (int i = 0; i < n; i++) {
+      if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
+        return ERR("copy_blocks: block %d -> %d outside the pool of %d", src[i], dst[i], kv->num_blocks);
+      memcpy((float *)kv->k + dst[i] * blk, (float *)kv->k + src[i] * blk, blk * sizeof(float));
+      memcpy((float *)kv->v + dst[i] * blk, (float *)kv->v + src[i] * blk, blk * sizeof(float));
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,11 @@
+/* cli_io.h - small I/O helpers shared by the CLI subcommands. */
+#ifndef PAGODA_CLI_IO_H
+#define PAGODA_CLI_IO_H
+
+#include <stddef.h>
+
+/* Reads all of stdin into a NUL-terminated malloc'd buffer (free with free()); NULL on error.
+ * *len gets the byte count (the text may contain NUL bytes). */
+char *cli_read_stdin(size_t *len);
+
+#endif

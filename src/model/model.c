@@ -1,0 +1,460 @@
+/* model.c - a Llama-family model on a backend: weights, RoPE frequencies, KV pool, forward pass. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_file.h"
+#include "util/log.h"
+
+struct model_layer {
+  struct weight attn_norm;      /* (1, dim) */
+  struct weight wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim) x2, (dim, n_heads*hd) */
+  struct weight bq, bk, bv;     /* qwen2: (1, n_heads*hd), (1, n_kv*hd) x2; else data NULL */
+  struct weight ffn_norm;       /* (1, dim) */
+  struct weight w_gate, w_up;   /* (ffn, dim) */
+  struct weight w_down;         /* (dim, ffn) */
+};
+
+/* Offsets (in int32 elements) of the batch arrays inside model.meta. */
+struct meta_layout {
+  size_t ids, positions, slots, query_start, seq_lens, block_tables, logits_idx, total;
+};
+
+struct model {
+  struct model_config config;
+  struct backend *be;          /* borrowed */
+  struct model_file *file;     /* kept open while weights alias its mapping (cpu); else NULL */
+  int host_mem;                /* backend memory is host memory: batch and logits used in place */
+  struct weight tok_embd;      /* (vocab, dim) */
+  struct weight out_norm;      /* (1, dim) */
+  struct weight lm_head;       /* (vocab, dim); aliases tok_embd's data when tied */
+  struct model_layer *layers;  /* (n_layers) */
+  float *inv_freq;             /* (head_dim / 2) backend memory, scaling applied */
+  struct rope_params rope;
+
+  /* Set by model_alloc_cache. */
+  struct kv_layer *kv;         /* (n_layers) */
+  int max_tokens, max_seqs, max_blocks_per_seq;
+  void *x;     /* (max_tokens, dim) residual stream */
+  void *xb;    /* (max_tokens, dim) normalized input of each sub-block; final hidden states */
+  void *xb2;   /* (max_tokens, dim) attention / MLP output; gathered rows for the logits */
+  void *q;     /* (max_tokens, n_heads, head_dim) */
+  void *k;     /* (max_tokens, n_kv_heads, head_dim) */
+  void *v;     /* (max_tokens, n_kv_heads, head_dim) */
+  void *att;   /* (max_tokens, n_heads, head_dim) attention output */
+  void *gate;  /* (max_tokens, ffn_dim) gate, then silu(gate) * up */
+  void *up;    /* (max_tokens, ffn_dim) */
+  float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
+  int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
+  struct meta_layout ml;
+};
+
+const struct model_config *model_get_config(const struct model *m) { return &m->config; }
+
+struct kv_layer *model_kv_layers(struct model *m) { return m->kv; }
+
+static int load_weight(struct model *m, struct weight *w, const struct host_tensor *t, const char *what,
+                       int layer) {
+  memset(w, 0, sizeof *w);
+  if (!t->data)
+    return 0; /* optional tensor (biases) absent */
+  if (m->be->ops->weight_from_host(m->be, w, t->data, t->dtype, t->rows, t->cols) != 0)
+    return ERR("loading %s of layer %d: %s", what, layer, err_last());
+  return 0;
+}
+
+static void free_weight(struct model *m, struct weight *w) {
+  if (w->data)
+    m->be->ops->weight_free(m->be, w);
+}
+
+/* inv_freq[i] = theta^(-2i/d), then the model's scaling. llama3 follows HF's
+ * _compute_llama3_parameters: wavelengths longer than orig_max_pos / low_freq_factor are divided
+ * by factor, shorter than orig_max_pos / high_freq_factor kept, and the band between interpolated
+ * smoothly. GGUF files store llama3's result as rope_freqs (divisors), applied instead. */
+static void compute_inv_freq(float *out, const struct model_config *c, const float *rope_freqs) {
+  int half = c->head_dim / 2;
+  for (int i = 0; i < half; i++) {
+    /* as torch: exponent in f32, then 1 / theta^exponent */
+    float e = (float)(2 * i) / (float)c->head_dim;
+    double f = 1.0 / pow((double)c->rope_theta, (double)e);
+    if (rope_freqs) {
+      f /= rope_freqs[i];
+    } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+      double factor = c->rope_factor, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+      double old_ctx = c->rope_orig_max_pos;
+      double low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+      double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f = f / factor;
+      } else if (wavelen >= high_wavelen) {
+        double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+        f = (1.0 - smooth) * f / factor + smooth * f;
+      }
+    }
+    if (c->rope_scaling == ROPE_SCALING_LINEAR && c->rope_factor > 0)
+      f /= c->rope_factor;
+    out[i] = (float)f;
+  }
+}
+
+static void free_cache(struct model *m) {
+  struct backend *be = m->be;
+  if (m->kv) {
+    for (int l = 0; l < m->config.n_layers; l++) {
+      be->ops->free(be, m->kv[l].k);
+      be->ops->free(be, m->kv[l].v);
+      be->ops->free(be, m->kv[l].k_scale);
+      be->ops->free(be, m->kv[l].v_scale);
+    }
+    free(m->kv);
+    m->kv = NULL;
+  }
+  void **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->k, &m->v, &m->att, &m->gate, &m->up,
+                   (void **)&m->logits_dev, (void **)&m->meta};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    if (*bufs[i])
+      be->ops->free(be, *bufs[i]);
+    *bufs[i] = NULL;
+  }
+}
+
+void model_free(struct model *m) {
+  if (!m)
+    return;
+  free_cache(m);
+  if (m->layers) {
+    for (int l = 0; l < m->config.n_layers; l++) {
+      struct model_layer *L = &m->layers[l];
+      struct weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                             &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+      for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        free_weight(m, ws[i]);
+    }
+    free(m->layers);
+  }
+  if (m->lm_head.data && m->lm_head.data != m->tok_embd.data)
+    free_weight(m, &m->lm_head);
+  free_weight(m, &m->tok_embd);
+  free_weight(m, &m->out_norm);
+  if (m->inv_freq)
+    m->be->ops->free(m->be, m->inv_freq);
+  model_file_close(m->file);
+  free(m);
+}
+
+struct model *model_load(const char *path, struct backend *be) {
+  struct model_file *f = model_file_open(path);
+  if (!f)
+    return NULL;
+  struct model *m = calloc(1, sizeof *m);
+  if (!m) {
+    model_file_close(f);
+    ERR("out of memory");
+    return NULL;
+  }
+  m->be = be;
+  m->file = f;
+  m->config = f->config;
+  m->host_mem = strcmp(be->ops->name, "cpu") == 0;
+  const struct model_config *c = &m->config;
+  if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
+    ERR("%s: unsupported attention shape (%d heads, %d KV heads, head_dim %d)", path, c->n_heads,
+        c->n_kv_heads, c->head_dim);
+    goto fail;
+  }
+  m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+  if (!m->layers) {
+    ERR("out of memory");
+    goto fail;
+  }
+  if (load_weight(m, &m->tok_embd, &f->tok_embd, "token embeddings", -1) ||
+      load_weight(m, &m->out_norm, &f->out_norm, "output norm", -1))
+    goto fail;
+  if (f->lm_head.data == f->tok_embd.data)
+    m->lm_head = m->tok_embd;
+  else if (load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1))
+    goto fail;
+  for (int l = 0; l < c->n_layers; l++) {
+    const struct layer_tensors *t = &f->layers[l];
+    struct model_layer *L = &m->layers[l];
+    if (load_weight(m, &L->attn_norm, &t->attn_norm, "attn_norm", l) ||
+        load_weight(m, &L->wq, &t->wq, "wq", l) || load_weight(m, &L->wk, &t->wk, "wk", l) ||
+        load_weight(m, &L->wv, &t->wv, "wv", l) || load_weight(m, &L->wo, &t->wo, "wo", l) ||
+        load_weight(m, &L->bq, &t->bq, "bq", l) || load_weight(m, &L->bk, &t->bk, "bk", l) ||
+        load_weight(m, &L->bv, &t->bv, "bv", l) ||
+        load_weight(m, &L->ffn_norm, &t->ffn_norm, "ffn_norm", l) ||
+        load_weight(m, &L->w_gate, &t->w_gate, "w_gate", l) ||
+        load_weight(m, &L->w_up, &t->w_up, "w_up", l) ||
+        load_weight(m, &L->w_down, &t->w_down, "w_down", l))
+      goto fail;
+  }
+  /* RoPE frequencies, once, on the host, then to the backend. */
+  int half = c->head_dim / 2;
+  float *host_freq = malloc(sizeof(float) * (size_t)half * 2);
+  if (!host_freq) {
+    ERR("out of memory");
+    goto fail;
+  }
+  float *divisors = NULL;
+  if (f->rope_freqs.data) {
+    if (f->rope_freqs.rows * f->rope_freqs.cols != half || f->rope_freqs.dtype == DTYPE_Q8_0) {
+      free(host_freq);
+      ERR("%s: rope_freqs has %lld elements, expected head_dim/2 = %d", path,
+          (long long)(f->rope_freqs.rows * f->rope_freqs.cols), half);
+      goto fail;
+    }
+    divisors = host_freq + half;
+    dtype_to_f32(divisors, f->rope_freqs.data, f->rope_freqs.dtype, half);
+  }
+  compute_inv_freq(host_freq, c, divisors);
+  m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)half);
+  if (!m->inv_freq || be->ops->upload(be, m->inv_freq, host_freq, sizeof(float) * (size_t)half)) {
+    free(host_freq);
+    goto fail;
+  }
+  free(host_freq);
+  m->rope = (struct rope_params){m->inv_freq, c->head_dim, c->rope_neox};
+  if (!m->host_mem) { /* the weights were copied to the device: the mapping is no longer needed */
+    model_file_close(m->file);
+    m->file = NULL;
+  }
+  log_info("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %s weights on %s", path, c->arch,
+           c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, dtype_name(c->weight_dtype),
+           be->ops->name);
+  return m;
+fail:
+  model_free(m);
+  return NULL;
+}
+
+size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype) {
+  size_t per_head = (size_t)block_size * dtype_row_bytes(kv_dtype, c->head_dim);
+  if (kv_dtype == DTYPE_F8E4M3)
+    per_head += (size_t)block_size * sizeof(float); /* one scale per token and head */
+  return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * per_head;
+}
+
+/* Allocates and zeroes one buffer of the cache or workspace; names the flags to change on OOM. */
+static void *alloc0(struct model *m, size_t bytes, const char *what) {
+  void *p = m->be->ops->alloc(m->be, bytes);
+  if (!p) {
+    ERR("out of memory allocating the %s (%.1f MiB): lower --pa-memory-mb / --pa-memory-fraction / "
+        "--pa-context-len, or --max-num-batched-tokens", what, (double)bytes / (1 << 20));
+    return NULL;
+  }
+  if (m->be->ops->memset0(m->be, p, bytes) != 0)
+    return NULL;
+  return p;
+}
+
+int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
+                      int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  const struct model_config *c = &m->config;
+  if (block_size != 8 && block_size != 16 && block_size != 32)
+    return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
+  if (num_blocks < 2 || max_tokens < 1 || max_seqs < 1 || max_blocks_per_seq < 1)
+    return ERR("KV cache: %d blocks, %d tokens, %d sequences, %d blocks per sequence: each must be "
+               "positive (and blocks >= 2: block 0 is reserved)", num_blocks, max_tokens, max_seqs,
+               max_blocks_per_seq);
+  if (m->host_mem && kv_dtype != DTYPE_F32)
+    return ERR("--pa-cache-type %s: the CPU backend keeps the KV cache in f32 (f8e4m3 is CUDA-only)",
+               dtype_name(kv_dtype));
+  if (kv_dtype != DTYPE_F32 && kv_dtype != DTYPE_BF16 && kv_dtype != DTYPE_F16 && kv_dtype != DTYPE_F8E4M3)
+    return ERR("KV cache dtype %s is not supported", dtype_name(kv_dtype));
+  free_cache(m);
+  struct backend *be = m->be;
+  size_t act = dtype_row_bytes(be->act_dtype, 1);
+  size_t T = (size_t)max_tokens, qd = (size_t)c->n_heads * c->head_dim,
+         kvd = (size_t)c->n_kv_heads * c->head_dim;
+  m->kv = calloc((size_t)c->n_layers, sizeof *m->kv);
+  if (!m->kv)
+    return ERR("out of memory");
+  size_t kv_bytes = (size_t)num_blocks * c->n_kv_heads * block_size * dtype_row_bytes(kv_dtype, c->head_dim);
+  for (int l = 0; l < c->n_layers; l++) {
+    struct kv_layer *kv = &m->kv[l];
+    kv->dtype = kv_dtype;
+    kv->num_blocks = num_blocks;
+    kv->block_size = block_size;
+    kv->n_kv_heads = c->n_kv_heads;
+    kv->head_dim = c->head_dim;
+    if (!(kv->k = alloc0(m, kv_bytes, "KV cache")) || !(kv->v = alloc0(m, kv_bytes, "KV cache")))
+      goto fail;
+    if (kv_dtype == DTYPE_F8E4M3) {
+      size_t sb = (size_t)num_blocks * c->n_kv_heads * block_size * sizeof(float);
+      if (!(kv->k_scale = alloc0(m, sb, "KV cache scales")) || !(kv->v_scale = alloc0(m, sb, "KV cache scales")))
+        goto fail;
+    }
+  }
+  if (!(m->x = alloc0(m, T * c->dim * act, "activation workspace")) ||
+      !(m->xb = alloc0(m, T * c->dim * act, "activation workspace")) ||
+      !(m->xb2 = alloc0(m, T * c->dim * act, "activation workspace")) ||
+      !(m->q = alloc0(m, T * qd * act, "activation workspace")) ||
+      !(m->k = alloc0(m, T * kvd * act, "activation workspace")) ||
+      !(m->v = alloc0(m, T * kvd * act, "activation workspace")) ||
+      !(m->att = alloc0(m, T * qd * act, "activation workspace")) ||
+      !(m->gate = alloc0(m, T * c->ffn_dim * act, "activation workspace")) ||
+      !(m->up = alloc0(m, T * c->ffn_dim * act, "activation workspace")))
+    goto fail;
+  struct meta_layout *ml = &m->ml;
+  ml->ids = 0;
+  ml->positions = ml->ids + T;
+  ml->slots = ml->positions + T;
+  ml->query_start = ml->slots + T;
+  ml->seq_lens = ml->query_start + (size_t)max_seqs + 1;
+  ml->block_tables = ml->seq_lens + (size_t)max_seqs;
+  ml->logits_idx = ml->block_tables + (size_t)max_seqs * max_blocks_per_seq;
+  ml->total = ml->logits_idx + T;
+  if (!m->host_mem) {
+    if (!(m->meta = alloc0(m, ml->total * sizeof(int32_t), "batch metadata")) ||
+        !(m->logits_dev = alloc0(m, (size_t)max_seqs * c->vocab_size * sizeof(float), "logits buffer")))
+      goto fail;
+  }
+  m->max_tokens = max_tokens;
+  m->max_seqs = max_seqs;
+  m->max_blocks_per_seq = max_blocks_per_seq;
+  return 0;
+fail:
+  free_cache(m);
+  return -1;
+}
+
+int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
+  if (!m->kv)
+    return ERR("model_copy_blocks before model_alloc_cache");
+  return m->be->ops->copy_blocks(m->be, m->kv, m->config.n_layers, src, dst, n);
+}
+
+/* Checks everything in a step's batch that could make a kernel read or write out of bounds.
+ * Request-path input: a bad batch is an error, never a crash. */
+static int check_batch(const struct model *m, const struct batch *b) {
+  const struct kv_layer *kv = &m->kv[0];
+  int T = b->num_tokens, B = b->num_seqs, bs = kv->block_size;
+  if (T < 1 || T > m->max_tokens)
+    return ERR("batch of %d tokens (the workspace holds 1..%d)", T, m->max_tokens);
+  if (B < 1 || B > m->max_seqs || b->max_blocks_per_seq < 1 ||
+      (size_t)B * b->max_blocks_per_seq > (size_t)m->max_seqs * m->max_blocks_per_seq)
+    return ERR("batch of %d sequences x %d blocks exceeds the allocated %d x %d", B,
+               b->max_blocks_per_seq, m->max_seqs, m->max_blocks_per_seq);
+  if (b->num_logits < 0 || b->num_logits > T)
+    return ERR("batch asks for %d logits rows of %d tokens", b->num_logits, T);
+  for (int i = 0; i < b->num_logits; i++)
+    if (b->logits_idx[i] < 0 || b->logits_idx[i] >= T)
+      return ERR("logits_idx[%d] = %d outside the %d tokens", i, b->logits_idx[i], T);
+  if (b->query_start[0] != 0 || b->query_start[B] != T)
+    return ERR("query_start must run from 0 to %d", T);
+  int64_t n_slots = (int64_t)kv->num_blocks * bs;
+  for (int s = 0; s < B; s++) {
+    int len = b->seq_lens[s];
+    if (b->query_start[s + 1] < b->query_start[s])
+      return ERR("query_start decreases at sequence %d", s);
+    if (len < 1 || len > (int64_t)b->max_blocks_per_seq * bs)
+      return ERR("sequence %d of %d tokens does not fit %d blocks", s, len, b->max_blocks_per_seq);
+    const int32_t *table = b->block_tables + (size_t)s * b->max_blocks_per_seq;
+    for (int i = 0; i < (len + bs - 1) / bs; i++)
+      if (table[i] < 0 || table[i] >= kv->num_blocks)
+        return ERR("sequence %d maps block %d to %d (pool of %d)", s, i, table[i], kv->num_blocks);
+    for (int t = b->query_start[s]; t < b->query_start[s + 1]; t++) {
+      if (b->positions[t] < 0 || b->positions[t] >= len)
+        return ERR("token %d at position %d outside its sequence of %d", t, b->positions[t], len);
+      if (b->slot_mapping[t] >= n_slots)
+        return ERR("token %d: slot %d beyond the pool of %lld", t, b->slot_mapping[t], (long long)n_slots);
+      if (b->input_ids[t] < 0 || b->input_ids[t] >= m->config.vocab_size)
+        return ERR("token id %d out of range (vocabulary of %d)", b->input_ids[t], m->config.vocab_size);
+    }
+  }
+  return 0;
+}
+
+/* The batch in backend memory: the host arrays themselves on cpu, else copied into m->meta. */
+static int stage_batch(struct model *m, const struct batch *hb, struct batch *db) {
+  *db = *hb;
+  if (m->host_mem)
+    return 0;
+  struct backend *be = m->be;
+  const struct meta_layout *ml = &m->ml;
+  int T = hb->num_tokens, B = hb->num_seqs;
+  struct {
+    const int32_t *src;
+    size_t off, n;
+    const int32_t **dst;
+  } parts[] = {
+      {hb->input_ids, ml->ids, (size_t)T, &db->input_ids},
+      {hb->positions, ml->positions, (size_t)T, &db->positions},
+      {hb->slot_mapping, ml->slots, (size_t)T, &db->slot_mapping},
+      {hb->query_start, ml->query_start, (size_t)B + 1, &db->query_start},
+      {hb->seq_lens, ml->seq_lens, (size_t)B, &db->seq_lens},
+      {hb->block_tables, ml->block_tables, (size_t)B * hb->max_blocks_per_seq, &db->block_tables},
+      {hb->logits_idx, ml->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
+  };
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    if (parts[i].n && be->ops->upload(be, m->meta + parts[i].off, parts[i].src, parts[i].n * sizeof(int32_t)))
+      return -1;
+    *parts[i].dst = m->meta + parts[i].off;
+  }
+  return 0;
+}
+
+int model_forward(struct model *m, const struct batch *batch, float *logits) {
+  if (!m->kv)
+    return ERR("model_forward before model_alloc_cache");
+  if (check_batch(m, batch) != 0)
+    return -1;
+  struct backend *be = m->be;
+  const struct backend_ops *op = be->ops;
+  const struct model_config *c = &m->config;
+  struct batch b;
+  if (stage_batch(m, batch, &b) != 0)
+    return -1;
+  const int T = b.num_tokens, dim = c->dim, hd = c->head_dim;
+  const float scale = 1.0f / sqrtf((float)hd);
+  /* Each call returns nonzero with err_last() set; the first failure ends the step. */
+#define TRY(call)  \
+  do {             \
+    if ((call))    \
+      return -1;   \
+  } while (0)
+
+  TRY(op->embed(be, m->x, &m->tok_embd, b.input_ids, T));
+  TRY(op->rmsnorm(be, m->xb, NULL, m->x, &m->layers[0].attn_norm, T, dim, c->rms_eps));
+  for (int l = 0; l < c->n_layers; l++) {
+    const struct model_layer *L = &m->layers[l];
+    /* attention: xb is the normed residual stream */
+    TRY(op->matmul(be, m->q, m->xb, &L->wq, L->bq.data ? &L->bq : NULL, T, 0));
+    TRY(op->matmul(be, m->k, m->xb, &L->wk, L->bk.data ? &L->bk : NULL, T, 0));
+    TRY(op->matmul(be, m->v, m->xb, &L->wv, L->bv.data ? &L->bv : NULL, T, 0));
+    TRY(op->rope(be, m->q, m->k, b.positions, T, c->n_heads, c->n_kv_heads, hd, &m->rope));
+    TRY(op->kv_write(be, &m->kv[l], m->k, m->v, &b));
+    TRY(op->attention(be, m->att, m->q, &m->kv[l], &b, c->n_heads, scale));
+    TRY(op->matmul(be, m->xb2, m->att, &L->wo, NULL, T, 0));
+    /* x += attention output; xb = norm(x) for the MLP */
+    TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, &L->ffn_norm, T, dim, c->rms_eps));
+    TRY(op->matmul(be, m->gate, m->xb, &L->w_gate, NULL, T, 0));
+    TRY(op->matmul(be, m->up, m->xb, &L->w_up, NULL, T, 0));
+    TRY(op->silu_mul(be, m->gate, m->gate, m->up, T, c->ffn_dim));
+    TRY(op->matmul(be, m->xb2, m->gate, &L->w_down, NULL, T, 0));
+    /* x += MLP output; xb = norm(x) with the next layer's (or the final) norm */
+    const struct weight *next = l + 1 < c->n_layers ? &m->layers[l + 1].attn_norm : &m->out_norm;
+    TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, next, T, dim, c->rms_eps));
+  }
+  /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
+  int n = b.num_logits;
+  if (n == 0)
+    return op->sync(be);
+  TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
+  if (m->host_mem) {
+    TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
+    return 0;
+  }
+  size_t act = dtype_row_bytes(be->act_dtype, 1);
+  for (int r0 = 0; r0 < n; r0 += m->max_seqs) {
+    int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
+    TRY(op->matmul(be, m->logits_dev, (char *)m->xb2 + (size_t)r0 * dim * act, &m->lm_head, NULL, nr, 1));
+    TRY(op->download(be, logits + (size_t)r0 * c->vocab_size, m->logits_dev,
+                     (size_t)nr * c->vocab_size * sizeof(float)));
+  }
+  return op->sync(be);
+#undef TRY
+}

@@ -1,0 +1,232 @@
+/* detokenizer.c - ids -> text: each token's text goes through the decoder chain (ByteLevel,
+ * ByteFallback, Replace, Metaspace, Strip), and the byte stream through a lossy UTF-8 stage
+ * that holds back an incomplete character. tokenizer_decode is the same machine run to the
+ * end, so streamed deltas always concatenate to the full decode. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/text_buf.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
+#include "util/log.h"
+
+struct detokenizer {
+  const struct tokenizer *t;
+  int skip_special;
+  int index;        /* tokens decoded so far (after skipping): Metaspace treats the first apart */
+  int strip_left;   /* leading Strip characters still to drop */
+  struct utf8_stream utf8;
+  struct text_buf piece, tmp, out;
+};
+
+static void detok_init(struct detokenizer *d, const struct tokenizer *t, int skip_special) {
+  memset(d, 0, sizeof *d);
+  d->t = t;
+  d->skip_special = skip_special;
+  for (int i = 0; i < t->n_dec; i++)
+    if (t->dec[i].kind == DECODE_STRIP)
+      d->strip_left = t->dec[i].count;
+}
+
+static void detok_release(struct detokenizer *d) {
+  text_buf_free(&d->piece);
+  text_buf_free(&d->tmp);
+  text_buf_free(&d->out);
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* One decoder step over the token text in d->piece (result left in d->piece). */
+static int decode_step(struct detokenizer *d, const struct decode_step *st) {
+  struct text_buf *in = &d->piece, *out = &d->tmp;
+  out->len = 0;
+  const char *s = in->data;
+  size_t n = in->len;
+  switch (st->kind) {
+  case DECODE_BYTE_FALLBACK:
+    if (n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
+      char b = (char)(hexval(s[3]) * 16 + hexval(s[4]));
+      if (text_buf_append(out, &b, 1))
+        return ERR("out of memory");
+      break;
+    }
+    return 0;
+  case DECODE_BYTE_LEVEL: {
+    if (text_buf_reserve(out, n))
+      return ERR("out of memory");
+    for (size_t i = 0; i < n;) {
+      uint32_t cp;
+      int l = unicode_utf8_decode((const uint8_t *)s + i, n - i, &cp);
+      int b = l ? unicode_cp_to_byte(cp) : -1;
+      if (b < 0)
+        return 0; /* not written in the byte alphabet: the token's own bytes, as HF does */
+      out->data[out->len++] = (char)b;
+      i += (size_t)l;
+    }
+    break;
+  }
+  case DECODE_REPLACE:
+  case DECODE_METASPACE: {
+    const char *to = st->kind == DECODE_REPLACE ? st->b : " ";
+    size_t to_len = st->kind == DECODE_REPLACE ? st->b_len : 1;
+    if (st->kind == DECODE_METASPACE && st->strip_first && d->index == 0)
+      to_len = 0; /* HF's Metaspace decoder drops the replacement in the first token */
+    size_t pos = 0;
+    while (st->a_len && pos < n) {
+      const char *hit = memmem(s + pos, n - pos, st->a, st->a_len);
+      if (!hit)
+        break;
+      if (text_buf_append(out, s + pos, (size_t)(hit - s) - pos) || text_buf_append(out, to, to_len))
+        return ERR("out of memory");
+      pos = (size_t)(hit - s) + st->a_len;
+    }
+    if (text_buf_append(out, s + pos, n - pos))
+      return ERR("out of memory");
+    break;
+  }
+  case DECODE_STRIP:
+    return 0; /* applied to the fused output in detok_push */
+  }
+  struct text_buf tb = *in;
+  *in = *out;
+  *out = tb;
+  return 0;
+}
+
+/* Decodes ID and appends the completed UTF-8 to d->out. */
+static int detok_push(struct detokenizer *d, int32_t id) {
+  const struct tokenizer *t = d->t;
+  if (id < 0 || id >= t->vocab.n)
+    return ERR("token id %d out of range (vocabulary of %d)", (int)id, t->vocab.n);
+  if (d->skip_special && t->special[id])
+    return 0;
+  size_t len;
+  const char *s = vocab_text(&t->vocab, id, &len);
+  d->piece.len = 0;
+  if (s && text_buf_append(&d->piece, s, len))
+    return ERR("out of memory");
+  for (int i = 0; i < t->n_dec; i++)
+    if (decode_step(d, &t->dec[i]))
+      return -1;
+  d->index++;
+  if (text_buf_reserve(&d->out, d->piece.len * 4 + 8))
+    return ERR("out of memory");
+  char strip_ch = ' ';
+  for (int i = 0; i < t->n_dec; i++)
+    if (t->dec[i].kind == DECODE_STRIP)
+      strip_ch = t->dec[i].ch;
+  for (size_t i = 0; i < d->piece.len; i++) {
+    char c = d->piece.data[i];
+    if (d->strip_left > 0) {
+      if (c == strip_ch) {
+        d->strip_left--;
+        continue;
+      }
+      d->strip_left = 0;
+    }
+    d->out.len += (size_t)utf8_stream_push(&d->utf8, (uint8_t)c, d->out.data + d->out.len);
+  }
+  return 0;
+}
+
+static int detok_flush(struct detokenizer *d) {
+  if (text_buf_reserve(&d->out, 4))
+    return ERR("out of memory");
+  d->out.len += (size_t)utf8_stream_flush(&d->utf8, d->out.data + d->out.len);
+  return 0;
+}
+
+int tokenizer_decode(const struct tokenizer *t, const int32_t *ids, int n, int skip_special, char *out,
+                     size_t cap) {
+  if (!t || n < 0 || (n > 0 && !ids))
+    return ERR("tokenizer_decode: bad arguments");
+  struct detokenizer d;
+  detok_init(&d, t, skip_special);
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    rc = detok_push(&d, ids[i]);
+  if (!rc)
+    rc = detok_flush(&d);
+  if (!rc && d.out.len > (size_t)INT32_MAX - 1)
+    rc = ERR("decoded text too long");
+  if (!rc) {
+    if (out && cap > 0) {
+      size_t k = d.out.len < cap - 1 ? d.out.len : cap - 1;
+      if (k)
+        memcpy(out, d.out.data, k);
+      out[k] = 0;
+    }
+    rc = (int)d.out.len;
+  }
+  detok_release(&d);
+  return rc;
+}
+
+struct detokenizer *detokenizer_create(const struct tokenizer *t, int skip_special) {
+  if (!t) {
+    ERR("detokenizer_create: no tokenizer");
+    return NULL;
+  }
+  struct detokenizer *d = malloc(sizeof *d);
+  if (!d) {
+    ERR("out of memory");
+    return NULL;
+  }
+  detok_init(d, t, skip_special);
+  return d;
+}
+
+void detokenizer_free(struct detokenizer *d) {
+  if (!d)
+    return;
+  detok_release(d);
+  free(d);
+}
+
+void detokenizer_reset(struct detokenizer *d) {
+  const struct tokenizer *t = d->t;
+  int skip = d->skip_special;
+  struct text_buf a = d->piece, b = d->tmp, c = d->out;
+  detok_init(d, t, skip);
+  d->piece = a;
+  d->tmp = b;
+  d->out = c;
+}
+
+static int take_output(struct detokenizer *d, char *out, size_t cap) {
+  size_t n = d->out.len;
+  d->out.len = 0;
+  if (!out || cap < n + 1)
+    return ERR("detokenizer output buffer too small (%zu bytes needed)", n + 1);
+  if (n)
+    memcpy(out, d->out.data, n);
+  out[n] = 0;
+  return (int)n;
+}
+
+int detokenizer_push(struct detokenizer *d, int32_t id, char *out, size_t cap) {
+  if (!d)
+    return ERR("detokenizer_push: no detokenizer");
+  d->out.len = 0;
+  if (detok_push(d, id))
+    return -1;
+  return take_output(d, out, cap);
+}
+
+int detokenizer_flush(struct detokenizer *d, char *out, size_t cap) {
+  if (!d)
+    return ERR("detokenizer_flush: no detokenizer");
+  d->out.len = 0;
+  if (detok_flush(d))
+    return -1;
+  return take_output(d, out, cap);
+}

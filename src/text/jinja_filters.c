@@ -1,0 +1,1421 @@
+/* jinja_filters.c - Jinja2's builtin filters and tests, HF's tojson, and the Python str/dict/list
+ * methods chat templates call, with Python's Unicode-aware string semantics (via utf8proc). */
+#include "text/jinja_filters.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+/* ---- helpers ---- */
+
+static struct jinja_value str_of(struct jinja_eval *ev, struct jinja_value v) { return jinja_to_str(ev->st, v); }
+
+static int64_t int_arg(struct jinja_eval *ev, const struct jinja_value *v, int64_t def) {
+  if (!v || v->type == JINJA_NONE)
+    return def;
+  if (v->type == JINJA_INT)
+    return v->u.i;
+  if (v->type == JINJA_BOOL)
+    return v->u.b;
+  jinja_fail(ev->st, "'%s' object cannot be interpreted as an integer", jinja_type_name(*v));
+}
+
+static int bool_arg(const struct jinja_value *v, int def) { return v ? jinja_truthy(*v) : def; }
+
+static const char *str_arg(struct jinja_eval *ev, const struct jinja_value *v, const char *what) {
+  if (!v || v->type != JINJA_STRING)
+    jinja_fail(ev->st, "%s must be a string", what);
+  return v->u.s->data;
+}
+
+/* Python's str.isspace for one code point. */
+static int py_space(int32_t c) {
+  if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || c == 0x85)
+    return 1;
+  if (c < 0x80)
+    return 0;
+  utf8proc_category_t k = utf8proc_category(c);
+  return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
+}
+
+/* Decodes the next code point at S[*i] (invalid bytes read as themselves). */
+static int32_t next_cp(const char *s, size_t n, size_t *i) {
+  utf8proc_int32_t cp;
+  utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
+  if (k <= 0) {
+    cp = (unsigned char)s[*i];
+    k = 1;
+  }
+  *i += (size_t)k;
+  return cp;
+}
+
+static void put_cp(struct jinja_buf *b, int32_t cp) {
+  utf8proc_uint8_t u[4];
+  utf8proc_ssize_t k = utf8proc_encode_char(cp, u);
+  if (k > 0)
+    jinja_buf_add(b, (const char *)u, (size_t)k);
+}
+
+enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_WORDS, CASE_CAPITALIZE, CASE_PY_TITLE };
+
+static int is_cased(int32_t c) { return utf8proc_toupper(c) != c || utf8proc_tolower(c) != c; }
+
+enum { MAP_UPPER, MAP_LOWER, MAP_TITLE };
+
+/* Appends C case-mapped as Python does: utf8proc's one-to-one mappings plus the full (one-to-many)
+ * mappings of Unicode's SpecialCasing that Python applies unconditionally. */
+static void put_case(struct jinja_buf *b, int32_t c, int map) {
+  static const struct {
+    int32_t cp;
+    const char *upper, *title, *lower;
+  } special[] = {
+      {0x00DF, "SS", "Ss", NULL},                 /* sharp s */
+      {0x0130, NULL, NULL, "i\xcc\x87"},         /* capital I with dot above */
+      {0x0149, "\xca\xbcN", "\xca\xbcN", NULL}, /* n preceded by apostrophe */
+      {0xFB00, "FF", "Ff", NULL},
+      {0xFB01, "FI", "Fi", NULL},
+      {0xFB02, "FL", "Fl", NULL},
+      {0xFB03, "FFI", "Ffi", NULL},
+      {0xFB04, "FFL", "Ffl", NULL},
+      {0xFB05, "ST", "St", NULL},
+      {0xFB06, "ST", "St", NULL},
+  };
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+    if (special[i].cp != c)
+      continue;
+    const char *r = map == MAP_UPPER ? special[i].upper : map == MAP_TITLE ? special[i].title : special[i].lower;
+    if (r) {
+      jinja_buf_adds(b, r);
+      return;
+    }
+  }
+  put_cp(b, map == MAP_UPPER ? utf8proc_toupper(c) : map == MAP_TITLE ? utf8proc_totitle(c) : utf8proc_tolower(c));
+}
+
+static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value v, int mode) {
+  v = str_of(ev, v);
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len, i = 0;
+  struct jinja_buf b;
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
+  int first = 1, prev_cased = 0, word_start = 1;
+  while (i < n) {
+    int32_t c = next_cp(s, n, &i);
+    int map = MAP_LOWER;
+    switch (mode) {
+    case CASE_UPPER:
+      map = MAP_UPPER;
+      break;
+    case CASE_LOWER:
+      break;
+    case CASE_CAPITALIZE:
+      map = first ? MAP_TITLE : MAP_LOWER;
+      break;
+    case CASE_PY_TITLE:
+      map = prev_cased ? MAP_LOWER : MAP_TITLE;
+      prev_cased = is_cased(c);
+      break;
+    case CASE_TITLE_WORDS: { /* Jinja2's title: word[0].upper() + word[1:].lower(), words split at -, space, ( { [ < */
+      int sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c);
+      map = sep ? -1 : word_start ? MAP_UPPER : MAP_LOWER;
+      word_start = sep;
+      break;
+    }
+    }
+    first = 0;
+    if (map < 0)
+      put_cp(&b, c);
+    else
+      put_case(&b, c, map);
+  }
+  return jinja_buf_value(&b);
+}
+
+static int in_chars(const char *cs, size_t cn, int32_t cp) {
+  for (size_t j = 0; j < cn;)
+    if (next_cp(cs, cn, &j) == cp)
+      return 1;
+  return 0;
+}
+
+/* str.strip/lstrip/rstrip (WHICH: 1 left, 2 right, 3 both) with CHARS (NULL: whitespace). */
+static struct jinja_value strip(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *chars, int which) {
+  v = str_of(ev, v);
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len, a = 0, e = n;
+  const char *cs = NULL;
+  size_t cn = 0;
+  if (chars && chars->type == JINJA_STRING) {
+    cs = chars->u.s->data;
+    cn = chars->u.s->len;
+  }
+#define IN_SET(cp) (cs ? in_chars(cs, cn, (cp)) : py_space(cp))
+  if (which & 1)
+    while (a < e) {
+      size_t k = a;
+      int32_t c = next_cp(s, e, &k);
+      if (!IN_SET(c))
+        break;
+      a = k;
+    }
+  if (which & 2)
+    while (e > a) {
+      size_t k = e - 1;
+      while (k > a && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+      size_t t = k;
+      int32_t c = next_cp(s, e, &t);
+      if (!IN_SET(c))
+        break;
+      e = k;
+    }
+#undef IN_SET
+  return jinja_str_n(ev->st, s + a, e - a);
+}
+
+static struct jinja_value make_list(struct jinja_eval *ev, struct jinja_value *items, size_t n) {
+  struct jinja_value l = jinja_list_new(ev->st, n, 0);
+  for (size_t i = 0; i < n; i++)
+    l.u.l->items[i] = items[i];
+  return l;
+}
+
+static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *sep, int64_t maxsplit) {
+  struct jinja_state *st = ev->st;
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len;
+  struct jinja_value *parts = jinja_alloc(st, (n + 2) * sizeof(*parts));
+  size_t np = 0;
+  if (!sep || sep->type == JINJA_NONE) {
+    size_t i = 0;
+    for (;;) {
+      while (i < n) { /* skip whitespace */
+        size_t k = i;
+        if (!py_space(next_cp(s, n, &k)))
+          break;
+        i = k;
+      }
+      if (i >= n)
+        break;
+      if (maxsplit >= 0 && (int64_t)np >= maxsplit) {
+        size_t e = n;
+        while (e > i && py_space((unsigned char)s[e - 1]))
+          e--;
+        parts[np++] = jinja_str_n(st, s + i, e - i);
+        break;
+      }
+      size_t start = i;
+      while (i < n) {
+        size_t k = i;
+        if (py_space(next_cp(s, n, &k)))
+          break;
+        i = k;
+      }
+      parts[np++] = jinja_str_n(st, s + start, i - start);
+    }
+    return make_list(ev, parts, np);
+  }
+  if (sep->type != JINJA_STRING)
+    jinja_fail(st, "must be str or None, not %s", jinja_type_name(*sep));
+  size_t sl = sep->u.s->len;
+  if (sl == 0)
+    jinja_fail(st, "empty separator");
+  jinja_charge(st, n);
+  size_t i = 0;
+  for (;;) {
+    const char *hit = (maxsplit < 0 || (int64_t)np < maxsplit) ? memmem(s + i, n - i, sep->u.s->data, sl) : NULL;
+    if (!hit) {
+      parts[np++] = jinja_str_n(st, s + i, n - i);
+      break;
+    }
+    parts[np++] = jinja_str_n(st, s + i, (size_t)(hit - (s + i)));
+    i = (size_t)(hit - s) + sl;
+  }
+  return make_list(ev, parts, np);
+}
+
+static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *old,
+                                  const struct jinja_value *new, int64_t count) {
+  v = str_of(ev, v);
+  struct jinja_value o = str_of(ev, old ? *old : jinja_str(ev->st, ""));
+  struct jinja_value w = str_of(ev, new ? *new : jinja_str(ev->st, ""));
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len, ol = o.u.s->len, i = 0;
+  struct jinja_buf b;
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
+  int64_t done = 0;
+  if (ol == 0) { /* Python inserts NEW between every character and at both ends */
+    while (count < 0 || done < count) {
+      jinja_buf_add(&b, w.u.s->data, w.u.s->len);
+      done++;
+      if (i >= n)
+        break;
+      size_t k = i;
+      next_cp(s, n, &k);
+      jinja_buf_add(&b, s + i, k - i);
+      i = k;
+    }
+    jinja_buf_add(&b, s + i, n - i);
+    return jinja_buf_value(&b);
+  }
+  jinja_charge(ev->st, n);
+  while (i < n && (count < 0 || done < count)) {
+    const char *hit = memmem(s + i, n - i, o.u.s->data, ol);
+    if (!hit)
+      break;
+    jinja_buf_add(&b, s + i, (size_t)(hit - (s + i)));
+    jinja_buf_add(&b, w.u.s->data, w.u.s->len);
+    i = (size_t)(hit - s) + ol;
+    done++;
+    jinja_step(ev->st);
+  }
+  jinja_buf_add(&b, s + i, n - i);
+  return jinja_buf_value(&b);
+}
+
+static int starts_or_ends(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *arg, int ends) {
+  if (!arg)
+    jinja_fail(ev->st, "%s() takes at least 1 argument (0 given)", ends ? "endswith" : "startswith");
+  if (arg->type == JINJA_LIST && arg->u.l->is_tuple) {
+    for (size_t i = 0; i < arg->u.l->n; i++)
+      if (starts_or_ends(ev, v, &arg->u.l->items[i], ends))
+        return 1;
+    return 0;
+  }
+  if (arg->type != JINJA_STRING)
+    jinja_fail(ev->st, "%s first arg must be str or a tuple of str, not %s", ends ? "endswith" : "startswith",
+               jinja_type_name(*arg));
+  size_t n = v.u.s->len, k = arg->u.s->len;
+  if (k > n)
+    return 0;
+  return memcmp(v.u.s->data + (ends ? n - k : 0), arg->u.s->data, k) == 0;
+}
+
+static struct jinja_value join(struct jinja_eval *ev, struct jinja_value seq, const char *sep, size_t sep_len,
+                               const struct jinja_value *attribute) {
+  size_t n;
+  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
+  struct jinja_buf b;
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      jinja_buf_add(&b, sep, sep_len);
+    struct jinja_value it = items[i];
+    if (attribute)
+      it = jinja_eval_getitem(ev, it, *attribute);
+    jinja_write_str(&b, it);
+  }
+  return jinja_buf_value(&b);
+}
+
+/* Jinja2's make_attrgetter: "a.b" or "0" walks items; ints index sequences. */
+static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v, struct jinja_value attr) {
+  if (attr.type != JINJA_STRING)
+    return jinja_eval_getitem(ev, v, attr);
+  const char *s = attr.u.s->data;
+  while (1) {
+    const char *dot = strchr(s, '.');
+    size_t len = dot ? (size_t)(dot - s) : strlen(s);
+    struct jinja_value key;
+    char *endp;
+    long long idx = len ? strtoll(s, &endp, 10) : 0;
+    if (len && endp == s + len)
+      key = jinja_int(idx);
+    else
+      key = jinja_str_n(ev->st, s, len);
+    v = jinja_eval_getitem(ev, v, key);
+    if (!dot)
+      return v;
+    s = dot + 1;
+  }
+}
+
+/* Case-insensitive sort key (lowercased strings), as Jinja2's ignore_case. */
+static struct jinja_value fold(struct jinja_eval *ev, struct jinja_value v, int case_sensitive) {
+  if (!case_sensitive && v.type == JINJA_STRING)
+    return change_case(ev, v, CASE_LOWER);
+  return v;
+}
+
+struct sort_item {
+  struct jinja_value key, val;
+};
+
+static void sort_items(struct jinja_eval *ev, struct sort_item *it, size_t n, int reverse) {
+  /* Stable merge sort (Python's sort is stable). */
+  if (n < 2)
+    return;
+  struct sort_item *tmp = jinja_alloc(ev->st, n * sizeof(*tmp));
+  for (size_t width = 1; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      size_t a = lo, b = mid, k = lo;
+      while (a < mid && b < hi) {
+        jinja_step(ev->st);
+        int c = jinja_compare(ev->st, it[b].key, it[a].key);
+        if (reverse ? c > 0 : c < 0)
+          tmp[k++] = it[b++];
+        else
+          tmp[k++] = it[a++];
+      }
+      while (a < mid)
+        tmp[k++] = it[a++];
+      while (b < hi)
+        tmp[k++] = it[b++];
+    }
+    memcpy(it, tmp, n * sizeof(*it));
+  }
+}
+
+static struct jinja_value items_of(struct jinja_eval *ev, struct jinja_value v) {
+  struct jinja_state *st = ev->st;
+  if (v.type == JINJA_UNDEFINED)
+    return jinja_list_new(st, 0, 0);
+  if (v.type != JINJA_DICT && v.type != JINJA_NAMESPACE)
+    jinja_fail(st, "Can only get item pairs from a mapping.");
+  struct jinja_value l = jinja_list_new(st, v.u.d->n, 0);
+  for (size_t i = 0; i < v.u.d->n; i++) {
+    struct jinja_value t = jinja_list_new(st, 2, 1);
+    t.u.l->items[0] = v.u.d->keys[i];
+    t.u.l->items[1] = v.u.d->vals[i];
+    l.u.l->items[i] = t;
+  }
+  return l;
+}
+
+static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  int ensure_ascii = bool_arg(jinja_arg(a, 0, "ensure_ascii"), 0);
+  const struct jinja_value *ind = jinja_arg(a, 1, "indent");
+  const struct jinja_value *seps = jinja_arg(a, 2, "separators");
+  int sort_keys = bool_arg(jinja_arg(a, 3, "sort_keys"), 0);
+  const char *indent = NULL;
+  if (ind && ind->type != JINJA_NONE) {
+    if (ind->type == JINJA_STRING) {
+      indent = ind->u.s->data;
+    } else {
+      int64_t w = int_arg(ev, ind, 0);
+      if (w < 0)
+        w = 0;
+      if (w > 1000)
+        jinja_fail(st, "tojson indent is too large");
+      char *sp = jinja_alloc(st, (size_t)w + 1);
+      memset(sp, ' ', (size_t)w);
+      sp[w] = 0;
+      indent = sp;
+    }
+  }
+  const char *item_sep = indent ? "," : ", ", *key_sep = ": ";
+  if (seps && seps->type != JINJA_NONE) {
+    if (seps->type != JINJA_LIST || seps->u.l->n != 2 || seps->u.l->items[0].type != JINJA_STRING ||
+        seps->u.l->items[1].type != JINJA_STRING)
+      jinja_fail(st, "tojson separators must be a pair of strings");
+    item_sep = seps->u.l->items[0].u.s->data;
+    key_sep = seps->u.l->items[1].u.s->data;
+  }
+  struct jinja_buf b;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  jinja_write_json(&b, v, indent, item_sep, key_sep, sort_keys);
+  if (!ensure_ascii)
+    return jinja_buf_value(&b);
+  /* Non-ASCII only occurs inside JSON strings, so escaping it afterwards is exact. */
+  struct jinja_buf e;
+  jinja_buf_init(&e, st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < b.len;) {
+    if ((unsigned char)b.data[i] < 0x80) {
+      jinja_buf_add(&e, b.data + i, 1);
+      i++;
+      continue;
+    }
+    int32_t cp = next_cp(b.data, b.len, &i);
+    if (cp >= 0x10000) {
+      cp -= 0x10000;
+      jinja_buf_addf(&e, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+    } else {
+      jinja_buf_addf(&e, "\\u%04x", cp);
+    }
+  }
+  return jinja_buf_value(&e);
+}
+
+static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  const struct jinja_value *w = jinja_arg(a, 0, "width");
+  int first = bool_arg(jinja_arg(a, 1, "first"), 0), blank = bool_arg(jinja_arg(a, 2, "blank"), 0);
+  struct jinja_value pad;
+  if (w && w->type == JINJA_STRING) {
+    pad = *w;
+  } else {
+    int64_t k = int_arg(ev, w, 4);
+    if (k < 0)
+      k = 0;
+    if (k > 1000)
+      jinja_fail(st, "indent width is too large");
+    char *sp = jinja_alloc(st, (size_t)k + 1);
+    memset(sp, ' ', (size_t)k);
+    pad = jinja_str_n(st, sp, (size_t)k);
+  }
+  v = str_of(ev, v);
+  /* s + "\n", split into lines (\n, \r\n, \r), as Jinja2's indent does with splitlines. */
+  const char *s = v.u.s->data;
+  size_t n = v.u.s->len;
+  struct jinja_buf b;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  if (first)
+    jinja_buf_add(&b, pad.u.s->data, pad.u.s->len);
+  size_t i = 0;
+  int line_no = 0;
+  while (i < n || line_no == 0) {
+    size_t e = i;
+    while (e < n && s[e] != '\n' && s[e] != '\r')
+      e++;
+    if (line_no > 0) {
+      jinja_buf_add(&b, "\n", 1);
+      if (blank || e > i)
+        jinja_buf_add(&b, pad.u.s->data, pad.u.s->len);
+    }
+    jinja_buf_add(&b, s + i, e - i);
+    line_no++;
+    if (e >= n)
+      break;
+    i = e + ((s[e] == '\r' && e + 1 < n && s[e + 1] == '\n') ? 2 : 1);
+    if (i >= n) /* the added "\n" ends the last line without starting another */
+      break;
+  }
+  return jinja_buf_value(&b);
+}
+
+struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v) {
+  v = str_of(ev, v);
+  struct jinja_buf b;
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < v.u.s->len; i++) {
+    char c = v.u.s->data[i];
+    const char *r = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&#34;" : c == '\'' ? "&#39;" : NULL;
+    if (r)
+      jinja_buf_adds(&b, r);
+    else
+      jinja_buf_add(&b, &c, 1);
+  }
+  struct jinja_value r = jinja_buf_value(&b);
+  r.markup = 1;
+  return r;
+}
+
+/* Parses a Python int literal from a string (int("12")); 0 on failure. */
+static int parse_int(const char *s, int base, int64_t *out) {
+  while (*s == ' ' || *s == '\t' || *s == '\n')
+    s++;
+  char *end;
+  long long v = strtoll(s, &end, base);
+  if (end == s)
+    return 0;
+  while (*end == ' ' || *end == '\t' || *end == '\n')
+    end++;
+  if (*end)
+    return 0;
+  *out = v;
+  return 1;
+}
+
+static int parse_float(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s)
+    return 0;
+  while (*end == ' ' || *end == '\t' || *end == '\n')
+    end++;
+  if (*end)
+    return 0;
+  *out = v;
+  return 1;
+}
+
+static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+  int64_t prec = int_arg(ev, jinja_arg(a, 0, "precision"), 0);
+  const struct jinja_value *m = jinja_arg(a, 1, "method");
+  const char *method = m && m->type == JINJA_STRING ? m->u.s->data : "common";
+  if (!jinja_is_number(v))
+    jinja_fail(ev->st, "type %s doesn't define __round__ method", jinja_type_name(v));
+  double x = jinja_as_double(v), p = pow(10.0, (double)prec), r;
+  if (!strcmp(method, "common")) {
+    if (v.type != JINJA_FLOAT)
+      return jinja_int(v.type == JINJA_BOOL ? v.u.b : v.u.i);
+    if (prec >= 0 && prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
+      char tmp[400];
+      snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);
+      r = strtod(tmp, NULL);
+    } else {
+      r = nearbyint(x * p) / p;
+    }
+  } else if (!strcmp(method, "ceil")) {
+    r = ceil(x * p) / p;
+  } else if (!strcmp(method, "floor")) {
+    r = floor(x * p) / p;
+  } else {
+    jinja_fail(ev->st, "method must be common, ceil or floor");
+  }
+  return jinja_float(r);
+}
+
+/* select/reject/selectattr/rejectattr: keep items whose test result equals WANT. */
+static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a,
+                                       int by_attr, int want) {
+  struct jinja_state *st = ev->st;
+  size_t n = 0;
+  /* Jinja2 iterates only a truthy sequence here, so none | selectattr(...) is empty. */
+  struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
+  size_t first = 0;
+  struct jinja_value attr = jinja_none();
+  if (by_attr) {
+    if (a->n < 1)
+      jinja_fail(st, "Missing parameter for attribute name");
+    attr = a->pos[0];
+    first = 1;
+  }
+  const char *test = a->n > first ? str_arg(ev, &a->pos[first], "test name") : NULL;
+  struct jinja_args targs = {0};
+  if (test && a->n > first + 1) {
+    targs.pos = a->pos + first + 1;
+    targs.n = a->n - first - 1;
+  }
+  struct jinja_value out = jinja_list_new(st, n, 0);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct jinja_value x = by_attr ? get_path(ev, items[i], attr) : items[i];
+    int ok = test ? jinja_test_apply(ev, test, x, &targs) : jinja_truthy(x);
+    if (ok == want)
+      out.u.l->items[m++] = items[i];
+  }
+  out.u.l->n = m;
+  return out;
+}
+
+static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  size_t n = 0;
+  struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
+  struct jinja_value out = jinja_list_new(st, n, 0);
+  const struct jinja_value *attribute = jinja_arg(a, SIZE_MAX, "attribute");
+  if (attribute) {
+    const struct jinja_value *def = jinja_arg(a, SIZE_MAX, "default");
+    for (size_t i = 0; i < n; i++) {
+      struct jinja_value x = get_path(ev, items[i], *attribute);
+      if (x.type == JINJA_UNDEFINED && def)
+        x = *def;
+      out.u.l->items[i] = x;
+    }
+    return out;
+  }
+  if (a->n < 1)
+    jinja_fail(st, "map requires a filter argument");
+  const char *filter = str_arg(ev, &a->pos[0], "filter name");
+  struct jinja_args fargs = {.pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
+  for (size_t i = 0; i < n; i++)
+    out.u.l->items[i] = jinja_filter_apply(ev, filter, items[i], &fargs);
+  return out;
+}
+
+static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a, int want_max) {
+  size_t n;
+  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
+  int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
+  const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
+  if (n == 0)
+    return jinja_undefined("No aggregated item, sequence was empty.");
+  size_t best = 0;
+  struct jinja_value bk = fold(ev, attribute ? get_path(ev, items[0], *attribute) : items[0], cs);
+  for (size_t i = 1; i < n; i++) {
+    struct jinja_value k = fold(ev, attribute ? get_path(ev, items[i], *attribute) : items[i], cs);
+    int c = jinja_compare(ev->st, k, bk);
+    if (want_max ? c > 0 : c < 0) {
+      best = i;
+      bk = k;
+    }
+  }
+  return items[best];
+}
+
+static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+  size_t n;
+  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
+  int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
+  const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
+  struct jinja_value out = jinja_list_new(ev->st, n, 0);
+  struct jinja_value *keys = jinja_alloc(ev->st, (n + 1) * sizeof(*keys));
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct jinja_value k = fold(ev, attribute ? get_path(ev, items[i], *attribute) : items[i], cs);
+    int seen = 0;
+    for (size_t j = 0; j < m && !seen; j++) {
+      jinja_step(ev->st);
+      seen = jinja_equal(keys[j], k);
+    }
+    if (!seen) {
+      keys[m] = k;
+      out.u.l->items[m++] = items[i];
+    }
+  }
+  out.u.l->n = m;
+  return out;
+}
+
+/* Python's printf-style str % args for the conversions templates use (s r d i f F e E g G x X o c %),
+ * with flags, width and precision; a tuple supplies several arguments. */
+struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_value fmt, struct jinja_value args) {
+  struct jinja_state *st = ev->st;
+  const struct jinja_value *argv = &args;
+  size_t argc = 1, next = 0;
+  if (args.type == JINJA_LIST && args.u.l->is_tuple) {
+    argv = args.u.l->items;
+    argc = args.u.l->n;
+  }
+  const char *s = fmt.u.s->data;
+  size_t n = fmt.u.s->len;
+  struct jinja_buf b;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] != '%') {
+      jinja_buf_add(&b, s + i, 1);
+      continue;
+    }
+    char spec[32];
+    size_t k = 0;
+    spec[k++] = '%';
+    i++;
+    while (i < n && s[i] && strchr("-+ #0", s[i]) && k < 8)
+      spec[k++] = s[i++];
+    while (i < n && s[i] >= '0' && s[i] <= '9' && k < 16)
+      spec[k++] = s[i++];
+    if (i < n && s[i] == '.') {
+      spec[k++] = s[i++];
+      while (i < n && s[i] >= '0' && s[i] <= '9' && k < 24)
+        spec[k++] = s[i++];
+    }
+    if (i >= n)
+      jinja_fail(st, "incomplete format");
+    char conv = s[i];
+    if (conv == '%') {
+      jinja_buf_add(&b, "%", 1);
+      continue;
+    }
+    if (next >= argc)
+      jinja_fail(st, "not enough arguments for format string");
+    struct jinja_value v = argv[next++];
+    char out[512];
+    if (strchr("diouxXc", conv)) {
+      if (!jinja_is_number(v))
+        jinja_fail(st, "%%%c format: a real number is required, not %s", conv, jinja_type_name(v));
+      long long x = v.type == JINJA_FLOAT ? (long long)v.u.f : v.type == JINJA_BOOL ? v.u.b : (long long)v.u.i;
+      spec[k++] = 'l';
+      spec[k++] = 'l';
+      spec[k++] = conv == 'i' || conv == 'u' ? 'd' : conv == 'c' ? 'd' : conv;
+      spec[k] = 0;
+      if (conv == 'c') {
+        put_cp(&b, (int32_t)x);
+        continue;
+      }
+      snprintf(out, sizeof out, spec, x);
+      jinja_buf_adds(&b, out);
+    } else if (strchr("fFeEgG", conv)) {
+      if (!jinja_is_number(v))
+        jinja_fail(st, "must be real number, not %s", jinja_type_name(v));
+      spec[k++] = conv;
+      spec[k] = 0;
+      snprintf(out, sizeof out, spec, jinja_as_double(v));
+      jinja_buf_adds(&b, out);
+    } else if (conv == 's' || conv == 'r' || conv == 'a') {
+      struct jinja_buf t;
+      jinja_buf_init(&t, st, 0, JINJA_MAX_OUTPUT);
+      if (conv == 's')
+        jinja_write_str(&t, v);
+      else
+        jinja_write_repr(&t, v);
+      spec[k] = 0;
+      /* Width and precision count code points; '-' pads on the right. */
+      int left = strchr(spec, '-') != NULL;
+      const char *w = spec + 1;
+      while (*w && strchr("-+ #0", *w))
+        w++;
+      long width = strtol(w, NULL, 10);
+      const char *dot = strchr(spec, '.');
+      size_t len = t.len;
+      if (dot) {
+        long prec = strtol(dot + 1, NULL, 10);
+        len = jinja_utf8_offset(t.data ? t.data : "", t.len, (size_t)(prec < 0 ? 0 : prec));
+      }
+      long cps = (long)jinja_utf8_len(t.data ? t.data : "", len);
+      if (width > 100000)
+        jinja_fail(st, "format width is too large");
+      for (long p = cps; !left && p < width; p++)
+        jinja_buf_add(&b, " ", 1);
+      jinja_buf_add(&b, t.data ? t.data : "", len);
+      for (long p = cps; left && p < width; p++)
+        jinja_buf_add(&b, " ", 1);
+    } else {
+      jinja_fail(st, "unsupported format character '%c' (0x%x)", conv, (unsigned char)conv);
+    }
+  }
+  if (next < argc)
+    jinja_fail(st, "not all arguments converted during string formatting");
+  return jinja_buf_value(&b);
+}
+
+/* ---- filters ---- */
+
+static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
+                                       const struct jinja_args *a);
+
+struct jinja_value jinja_filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
+                                      const struct jinja_args *a) {
+  struct jinja_value r = filter_apply(ev, name, in, a);
+  /* Markup methods return Markup: these filters work through them (soft_str keeps Markup). */
+  if (in.type == JINJA_STRING && in.markup && r.type == JINJA_STRING &&
+      (!strcmp(name, "trim") || !strcmp(name, "upper") || !strcmp(name, "lower") ||
+       !strcmp(name, "capitalize") || !strcmp(name, "title") || !strcmp(name, "string")))
+    r.markup = 1;
+  return r;
+}
+
+static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, struct jinja_value in,
+                                       const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  jinja_step(st);
+#define IS(x) (!strcmp(name, x))
+  if (IS("safe")) {
+    struct jinja_value r = str_of(ev, in);
+    r.markup = 1;
+    return r;
+  }
+  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple)
+    return in;
+  if (IS("tojson"))
+    return tojson(ev, in, a);
+  if (IS("trim"))
+    return strip(ev, in, jinja_arg(a, 0, "chars"), 3);
+  if (IS("upper"))
+    return change_case(ev, in, CASE_UPPER);
+  if (IS("lower"))
+    return change_case(ev, in, CASE_LOWER);
+  if (IS("capitalize"))
+    return change_case(ev, in, CASE_CAPITALIZE);
+  if (IS("title"))
+    return change_case(ev, in, CASE_TITLE_WORDS);
+  if (IS("string"))
+    return str_of(ev, in);
+  if (IS("length") || IS("count")) {
+    switch (in.type) {
+    case JINJA_UNDEFINED:
+      return jinja_int(0);
+    case JINJA_STRING:
+      jinja_charge(st, in.u.s->len);
+      return jinja_int((int64_t)jinja_utf8_len(in.u.s->data, in.u.s->len));
+    case JINJA_LIST:
+      return jinja_int((int64_t)in.u.l->n);
+    case JINJA_DICT:
+    case JINJA_NAMESPACE:
+      return jinja_int((int64_t)in.u.d->n);
+    default:
+      jinja_fail(st, "object of type '%s' has no len()", jinja_type_name(in));
+    }
+  }
+  if (IS("default") || IS("d")) {
+    const struct jinja_value *def = jinja_arg(a, 0, "default_value");
+    int boolean = bool_arg(jinja_arg(a, 1, "boolean"), 0);
+    if (in.type == JINJA_UNDEFINED || (boolean && !jinja_truthy(in)))
+      return def ? *def : jinja_str(st, "");
+    return in;
+  }
+  if (IS("first") || IS("last")) {
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
+    if (n == 0)
+      return jinja_undefined(IS("first") ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+    return IS("first") ? items[0] : items[n - 1];
+  }
+  if (IS("join")) {
+    const struct jinja_value *d = jinja_arg(a, 0, "d");
+    struct jinja_value sep = d ? str_of(ev, *d) : jinja_str(st, "");
+    const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
+    if (attribute && attribute->type == JINJA_NONE)
+      attribute = NULL;
+    return join(ev, in, sep.u.s->data, sep.u.s->len, attribute);
+  }
+  if (IS("items"))
+    return items_of(ev, in);
+  if (IS("list")) {
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
+    return make_list(ev, items, n);
+  }
+  if (IS("replace"))
+    return replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"), int_arg(ev, jinja_arg(a, 2, "count"), -1));
+  if (IS("int")) {
+    int64_t def = int_arg(ev, jinja_arg(a, 0, "default"), 0), base = int_arg(ev, jinja_arg(a, 1, "base"), 10), r;
+    double f;
+    if (in.type == JINJA_INT)
+      return in;
+    if (in.type == JINJA_BOOL)
+      return jinja_int(in.u.b);
+    if (in.type == JINJA_FLOAT)
+      return isfinite(in.u.f) ? jinja_int((int64_t)in.u.f) : jinja_int(def);
+    if (in.type == JINJA_STRING) {
+      if (parse_int(in.u.s->data, (int)base, &r))
+        return jinja_int(r);
+      if (parse_float(in.u.s->data, &f) && isfinite(f))
+        return jinja_int((int64_t)f);
+    }
+    return jinja_int(def);
+  }
+  if (IS("float")) {
+    const struct jinja_value *d = jinja_arg(a, 0, "default");
+    double f;
+    if (jinja_is_number(in))
+      return jinja_float(jinja_as_double(in));
+    if (in.type == JINJA_STRING && parse_float(in.u.s->data, &f))
+      return jinja_float(f);
+    return d ? *d : jinja_float(0.0);
+  }
+  if (IS("abs")) {
+    if (in.type == JINJA_INT)
+      return jinja_int(in.u.i < 0 ? -in.u.i : in.u.i);
+    if (in.type == JINJA_BOOL)
+      return jinja_int(in.u.b);
+    if (in.type == JINJA_FLOAT)
+      return jinja_float(fabs(in.u.f));
+    jinja_fail(st, "bad operand type for abs(): '%s'", jinja_type_name(in));
+  }
+  if (IS("round"))
+    return round_value(ev, in, a);
+  if (IS("select"))
+    return select_items(ev, in, a, 0, 1);
+  if (IS("reject"))
+    return select_items(ev, in, a, 0, 0);
+  if (IS("selectattr"))
+    return select_items(ev, in, a, 1, 1);
+  if (IS("rejectattr"))
+    return select_items(ev, in, a, 1, 0);
+  if (IS("map"))
+    return map_items(ev, in, a);
+  if (IS("attr")) { /* Python attributes only: no fallback to dict keys */
+    const char *attr = str_arg(ev, jinja_arg(a, 0, "name"), "attribute name");
+    if (in.type == JINJA_DICT && !jinja_method_exists(in, attr))
+      return jinja_undefined(NULL);
+    return jinja_eval_getattr(ev, in, attr);
+  }
+  if (IS("unique"))
+    return unique(ev, in, a);
+  if (IS("min") || IS("max"))
+    return min_max(ev, in, a, IS("max"));
+  if (IS("reverse")) {
+    if (in.type == JINJA_STRING) {
+      size_t n;
+      struct jinja_value *chars = jinja_eval_iterate(ev, in, &n);
+      struct jinja_buf b;
+      jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+      for (size_t i = n; i-- > 0;)
+        jinja_buf_add(&b, chars[i].u.s->data, chars[i].u.s->len);
+      return jinja_buf_value(&b);
+    }
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
+    struct jinja_value l = jinja_list_new(st, n, 0);
+    for (size_t i = 0; i < n; i++)
+      l.u.l->items[i] = items[n - 1 - i];
+    return l;
+  }
+  if (IS("sort") || IS("dictsort")) {
+    int dict = IS("dictsort");
+    size_t n;
+    struct jinja_value *items;
+    if (dict) {
+      struct jinja_value pairs = items_of(ev, in);
+      items = pairs.u.l->items;
+      n = pairs.u.l->n;
+    } else {
+      items = jinja_eval_iterate(ev, in, &n);
+    }
+    int reverse = bool_arg(jinja_arg(a, dict ? 2 : 0, "reverse"), 0);
+    int cs = bool_arg(jinja_arg(a, dict ? 0 : 1, "case_sensitive"), 0);
+    const struct jinja_value *attribute = dict ? NULL : jinja_arg(a, 2, "attribute");
+    const struct jinja_value *by = dict ? jinja_arg(a, 1, "by") : NULL;
+    int by_value = by && by->type == JINJA_STRING && !strcmp(by->u.s->data, "value");
+    struct sort_item *it = jinja_alloc(st, (n + 1) * sizeof(*it));
+    for (size_t i = 0; i < n; i++) {
+      struct jinja_value k = items[i];
+      if (dict)
+        k = k.u.l->items[by_value ? 1 : 0];
+      else if (attribute)
+        k = get_path(ev, k, *attribute);
+      it[i].key = fold(ev, k, cs);
+      it[i].val = items[i];
+    }
+    sort_items(ev, it, n, reverse);
+    struct jinja_value l = jinja_list_new(st, n, 0);
+    for (size_t i = 0; i < n; i++)
+      l.u.l->items[i] = it[i].val;
+    return l;
+  }
+  if (IS("sum")) {
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
+    const struct jinja_value *attribute = jinja_arg(a, 0, "attribute");
+    const struct jinja_value *start = jinja_arg(a, 1, "start");
+    struct jinja_value acc = start ? *start : jinja_int(0);
+    for (size_t i = 0; i < n; i++) {
+      struct jinja_value x = attribute ? get_path(ev, items[i], *attribute) : items[i];
+      if (!jinja_is_number(acc) || !jinja_is_number(x))
+        jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc), jinja_type_name(x));
+      if (acc.type == JINJA_FLOAT || x.type == JINJA_FLOAT)
+        acc = jinja_float(jinja_as_double(acc) + jinja_as_double(x));
+      else
+        acc = jinja_int((int64_t)jinja_as_double(acc) + (int64_t)jinja_as_double(x));
+    }
+    return acc;
+  }
+  if (IS("indent"))
+    return indent(ev, in, a);
+  if (IS("wordcount")) {
+    struct jinja_value s = str_of(ev, in);
+    size_t i = 0, n = s.u.s->len;
+    int64_t words = 0;
+    int inword = 0;
+    while (i < n) {
+      int32_t c = next_cp(s.u.s->data, n, &i);
+      utf8proc_category_t k = utf8proc_category(c);
+      int w = c == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+              (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO) || k == UTF8PROC_CATEGORY_MN ||
+              k == UTF8PROC_CATEGORY_MC;
+      if (w && !inword)
+        words++;
+      inword = w;
+    }
+    return jinja_int(words);
+  }
+  if ((IS("escape") || IS("e")) && in.type == JINJA_STRING && in.markup)
+    return in;
+  if (IS("escape") || IS("e") || IS("forceescape"))
+    return jinja_html_escape(ev, in);
+  if (IS("center")) {
+    struct jinja_value s = str_of(ev, in);
+    int64_t width = int_arg(ev, jinja_arg(a, 0, "width"), 80);
+    int64_t len = (int64_t)jinja_utf8_len(s.u.s->data, s.u.s->len);
+    if (width > JINJA_MAX_OUTPUT)
+      jinja_fail(st, "center width is too large");
+    if (width <= len)
+      return s;
+    int64_t pad = width - len, left = pad / 2 + (pad & width & 1);
+    struct jinja_buf b;
+    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+    for (int64_t i = 0; i < left; i++)
+      jinja_buf_add(&b, " ", 1);
+    jinja_buf_add(&b, s.u.s->data, s.u.s->len);
+    for (int64_t i = 0; i < pad - left; i++)
+      jinja_buf_add(&b, " ", 1);
+    return jinja_buf_value(&b);
+  }
+  if (IS("batch")) {
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
+    int64_t size = int_arg(ev, jinja_arg(a, 0, "linecount"), 1);
+    const struct jinja_value *fill = jinja_arg(a, 1, "fill_with");
+    if (size <= 0)
+      jinja_fail(st, "batch size must be positive");
+    size_t groups = (n + (size_t)size - 1) / (size_t)size;
+    struct jinja_value out = jinja_list_new(st, groups, 0);
+    for (size_t g = 0; g < groups; g++) {
+      size_t start = g * (size_t)size, count = n - start < (size_t)size ? n - start : (size_t)size;
+      struct jinja_value row = jinja_list_new(st, fill ? (size_t)size : count, 0);
+      for (size_t k = 0; k < row.u.l->n; k++)
+        row.u.l->items[k] = k < count ? items[start + k] : *fill;
+      out.u.l->items[g] = row;
+    }
+    return out;
+  }
+  if (IS("format")) {
+    if (in.type != JINJA_STRING)
+      in = str_of(ev, in);
+    struct jinja_value args = jinja_list_new(st, a->n, 1);
+    for (size_t i = 0; i < a->n; i++)
+      args.u.l->items[i] = a->pos[i];
+    return jinja_percent_format(ev, in, args);
+  }
+  if (IS("pprint")) {
+    struct jinja_buf b;
+    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+    jinja_write_repr(&b, in);
+    return jinja_buf_value(&b);
+  }
+#undef IS
+  jinja_fail(st, "No filter named '%s'.", name);
+}
+
+/* ---- tests ---- */
+
+int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value v, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  const struct jinja_value *arg = a->n ? &a->pos[0] : NULL;
+#define IS(x) (!strcmp(name, x))
+  if (IS("defined"))
+    return v.type != JINJA_UNDEFINED;
+  if (IS("undefined"))
+    return v.type == JINJA_UNDEFINED;
+  if (IS("none"))
+    return v.type == JINJA_NONE;
+  if (IS("boolean"))
+    return v.type == JINJA_BOOL;
+  if (IS("true"))
+    return v.type == JINJA_BOOL && v.u.b;
+  if (IS("false"))
+    return v.type == JINJA_BOOL && !v.u.b;
+  if (IS("integer"))
+    return v.type == JINJA_INT;
+  if (IS("float"))
+    return v.type == JINJA_FLOAT;
+  if (IS("number"))
+    return jinja_is_number(v);
+  if (IS("string"))
+    return v.type == JINJA_STRING;
+  if (IS("mapping"))
+    return v.type == JINJA_DICT;
+  if (IS("iterable"))
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+  /* An Undefined has __len__, __getitem__ and __call__, so Jinja2 finds it a callable sequence. */
+  if (IS("sequence"))
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+  if (IS("callable"))
+    return v.type == JINJA_CALLABLE || v.type == JINJA_UNDEFINED;
+  if (IS("escaped"))
+    return 0;
+  if (IS("lower") || IS("upper")) {
+    if (v.type != JINJA_STRING)
+      v = str_of(ev, v);
+    /* Python: at least one cased character and no cased character of the other case. */
+    int cased = 0;
+    for (size_t i = 0; i < v.u.s->len;) {
+      int32_t c = next_cp(v.u.s->data, v.u.s->len, &i);
+      if (!is_cased(c))
+        continue;
+      int is_upper = utf8proc_tolower(c) != c;
+      if (IS("lower") ? is_upper : !is_upper)
+        return 0;
+      cased = 1;
+    }
+    return cased;
+  }
+  if (IS("even") || IS("odd") || IS("divisibleby")) {
+    jinja_check_defined(st, v);
+    if (v.type != JINJA_INT && v.type != JINJA_BOOL)
+      jinja_fail(st, "the '%s' test needs an integer", name);
+    int64_t x = v.type == JINJA_BOOL ? v.u.b : v.u.i;
+    if (IS("even"))
+      return x % 2 == 0;
+    if (IS("odd"))
+      return x % 2 != 0;
+    int64_t d = int_arg(ev, arg, 1);
+    if (d == 0)
+      jinja_fail(st, "integer division or modulo by zero");
+    return x % d == 0;
+  }
+  if (IS("sameas")) {
+    if (!arg)
+      jinja_fail(st, "sameas needs an argument");
+    if (v.type != arg->type)
+      return 0;
+    return jinja_equal(v, *arg) && (v.type == JINJA_NONE || v.type == JINJA_BOOL || v.type == JINJA_INT ||
+                                    v.u.s == arg->u.s);
+  }
+  if (IS("filter") || IS("test")) {
+    if (v.type != JINJA_STRING)
+      return 0;
+    static const char *filters[] = {"safe", "tojson", "trim", "upper", "lower", "capitalize", "title", "string",
+                                    "length", "count", "default", "d", "first", "last", "join", "items", "list",
+                                    "replace", "int", "float", "abs", "round", "select", "reject", "selectattr",
+                                    "rejectattr", "map", "attr", "unique", "min", "max", "reverse", "sort",
+                                    "dictsort", "sum", "indent", "wordcount", "escape", "e", "forceescape",
+                                    "center", "batch", "pprint", "format", NULL};
+    static const char *tests[] = {"defined", "undefined", "none", "boolean", "true", "false", "integer", "float",
+                                  "number", "string", "mapping", "iterable", "sequence", "callable", "escaped",
+                                  "lower", "upper", "even", "odd", "divisibleby", "sameas", "filter", "test",
+                                  "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
+                                  "greaterthan", ">", "ge", ">=", "in", NULL};
+    const char **list = IS("filter") ? filters : tests;
+    for (int i = 0; list[i]; i++)
+      if (!strcmp(list[i], v.u.s->data))
+        return 1;
+    return 0;
+  }
+  if (IS("in")) {
+    if (!arg)
+      jinja_fail(st, "the 'in' test needs an argument");
+    if (arg->type == JINJA_STRING) {
+      if (v.type != JINJA_STRING)
+        jinja_fail(st, "'in <string>' requires string as left operand, not %s", jinja_type_name(v));
+      jinja_charge(st, arg->u.s->len);
+      return v.u.s->len == 0 || memmem(arg->u.s->data, arg->u.s->len, v.u.s->data, v.u.s->len) != NULL;
+    }
+    if (arg->type == JINJA_DICT || arg->type == JINJA_NAMESPACE) {
+      jinja_charge(st, arg->u.d->n * 16);
+      return jinja_dict_get(arg->u.d, v) != NULL;
+    }
+    size_t n;
+    struct jinja_value *items = jinja_eval_iterate(ev, *arg, &n);
+    for (size_t i = 0; i < n; i++)
+      if (jinja_equal(items[i], v))
+        return 1;
+    return 0;
+  }
+  int op = 0;
+  if (IS("eq") || IS("equalto") || IS("=="))
+    op = 1;
+  else if (IS("ne") || IS("!="))
+    op = 2;
+  else if (IS("lt") || IS("lessthan") || IS("<"))
+    op = 3;
+  else if (IS("le") || IS("<="))
+    op = 4;
+  else if (IS("gt") || IS("greaterthan") || IS(">"))
+    op = 5;
+  else if (IS("ge") || IS(">="))
+    op = 6;
+  if (op) {
+    if (!arg)
+      jinja_fail(st, "the '%s' test needs an argument", name);
+    if (op == 1)
+      return jinja_equal(v, *arg);
+    if (op == 2)
+      return !jinja_equal(v, *arg);
+    int c = jinja_compare(st, v, *arg);
+    return op == 3 ? c < 0 : op == 4 ? c <= 0 : op == 5 ? c > 0 : c >= 0;
+  }
+#undef IS
+  jinja_fail(st, "No test named '%s'.", name);
+}
+
+/* ---- Python methods ---- */
+
+static const char *const str_methods[] = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "rsplit",
+                                          "startswith", "endswith", "replace", "title", "capitalize", "find",
+                                          "rfind", "count", "join", "splitlines", "isdigit", "isalpha",
+                                          "isalnum", "isspace", "isupper", "islower", "format", "index", NULL};
+static const char *const dict_methods[] = {"items", "keys", "values", "get", NULL};
+static const char *const list_methods[] = {"index", "count", NULL};
+
+static int in_list(const char *const *list, const char *name) {
+  for (int i = 0; list[i]; i++)
+    if (!strcmp(list[i], name))
+      return 1;
+  return 0;
+}
+
+const char *jinja_method_unsafe(struct jinja_value self, const char *name) {
+  static const char *const list_mutators[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
+                                              "reverse", NULL};
+  static const char *const dict_mutators[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
+  if (self.type == JINJA_LIST && !self.u.l->is_tuple && in_list(list_mutators, name))
+    return "list";
+  if (self.type == JINJA_DICT && in_list(dict_mutators, name))
+    return "dict";
+  return NULL;
+}
+
+int jinja_method_exists(struct jinja_value self, const char *name) {
+  switch (self.type) {
+  case JINJA_STRING:
+    return in_list(str_methods, name);
+  case JINJA_DICT:
+    return in_list(dict_methods, name);
+  case JINJA_LIST:
+    return in_list(list_methods, name);
+  default:
+    return 0;
+  }
+}
+
+/* str.format with positional {} / {0} and named {name} fields (no format specs). */
+static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value self, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  const char *s = self.u.s->data;
+  size_t n = self.u.s->len, auto_idx = 0;
+  struct jinja_buf b;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  for (size_t i = 0; i < n; i++) {
+    if ((s[i] == '{' || s[i] == '}') && i + 1 < n && s[i + 1] == s[i]) {
+      jinja_buf_add(&b, s + i, 1);
+      i++;
+      continue;
+    }
+    if (s[i] != '{') {
+      jinja_buf_add(&b, s + i, 1);
+      continue;
+    }
+    const char *close = memchr(s + i, '}', n - i);
+    if (!close)
+      jinja_fail(st, "Single '{' encountered in format string");
+    size_t flen = (size_t)(close - (s + i + 1));
+    char field[128];
+    if (flen >= sizeof field)
+      jinja_fail(st, "format field is too long");
+    memcpy(field, s + i + 1, flen);
+    field[flen] = 0;
+    char *colon = strchr(field, ':');
+    if (colon)
+      *colon = 0;
+    const struct jinja_value *v;
+    if (field[0] == 0) {
+      v = auto_idx < a->n ? &a->pos[auto_idx] : NULL;
+      auto_idx++;
+    } else if (field[0] >= '0' && field[0] <= '9') {
+      size_t k = (size_t)atoi(field);
+      v = k < a->n ? &a->pos[k] : NULL;
+    } else {
+      v = jinja_arg(a, SIZE_MAX, field);
+    }
+    if (!v)
+      jinja_fail(st, "Replacement index %s out of range for positional args tuple", field[0] ? field : "0");
+    jinja_write_str(&b, *v);
+    i += flen + 1;
+  }
+  return jinja_buf_value(&b);
+}
+
+struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value self, const char *name,
+                                     const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  const struct jinja_value *a0 = jinja_arg(a, 0, NULL), *a1 = jinja_arg(a, 1, NULL);
+#define IS(x) (!strcmp(name, x))
+  if (self.type == JINJA_DICT) {
+    if (IS("items"))
+      return items_of(ev, self);
+    if (IS("keys") || IS("values")) {
+      struct jinja_value l = jinja_list_new(st, self.u.d->n, 0);
+      for (size_t i = 0; i < self.u.d->n; i++)
+        l.u.l->items[i] = IS("keys") ? self.u.d->keys[i] : self.u.d->vals[i];
+      return l;
+    }
+    if (IS("get")) {
+      if (!a0)
+        jinja_fail(st, "get expected at least 1 argument, got 0");
+      jinja_charge(st, self.u.d->n * 16);
+      struct jinja_value *v = jinja_dict_get(self.u.d, *a0);
+      return v ? *v : a1 ? *a1 : jinja_none();
+    }
+  } else if (self.type == JINJA_LIST) {
+    if (!a0)
+      jinja_fail(st, "%s() takes exactly one argument (0 given)", name);
+    jinja_charge(st, self.u.l->n * 16);
+    int64_t count = 0;
+    for (size_t i = 0; i < self.u.l->n; i++)
+      if (jinja_equal(self.u.l->items[i], *a0)) {
+        if (IS("index"))
+          return jinja_int((int64_t)i);
+        count++;
+      }
+    if (IS("index"))
+      jinja_fail(st, "list.index(x): x not in list");
+    return jinja_int(count);
+  } else if (self.type == JINJA_STRING) {
+    const char *s = self.u.s->data;
+    size_t n = self.u.s->len;
+    if (IS("upper"))
+      return change_case(ev, self, CASE_UPPER);
+    if (IS("lower"))
+      return change_case(ev, self, CASE_LOWER);
+    if (IS("title"))
+      return change_case(ev, self, CASE_PY_TITLE);
+    if (IS("capitalize"))
+      return change_case(ev, self, CASE_CAPITALIZE);
+    if (IS("strip"))
+      return strip(ev, self, a0, 3);
+    if (IS("lstrip"))
+      return strip(ev, self, a0, 1);
+    if (IS("rstrip"))
+      return strip(ev, self, a0, 2);
+    if (IS("split"))
+      return split(ev, self, jinja_arg(a, 0, "sep"), int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1));
+    if (IS("rsplit")) {
+      /* Only the unlimited form, which equals split. */
+      if (int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1) >= 0)
+        jinja_fail(st, "rsplit with maxsplit is not supported");
+      return split(ev, self, jinja_arg(a, 0, "sep"), -1);
+    }
+    if (IS("startswith"))
+      return jinja_bool(starts_or_ends(ev, self, a0, 0));
+    if (IS("endswith"))
+      return jinja_bool(starts_or_ends(ev, self, a0, 1));
+    if (IS("replace"))
+      return replace(ev, self, a0, a1, int_arg(ev, jinja_arg(a, 2, "count"), -1));
+    if (IS("find") || IS("rfind") || IS("index") || IS("count")) {
+      if (!a0 || a0->type != JINJA_STRING)
+        jinja_fail(st, "must be str, not %s", a0 ? jinja_type_name(*a0) : "nothing");
+      const char *sub = a0->u.s->data;
+      size_t k = a0->u.s->len;
+      jinja_charge(st, n);
+      int64_t found = -1, count = 0;
+      if (k == 0) {
+        found = IS("rfind") ? (int64_t)n : 0;
+      } else {
+        size_t i = 0;
+        while (i + k <= n) {
+          const char *hit = memmem(s + i, n - i, sub, k);
+          if (!hit)
+            break;
+          size_t pos = (size_t)(hit - s);
+          if (found < 0 || IS("rfind"))
+            found = (int64_t)pos;
+          count++;
+          if (IS("find") || IS("index"))
+            break;
+          jinja_charge(st, k);
+          i = pos + (IS("count") ? k : 1);
+        }
+      }
+      if (IS("count"))
+        return jinja_int(k == 0 ? (int64_t)jinja_utf8_len(s, n) + 1 : count);
+      if (found < 0 && IS("index"))
+        jinja_fail(st, "substring not found");
+      return jinja_int(found < 0 ? -1 : (int64_t)jinja_utf8_len(s, (size_t)found));
+    }
+    if (IS("join")) {
+      if (!a0)
+        jinja_fail(st, "join() takes exactly one argument (0 given)");
+      return join(ev, *a0, s, n, NULL);
+    }
+    if (IS("splitlines")) {
+      struct jinja_value *parts = jinja_alloc(st, (n + 1) * sizeof(*parts));
+      size_t np = 0, i = 0;
+      while (i < n) {
+        size_t e = i;
+        while (e < n && s[e] != '\n' && s[e] != '\r')
+          e++;
+        parts[np++] = jinja_str_n(st, s + i, e - i);
+        i = e < n ? e + ((s[e] == '\r' && e + 1 < n && s[e + 1] == '\n') ? 2 : 1) : n;
+      }
+      return make_list(ev, parts, np);
+    }
+    if (IS("isdigit") || IS("isalpha") || IS("isalnum") || IS("isspace")) {
+      if (n == 0)
+        return jinja_bool(0);
+      for (size_t i = 0; i < n;) {
+        int32_t c = next_cp(s, n, &i);
+        utf8proc_category_t k = utf8proc_category(c);
+        int digit = k == UTF8PROC_CATEGORY_ND, alpha = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+        int ok = IS("isdigit") ? digit : IS("isalpha") ? alpha : IS("isalnum") ? digit || alpha : py_space(c);
+        if (!ok)
+          return jinja_bool(0);
+      }
+      return jinja_bool(1);
+    }
+    if (IS("isupper") || IS("islower")) {
+      struct jinja_args none = {0};
+      return jinja_bool(jinja_test_apply(ev, IS("isupper") ? "upper" : "lower", self, &none));
+    }
+    if (IS("format"))
+      return str_format(ev, self, a);
+  }
+#undef IS
+  jinja_fail(st, "'%s' object has no attribute '%s'", jinja_type_name(self), name);
+}

@@ -1,0 +1,845 @@
+/* jinja_parser.c - recursive-descent parser for the Jinja subset of chat templates; the
+ * precedence ladder is Jinja2's: condexpr < or < and < not < compare < +,- < ~ < *,/,//,% < **
+ * < unary -,+ < postfix (. [] ()) and filters/tests. */
+#include "text/jinja_parser.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct jinja_parser {
+  struct jinja_state *st;
+  const struct jinja_token *t; /* (n) ending in JINJA_TOK_EOF */
+  size_t n, pos;
+};
+
+/* A growable array of node pointers in the arena. */
+struct jinja_nodes {
+  struct jinja_node **v;
+  size_t n, cap;
+};
+
+static void jinja_nodes_push(struct jinja_state *st, struct jinja_nodes *a, struct jinja_node *x) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 4;
+    struct jinja_node **v = jinja_alloc(st, cap * sizeof(*v));
+    if (a->n)
+      memcpy(v, a->v, a->n * sizeof(*v));
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n++] = x;
+}
+
+struct jinja_names {
+  const char **v;
+  size_t n, cap;
+};
+
+static void jinja_names_push(struct jinja_state *st, struct jinja_names *a, const char *x) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 4;
+    const char **v = jinja_alloc(st, cap * sizeof(*v));
+    if (a->n)
+      memcpy(v, a->v, a->n * sizeof(*v));
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n++] = x;
+}
+
+static const struct jinja_token *cur(struct jinja_parser *p) { return &p->t[p->pos]; }
+static const struct jinja_token *peek2(struct jinja_parser *p) {
+  return p->pos + 1 < p->n ? &p->t[p->pos + 1] : &p->t[p->n - 1];
+}
+static void advance(struct jinja_parser *p) {
+  if (p->pos + 1 < p->n)
+    p->pos++;
+}
+
+static int is_op(const struct jinja_token *t, const char *op) {
+  return t->type == JINJA_TOK_OP && strcmp(t->text, op) == 0;
+}
+static int is_name(const struct jinja_token *t, const char *name) {
+  return t->type == JINJA_TOK_NAME && strcmp(t->text, name) == 0;
+}
+
+static const char *describe(const struct jinja_token *t) {
+  switch (t->type) {
+  case JINJA_TOK_TEXT:
+    return "template data";
+  case JINJA_TOK_VAR_BEGIN:
+    return "begin of print statement";
+  case JINJA_TOK_VAR_END:
+    return "end of print statement";
+  case JINJA_TOK_BLOCK_BEGIN:
+    return "begin of statement block";
+  case JINJA_TOK_BLOCK_END:
+    return "end of statement block";
+  case JINJA_TOK_STRING:
+    return "string";
+  case JINJA_TOK_INT:
+    return "integer";
+  case JINJA_TOK_FLOAT:
+    return "float";
+  case JINJA_TOK_EOF:
+    return "end of template";
+  default:
+    return t->text;
+  }
+}
+
+static _Noreturn void unexpected(struct jinja_parser *p, const char *expected) {
+  const struct jinja_token *t = cur(p);
+  if (expected)
+    jinja_fail(p->st, "expected token '%s', got '%s' (line %d)", expected, describe(t), t->line);
+  jinja_fail(p->st, "unexpected '%s' (line %d)", describe(t), t->line);
+}
+
+static void expect_op(struct jinja_parser *p, const char *op) {
+  if (!is_op(cur(p), op))
+    unexpected(p, op);
+  advance(p);
+}
+
+static const char *expect_name(struct jinja_parser *p) {
+  if (cur(p)->type != JINJA_TOK_NAME)
+    unexpected(p, "name");
+  const char *s = cur(p)->text;
+  advance(p);
+  return s;
+}
+
+static void expect_block_end(struct jinja_parser *p) {
+  if (cur(p)->type != JINJA_TOK_BLOCK_END)
+    unexpected(p, "end of statement block");
+  advance(p);
+}
+
+static struct jinja_node *node_new(struct jinja_parser *p, enum jinja_node_kind kind) {
+  struct jinja_node *n = jinja_alloc(p->st, sizeof(*n));
+  memset(n, 0, sizeof(*n));
+  n->kind = kind;
+  n->line = cur(p)->line;
+  return n;
+}
+
+static void enter(struct jinja_parser *p) {
+  if (++p->st->depth > JINJA_MAX_DEPTH)
+    jinja_fail(p->st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
+}
+static void leave(struct jinja_parser *p) { p->st->depth--; }
+
+static struct jinja_node *parse_expression(struct jinja_parser *p, int with_condexpr);
+static struct jinja_node *parse_unary(struct jinja_parser *p, int with_filter);
+static struct jinja_node *parse_primary(struct jinja_parser *p);
+static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_node *node);
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline);
+
+static int is_tuple_end(struct jinja_parser *p, const char *extra_end) {
+  const struct jinja_token *t = cur(p);
+  if (t->type == JINJA_TOK_VAR_END || t->type == JINJA_TOK_BLOCK_END || is_op(t, ")"))
+    return 1;
+  return extra_end && is_name(t, extra_end);
+}
+
+static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr,
+                                      const char *extra_end, int explicit_parens) {
+  struct jinja_nodes items = {0};
+  int is_tuple = 0;
+  int line = cur(p)->line;
+  for (;;) {
+    if (items.n)
+      expect_op(p, ",");
+    if (is_tuple_end(p, extra_end))
+      break;
+    jinja_nodes_push(p->st, &items, parse_expression(p, with_condexpr));
+    if (is_op(cur(p), ","))
+      is_tuple = 1;
+    else
+      break;
+  }
+  if (!is_tuple) {
+    if (items.n)
+      return items.v[0];
+    if (!explicit_parens)
+      jinja_fail(p->st, "Expected an expression, got '%s' (line %d)", describe(cur(p)), line);
+  }
+  struct jinja_node *n = node_new(p, JINJA_N_TUPLE);
+  n->args = items.v;
+  n->n_args = items.n;
+  return n;
+}
+
+static void parse_call_args(struct jinja_parser *p, struct jinja_node *n) {
+  struct jinja_nodes args = {0}, kwargs = {0};
+  struct jinja_names kwnames = {0};
+  expect_op(p, "(");
+  int need_comma = 0;
+  while (!is_op(cur(p), ")")) {
+    if (need_comma) {
+      expect_op(p, ",");
+      if (is_op(cur(p), ")"))
+        break;
+    }
+    if (is_op(cur(p), "*") || is_op(cur(p), "**"))
+      jinja_fail(p->st, "*args and **kwargs in calls are not supported (line %d)", cur(p)->line);
+    if (cur(p)->type == JINJA_TOK_NAME && is_op(peek2(p), "=")) {
+      jinja_names_push(p->st, &kwnames, cur(p)->text);
+      advance(p);
+      advance(p);
+      jinja_nodes_push(p->st, &kwargs, parse_expression(p, 1));
+    } else {
+      if (kwargs.n)
+        jinja_fail(p->st, "invalid syntax for function call expression (line %d)", cur(p)->line);
+      jinja_nodes_push(p->st, &args, parse_expression(p, 1));
+    }
+    need_comma = 1;
+  }
+  expect_op(p, ")");
+  n->args = args.v;
+  n->n_args = args.n;
+  n->kwargs = kwargs.v;
+  n->kwnames = kwnames.v;
+  n->n_kwargs = kwargs.n;
+}
+
+static const char *parse_dotted_name(struct jinja_parser *p) {
+  const char *name = expect_name(p);
+  while (is_op(cur(p), ".")) {
+    advance(p);
+    const char *more = expect_name(p);
+    size_t a = strlen(name), b = strlen(more);
+    char *s = jinja_alloc(p->st, a + b + 2);
+    memcpy(s, name, a);
+    s[a] = '.';
+    memcpy(s + a + 1, more, b + 1);
+    name = s;
+  }
+  return name;
+}
+
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline) {
+  while (is_op(cur(p), "|") || start_inline) {
+    if (!start_inline)
+      advance(p);
+    start_inline = 0;
+    struct jinja_node *f = node_new(p, JINJA_N_FILTER);
+    f->name = parse_dotted_name(p);
+    f->a = node;
+    if (is_op(cur(p), "("))
+      parse_call_args(p, f);
+    node = f;
+  }
+  return node;
+}
+
+static struct jinja_node *parse_test(struct jinja_parser *p, struct jinja_node *node) {
+  advance(p); /* is */
+  struct jinja_node *t = node_new(p, JINJA_N_TEST);
+  if (is_name(cur(p), "not")) {
+    advance(p);
+    t->op = 1;
+  }
+  t->name = parse_dotted_name(p);
+  t->a = node;
+  const struct jinja_token *c = cur(p);
+  if (is_op(c, "(")) {
+    parse_call_args(p, t);
+  } else if ((c->type == JINJA_TOK_NAME || c->type == JINJA_TOK_STRING || c->type == JINJA_TOK_INT ||
+              c->type == JINJA_TOK_FLOAT || is_op(c, "[") || is_op(c, "{")) &&
+             !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and")) {
+    if (is_name(c, "is"))
+      jinja_fail(p->st, "You cannot chain multiple tests with is (line %d)", c->line);
+    struct jinja_node *arg = parse_postfix(p, parse_primary(p));
+    t->args = jinja_alloc(p->st, sizeof(struct jinja_node *));
+    t->args[0] = arg;
+    t->n_args = 1;
+  }
+  return t;
+}
+
+static struct jinja_node *parse_subscribed(struct jinja_parser *p) {
+  struct jinja_node *parts[3] = {NULL, NULL, NULL};
+  if (is_op(cur(p), ":")) {
+    advance(p);
+  } else {
+    struct jinja_node *e = parse_expression(p, 1);
+    if (!is_op(cur(p), ":"))
+      return e;
+    advance(p);
+    parts[0] = e;
+  }
+  if (!is_op(cur(p), "]") && !is_op(cur(p), ",") && !is_op(cur(p), ":"))
+    parts[1] = parse_expression(p, 1);
+  if (is_op(cur(p), ":")) {
+    advance(p);
+    if (!is_op(cur(p), "]") && !is_op(cur(p), ","))
+      parts[2] = parse_expression(p, 1);
+  }
+  struct jinja_node *s = node_new(p, JINJA_N_SLICE);
+  s->a = parts[0];
+  s->b = parts[1];
+  s->c = parts[2];
+  return s;
+}
+
+static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_node *node) {
+  for (;;) {
+    const struct jinja_token *t = cur(p);
+    if (is_op(t, ".")) {
+      advance(p);
+      const struct jinja_token *a = cur(p);
+      if (a->type == JINJA_TOK_NAME) {
+        struct jinja_node *g = node_new(p, JINJA_N_GETATTR);
+        g->a = node;
+        g->name = a->text;
+        advance(p);
+        node = g;
+      } else if (a->type == JINJA_TOK_INT) {
+        struct jinja_node *g = node_new(p, JINJA_N_GETITEM);
+        struct jinja_node *k = node_new(p, JINJA_N_CONST);
+        k->value = a->value;
+        g->a = node;
+        g->b = k;
+        advance(p);
+        node = g;
+      } else {
+        jinja_fail(p->st, "expected name or number (line %d)", a->line);
+      }
+    } else if (is_op(t, "[")) {
+      advance(p);
+      struct jinja_nodes args = {0};
+      while (!is_op(cur(p), "]")) {
+        if (args.n)
+          expect_op(p, ",");
+        jinja_nodes_push(p->st, &args, parse_subscribed(p));
+      }
+      expect_op(p, "]");
+      if (args.n == 0)
+        jinja_fail(p->st, "expected subscript expression (line %d)", t->line);
+      struct jinja_node *g = node_new(p, JINJA_N_GETITEM);
+      g->a = node;
+      if (args.n == 1) {
+        g->b = args.v[0];
+      } else {
+        g->b = node_new(p, JINJA_N_TUPLE);
+        g->b->args = args.v;
+        g->b->n_args = args.n;
+      }
+      node = g;
+    } else if (is_op(t, "(")) {
+      struct jinja_node *c = node_new(p, JINJA_N_CALL);
+      c->a = node;
+      parse_call_args(p, c);
+      node = c;
+    } else {
+      return node;
+    }
+  }
+}
+
+static struct jinja_node *parse_filter_expr(struct jinja_parser *p, struct jinja_node *node) {
+  for (;;) {
+    if (is_op(cur(p), "|")) {
+      node = parse_filter(p, node, 0);
+    } else if (is_name(cur(p), "is")) {
+      node = parse_test(p, node);
+    } else if (is_op(cur(p), "(")) {
+      struct jinja_node *c = node_new(p, JINJA_N_CALL);
+      c->a = node;
+      parse_call_args(p, c);
+      node = c;
+    } else {
+      return node;
+    }
+  }
+}
+
+static struct jinja_node *parse_primary(struct jinja_parser *p) {
+  const struct jinja_token *t = cur(p);
+  enter(p);
+  struct jinja_node *n;
+  if (t->type == JINJA_TOK_NAME) {
+    advance(p);
+    if (!strcmp(t->text, "true") || !strcmp(t->text, "True") || !strcmp(t->text, "false") ||
+        !strcmp(t->text, "False")) {
+      n = node_new(p, JINJA_N_CONST);
+      n->value = jinja_bool(t->text[0] == 't' || t->text[0] == 'T');
+    } else if (!strcmp(t->text, "none") || !strcmp(t->text, "None")) {
+      n = node_new(p, JINJA_N_CONST);
+      n->value = jinja_none();
+    } else {
+      n = node_new(p, JINJA_N_NAME);
+      n->name = t->text;
+    }
+  } else if (t->type == JINJA_TOK_STRING) {
+    /* Adjacent string literals concatenate, as in Python. */
+    struct jinja_buf b;
+    jinja_buf_init(&b, p->st, 0, JINJA_MAX_OUTPUT);
+    while (cur(p)->type == JINJA_TOK_STRING) {
+      jinja_buf_add(&b, cur(p)->value.u.s->data, cur(p)->value.u.s->len);
+      advance(p);
+    }
+    n = node_new(p, JINJA_N_CONST);
+    n->value = jinja_buf_value(&b);
+  } else if (t->type == JINJA_TOK_INT || t->type == JINJA_TOK_FLOAT) {
+    advance(p);
+    n = node_new(p, JINJA_N_CONST);
+    n->value = t->value;
+  } else if (is_op(t, "(")) {
+    advance(p);
+    n = parse_tuple(p, 1, NULL, 1);
+    expect_op(p, ")");
+  } else if (is_op(t, "[")) {
+    advance(p);
+    struct jinja_nodes items = {0};
+    while (!is_op(cur(p), "]")) {
+      if (items.n)
+        expect_op(p, ",");
+      if (is_op(cur(p), "]"))
+        break;
+      jinja_nodes_push(p->st, &items, parse_expression(p, 1));
+    }
+    expect_op(p, "]");
+    n = node_new(p, JINJA_N_LIST);
+    n->args = items.v;
+    n->n_args = items.n;
+  } else if (is_op(t, "{")) {
+    advance(p);
+    struct jinja_nodes keys = {0}, vals = {0};
+    while (!is_op(cur(p), "}")) {
+      if (keys.n)
+        expect_op(p, ",");
+      if (is_op(cur(p), "}"))
+        break;
+      jinja_nodes_push(p->st, &keys, parse_expression(p, 1));
+      expect_op(p, ":");
+      jinja_nodes_push(p->st, &vals, parse_expression(p, 1));
+    }
+    expect_op(p, "}");
+    n = node_new(p, JINJA_N_DICT);
+    n->args = keys.v;
+    n->n_args = keys.n;
+    n->kwargs = vals.v;
+    n->n_kwargs = vals.n;
+  } else {
+    unexpected(p, NULL);
+  }
+  leave(p);
+  return n;
+}
+
+static struct jinja_node *parse_unary(struct jinja_parser *p, int with_filter) {
+  struct jinja_node *node;
+  enter(p);
+  if (is_op(cur(p), "-") || is_op(cur(p), "+")) {
+    node = node_new(p, JINJA_N_UNARY);
+    node->op = cur(p)->text[0];
+    advance(p);
+    node->a = parse_unary(p, 0);
+  } else {
+    node = parse_primary(p);
+  }
+  node = parse_postfix(p, node);
+  if (with_filter)
+    node = parse_filter_expr(p, node);
+  leave(p);
+  return node;
+}
+
+static struct jinja_node *binary(struct jinja_parser *p, enum jinja_node_kind kind, int op,
+                                 struct jinja_node *a, struct jinja_node *b) {
+  struct jinja_node *n = node_new(p, kind);
+  n->op = op;
+  n->a = a;
+  n->b = b;
+  return n;
+}
+
+static struct jinja_node *parse_pow(struct jinja_parser *p) {
+  struct jinja_node *left = parse_unary(p, 1);
+  while (is_op(cur(p), "**")) {
+    advance(p);
+    left = binary(p, JINJA_N_BINARY, JINJA_OP_POW, left, parse_unary(p, 1));
+  }
+  return left;
+}
+
+static struct jinja_node *parse_math2(struct jinja_parser *p) {
+  struct jinja_node *left = parse_pow(p);
+  for (;;) {
+    int op = is_op(cur(p), "*")    ? JINJA_OP_MUL
+             : is_op(cur(p), "/")  ? JINJA_OP_DIV
+             : is_op(cur(p), "//") ? JINJA_OP_FLOORDIV
+             : is_op(cur(p), "%")  ? JINJA_OP_MOD
+                                   : 0;
+    if (!op)
+      return left;
+    advance(p);
+    left = binary(p, JINJA_N_BINARY, op, left, parse_pow(p));
+  }
+}
+
+static struct jinja_node *parse_concat(struct jinja_parser *p) {
+  struct jinja_node *left = parse_math2(p);
+  while (is_op(cur(p), "~")) {
+    advance(p);
+    left = binary(p, JINJA_N_BINARY, JINJA_OP_CONCAT, left, parse_math2(p));
+  }
+  return left;
+}
+
+static struct jinja_node *parse_math1(struct jinja_parser *p) {
+  struct jinja_node *left = parse_concat(p);
+  for (;;) {
+    int op = is_op(cur(p), "+") ? JINJA_OP_ADD : is_op(cur(p), "-") ? JINJA_OP_SUB : 0;
+    if (!op)
+      return left;
+    advance(p);
+    left = binary(p, JINJA_N_BINARY, op, left, parse_concat(p));
+  }
+}
+
+static struct jinja_node *parse_compare(struct jinja_parser *p) {
+  struct jinja_node *left = parse_math1(p), *result = NULL;
+  for (;;) {
+    const struct jinja_token *t = cur(p);
+    int op = 0;
+    if (t->type == JINJA_TOK_OP) {
+      static const char *names[] = {"==", "!=", "<", "<=", ">", ">="};
+      static const int ops[] = {JINJA_OP_EQ, JINJA_OP_NE, JINJA_OP_LT, JINJA_OP_LE, JINJA_OP_GT, JINJA_OP_GE};
+      for (int i = 0; i < 6; i++)
+        if (!strcmp(t->text, names[i]))
+          op = ops[i];
+      if (op)
+        advance(p);
+    } else if (is_name(t, "in")) {
+      op = JINJA_OP_IN;
+      advance(p);
+    } else if (is_name(t, "not") && is_name(peek2(p), "in")) {
+      op = JINJA_OP_NOTIN;
+      advance(p);
+      advance(p);
+    }
+    if (!op)
+      return result ? result : left;
+    struct jinja_node *right = parse_math1(p);
+    struct jinja_node *cmp = binary(p, JINJA_N_COMPARE, op, left, right);
+    /* a < b < c means (a < b) and (b < c). */
+    result = result ? binary(p, JINJA_N_AND, 0, result, cmp) : cmp;
+    left = right;
+  }
+}
+
+static struct jinja_node *parse_not(struct jinja_parser *p) {
+  if (is_name(cur(p), "not")) {
+    struct jinja_node *n = node_new(p, JINJA_N_NOT);
+    advance(p);
+    enter(p);
+    n->a = parse_not(p);
+    leave(p);
+    return n;
+  }
+  return parse_compare(p);
+}
+
+static struct jinja_node *parse_and(struct jinja_parser *p) {
+  struct jinja_node *left = parse_not(p);
+  while (is_name(cur(p), "and")) {
+    advance(p);
+    left = binary(p, JINJA_N_AND, 0, left, parse_not(p));
+  }
+  return left;
+}
+
+static struct jinja_node *parse_or(struct jinja_parser *p) {
+  struct jinja_node *left = parse_and(p);
+  while (is_name(cur(p), "or")) {
+    advance(p);
+    left = binary(p, JINJA_N_OR, 0, left, parse_and(p));
+  }
+  return left;
+}
+
+static struct jinja_node *parse_condexpr(struct jinja_parser *p) {
+  struct jinja_node *e1 = parse_or(p);
+  while (is_name(cur(p), "if")) {
+    advance(p);
+    struct jinja_node *c = node_new(p, JINJA_N_COND);
+    c->a = parse_or(p);
+    c->b = e1;
+    if (is_name(cur(p), "else")) {
+      advance(p);
+      c->c = parse_condexpr(p);
+    }
+    e1 = c;
+  }
+  return e1;
+}
+
+static struct jinja_node *parse_expression(struct jinja_parser *p, int with_condexpr) {
+  enter(p);
+  struct jinja_node *n = with_condexpr ? parse_condexpr(p) : parse_or(p);
+  leave(p);
+  return n;
+}
+
+/* Assignment targets: a name, ns.attr (WITH_NS), or a tuple of names. */
+static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_ns, const char *extra_end) {
+  struct jinja_nodes items = {0};
+  int is_tuple = 0;
+  for (;;) {
+    if (items.n)
+      expect_op(p, ",");
+    if (is_tuple_end(p, extra_end) || is_op(cur(p), "="))
+      break;
+    const char *name = expect_name(p);
+    struct jinja_node *n;
+    if (with_ns && is_op(cur(p), ".")) {
+      advance(p);
+      n = node_new(p, JINJA_N_NSREF);
+      n->name = name;
+      n->attr = expect_name(p);
+    } else {
+      n = node_new(p, JINJA_N_NAME);
+      n->name = name;
+    }
+    jinja_nodes_push(p->st, &items, n);
+    if (is_op(cur(p), ","))
+      is_tuple = 1;
+    else
+      break;
+  }
+  if (items.n == 0)
+    unexpected(p, "name");
+  if (!is_tuple)
+    return items.v[0];
+  struct jinja_node *t = node_new(p, JINJA_N_TUPLE);
+  t->args = items.v;
+  t->n_args = items.n;
+  return t;
+}
+
+/* Parameters of a macro or call block: (a, b=default, ...). */
+static void parse_signature(struct jinja_parser *p, struct jinja_node *n) {
+  struct jinja_names names = {0};
+  struct jinja_nodes defaults = {0};
+  expect_op(p, "(");
+  while (!is_op(cur(p), ")")) {
+    if (names.n)
+      expect_op(p, ",");
+    if (is_op(cur(p), ")"))
+      break;
+    jinja_names_push(p->st, &names, expect_name(p));
+    struct jinja_node *def = NULL;
+    if (is_op(cur(p), "=")) {
+      advance(p);
+      def = parse_expression(p, 1);
+    }
+    jinja_nodes_push(p->st, &defaults, def);
+  }
+  expect_op(p, ")");
+  n->kwnames = names.v;
+  n->kwargs = defaults.v;
+  n->n_kwargs = names.n;
+}
+
+static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *ends);
+
+/* Consumes "{% NAME" ... "%}" where NAME ends a body: the parser stands on NAME. */
+static void end_tag(struct jinja_parser *p, const char *name) {
+  if (!is_name(cur(p), name))
+    unexpected(p, name);
+  advance(p);
+  expect_block_end(p);
+}
+
+static struct jinja_node *parse_statement(struct jinja_parser *p) {
+  const struct jinja_token *t = cur(p);
+  if (t->type != JINJA_TOK_NAME)
+    unexpected(p, "statement name");
+  const char *kw = t->text;
+  advance(p);
+  struct jinja_node *n;
+  if (!strcmp(kw, "for")) {
+    n = node_new(p, JINJA_N_FOR);
+    n->a = parse_assign_target(p, 0, "in");
+    if (!is_name(cur(p), "in"))
+      unexpected(p, "in");
+    advance(p);
+    n->b = parse_tuple(p, 0, "recursive", 0);
+    if (is_name(cur(p), "if")) {
+      advance(p);
+      n->c = parse_expression(p, 1);
+    }
+    if (is_name(cur(p), "recursive"))
+      jinja_fail(p->st, "recursive for loops are not supported (line %d)", cur(p)->line);
+    expect_block_end(p);
+    static const char *const ends1[] = {"endfor", "else", NULL};
+    n->body = parse_body(p, ends1);
+    if (is_name(cur(p), "else")) {
+      end_tag(p, "else");
+      static const char *const ends2[] = {"endfor", NULL};
+      n->else_body = parse_body(p, ends2);
+    }
+    end_tag(p, "endfor");
+  } else if (!strcmp(kw, "if")) {
+    n = node_new(p, JINJA_N_IF);
+    n->a = parse_tuple(p, 0, NULL, 0);
+    expect_block_end(p);
+    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    n->body = parse_body(p, ends);
+    struct jinja_node *last = n;
+    for (;;) {
+      if (is_name(cur(p), "elif")) {
+        advance(p);
+        struct jinja_node *e = node_new(p, JINJA_N_IF);
+        e->a = parse_tuple(p, 0, NULL, 0);
+        expect_block_end(p);
+        e->body = parse_body(p, ends);
+        struct jinja_node *wrap = node_new(p, JINJA_N_BODY);
+        wrap->args = jinja_alloc(p->st, sizeof(struct jinja_node *));
+        wrap->args[0] = e;
+        wrap->n_args = 1;
+        last->else_body = wrap;
+        last = e;
+      } else if (is_name(cur(p), "else")) {
+        end_tag(p, "else");
+        static const char *const ends2[] = {"endif", NULL};
+        last->else_body = parse_body(p, ends2);
+      } else {
+        break;
+      }
+    }
+    end_tag(p, "endif");
+  } else if (!strcmp(kw, "set")) {
+    struct jinja_node *target = parse_assign_target(p, 1, NULL);
+    if (is_op(cur(p), "=")) {
+      advance(p);
+      n = node_new(p, JINJA_N_SET);
+      n->a = target;
+      n->b = parse_tuple(p, 1, NULL, 0);
+      expect_block_end(p);
+    } else {
+      n = node_new(p, JINJA_N_SET_BLOCK);
+      n->a = target;
+      if (is_op(cur(p), "|"))
+        n->b = parse_filter(p, NULL, 0);
+      expect_block_end(p);
+      static const char *const ends[] = {"endset", NULL};
+      n->body = parse_body(p, ends);
+      end_tag(p, "endset");
+    }
+  } else if (!strcmp(kw, "macro")) {
+    n = node_new(p, JINJA_N_MACRO);
+    n->name = expect_name(p);
+    parse_signature(p, n);
+    expect_block_end(p);
+    static const char *const ends[] = {"endmacro", NULL};
+    n->body = parse_body(p, ends);
+    advance(p);
+    if (cur(p)->type == JINJA_TOK_NAME)
+      advance(p);
+    expect_block_end(p);
+  } else if (!strcmp(kw, "call")) {
+    n = node_new(p, JINJA_N_CALL_BLOCK);
+    if (is_op(cur(p), "("))
+      parse_signature(p, n);
+    n->a = parse_expression(p, 1);
+    if (n->a->kind != JINJA_N_CALL)
+      jinja_fail(p->st, "expected call (line %d)", n->line);
+    expect_block_end(p);
+    static const char *const ends[] = {"endcall", NULL};
+    n->body = parse_body(p, ends);
+    end_tag(p, "endcall");
+  } else if (!strcmp(kw, "filter")) {
+    n = node_new(p, JINJA_N_FILTER_BLOCK);
+    n->b = parse_filter(p, NULL, 1);
+    expect_block_end(p);
+    static const char *const ends[] = {"endfilter", NULL};
+    n->body = parse_body(p, ends);
+    end_tag(p, "endfilter");
+  } else if (!strcmp(kw, "with")) {
+    n = node_new(p, JINJA_N_WITH);
+    struct jinja_names names = {0};
+    struct jinja_nodes vals = {0};
+    while (cur(p)->type != JINJA_TOK_BLOCK_END) {
+      if (names.n)
+        expect_op(p, ",");
+      jinja_names_push(p->st, &names, expect_name(p));
+      expect_op(p, "=");
+      jinja_nodes_push(p->st, &vals, parse_expression(p, 1));
+    }
+    n->kwnames = names.v;
+    n->kwargs = vals.v;
+    n->n_kwargs = names.n;
+    expect_block_end(p);
+    static const char *const ends[] = {"endwith", NULL};
+    n->body = parse_body(p, ends);
+    end_tag(p, "endwith");
+  } else if (!strcmp(kw, "generation")) {
+    /* transformers' AssistantTracker tag: marks assistant text, renders its body unchanged. */
+    expect_block_end(p);
+    static const char *const ends[] = {"endgeneration", NULL};
+    n = parse_body(p, ends);
+    end_tag(p, "endgeneration");
+  } else if (!strcmp(kw, "break") || !strcmp(kw, "continue")) {
+    n = node_new(p, kw[0] == 'b' ? JINJA_N_BREAK : JINJA_N_CONTINUE);
+    expect_block_end(p);
+  } else {
+    jinja_fail(p->st, "Encountered unknown tag '%s' (line %d)", kw, t->line);
+  }
+  return n;
+}
+
+static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *ends) {
+  enter(p);
+  struct jinja_nodes stmts = {0};
+  struct jinja_node *body = node_new(p, JINJA_N_BODY);
+  for (;;) {
+    const struct jinja_token *t = cur(p);
+    if (t->type == JINJA_TOK_EOF) {
+      if (ends) {
+        char tags[256] = "";
+        for (size_t i = 0; ends[i]; i++)
+          snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s'%s'", i ? " or " : "", ends[i]);
+        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.", tags);
+      }
+      break;
+    }
+    if (t->type == JINJA_TOK_TEXT) {
+      struct jinja_node *n = node_new(p, JINJA_N_TEXT);
+      n->value = t->value;
+      advance(p);
+      jinja_nodes_push(p->st, &stmts, n);
+    } else if (t->type == JINJA_TOK_VAR_BEGIN) {
+      advance(p);
+      struct jinja_node *n = node_new(p, JINJA_N_OUTPUT);
+      n->a = parse_tuple(p, 1, NULL, 0);
+      if (cur(p)->type != JINJA_TOK_VAR_END)
+        unexpected(p, "end of print statement");
+      advance(p);
+      jinja_nodes_push(p->st, &stmts, n);
+    } else if (t->type == JINJA_TOK_BLOCK_BEGIN) {
+      advance(p);
+      int is_end = 0;
+      for (size_t i = 0; ends && ends[i]; i++)
+        if (is_name(cur(p), ends[i]))
+          is_end = 1;
+      if (is_end)
+        break;
+      jinja_nodes_push(p->st, &stmts, parse_statement(p));
+    } else {
+      unexpected(p, NULL);
+    }
+  }
+  body->args = stmts.v;
+  body->n_args = stmts.n;
+  leave(p);
+  return body;
+}
+
+struct jinja_node *jinja_parse(struct jinja_state *st, const struct jinja_token *toks, size_t n) {
+  struct jinja_parser p = {.st = st, .t = toks, .n = n, .pos = 0};
+  return parse_body(&p, NULL);
+}

@@ -1,0 +1,489 @@
+/* tokenizer.c - loading dispatch, accessors, and encoding: added-token splitting, then per
+ * segment normalize -> pre-tokenize -> BPE, plus BOS/EOS. */
+#include "text/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
+#include "util/file.h"
+#include "util/log.h"
+
+static int has_suffix(const char *s, const char *suf) {
+  size_t n = strlen(s), m = strlen(suf);
+  return n >= m && !strcmp(s + n - m, suf);
+}
+
+static int file_is_gguf(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return 0;
+  char magic[4] = {0};
+  size_t n = fread(magic, 1, 4, f);
+  fclose(f);
+  return n == 4 && !memcmp(magic, "GGUF", 4);
+}
+
+struct tokenizer *tokenizer_load(const char *path) {
+  if (!path || !*path) {
+    ERR("no tokenizer path given");
+    return NULL;
+  }
+  if (!file_exists(path)) {
+    ERR("%s: no such file or directory", path);
+    return NULL;
+  }
+  struct tokenizer *t = calloc(1, sizeof *t);
+  if (!t) {
+    ERR("out of memory");
+    return NULL;
+  }
+  t->bos_id = t->eos_id = t->unk_id = -1;
+  int rc;
+  if (file_is_dir(path)) {
+    size_t n = strlen(path) + 32;
+    char *jp = malloc(n);
+    if (!jp) {
+      free(t);
+      ERR("out of memory");
+      return NULL;
+    }
+    snprintf(jp, n, "%s/tokenizer.json", path);
+    if (file_exists(jp))
+      rc = tokenizer_load_json(t, jp, path);
+    else
+      rc = ERR("%s: no tokenizer.json in this directory (give a tokenizer.json or a .gguf)", path);
+    free(jp);
+  } else if (has_suffix(path, ".gguf") || file_is_gguf(path)) {
+    rc = tokenizer_load_gguf(t, path);
+  } else {
+    /* A tokenizer.json: its directory may hold tokenizer_config.json. */
+    char *dir = strdup(path);
+    if (!dir) {
+      free(t);
+      ERR("out of memory");
+      return NULL;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash)
+      *slash = 0;
+    else
+      strcpy(dir, ".");
+    rc = tokenizer_load_json(t, path, dir);
+    free(dir);
+  }
+  if (rc == 0)
+    rc = tokenizer_finish(t);
+  if (rc) {
+    tokenizer_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+void tokenizer_free(struct tokenizer *t) {
+  if (!t)
+    return;
+  vocab_free(&t->vocab);
+  bpe_merges_free(&t->merges);
+  normalizer_free(&t->norm);
+  pretokenizer_free(&t->pre);
+  for (int i = 0; i < t->n_added; i++)
+    free(t->added[i].text);
+  free(t->added);
+  free(t->added_index);
+  for (int i = 0; i < t->n_dec; i++) {
+    free(t->dec[i].a);
+    free(t->dec[i].b);
+  }
+  free(t->dec);
+  free(t->special);
+  free(t->eog);
+  free(t->chat_template);
+  free(t);
+}
+
+int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_t len, int special,
+                        int lstrip, int rstrip, int single_word) {
+  if (!len)
+    return 0; /* an empty pattern would match everywhere */
+  if (id < 0 || id >= t->vocab.n)
+    return ERR("added token id %d out of range", id);
+  struct added_token *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
+  if (!a)
+    return ERR("out of memory");
+  t->added = a;
+  char *s = malloc(len + 1);
+  if (!s)
+    return ERR("out of memory");
+  memcpy(s, text, len);
+  s[len] = 0;
+  t->added[t->n_added++] = (struct added_token){id, s, (uint32_t)len, (uint8_t)!!special,
+                                                (uint8_t)!!lstrip, (uint8_t)!!rstrip,
+                                                (uint8_t)!!single_word};
+  return 0;
+}
+
+int tokenizer_add_decode(struct tokenizer *t, struct decode_step step) {
+  struct decode_step *d = realloc(t->dec, (size_t)(t->n_dec + 1) * sizeof *d);
+  if (!d) {
+    free(step.a);
+    free(step.b);
+    return ERR("out of memory");
+  }
+  t->dec = d;
+  t->dec[t->n_dec++] = step;
+  return 0;
+}
+
+void tokenizer_mark_eog_by_text(struct tokenizer *t) {
+  static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                      "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                                      "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    int32_t id = vocab_find(&t->vocab, names[i], strlen(names[i]));
+    if (id >= 0 && t->special[id])
+      t->eog[id] = 1;
+  }
+}
+
+static int cmp_added_len(const void *a, const void *b, void *ctx) {
+  const struct tokenizer *t = ctx;
+  const struct added_token *x = &t->added[*(const int32_t *)a], *y = &t->added[*(const int32_t *)b];
+  if (x->text[0] != y->text[0])
+    return (uint8_t)x->text[0] - (uint8_t)y->text[0];
+  if (x->len != y->len)
+    return x->len > y->len ? -1 : 1;
+  return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+int tokenizer_finish(struct tokenizer *t) {
+  int n = t->vocab.n;
+  if (!t->special)
+    t->special = calloc((size_t)n, 1);
+  if (!t->eog)
+    t->eog = calloc((size_t)n, 1);
+  if (!t->special || !t->eog)
+    return ERR("out of memory");
+  for (int i = 0; i < t->n_added; i++)
+    if (t->added[i].special)
+      t->special[t->added[i].id] = 1;
+  if (t->eos_id >= n || t->bos_id >= n || t->unk_id >= n)
+    return ERR("special token id out of range (vocabulary of %d)", n);
+  if (t->eos_id >= 0)
+    t->eog[t->eos_id] = 1;
+  tokenizer_mark_eog_by_text(t);
+
+  /* Added tokens grouped by first byte, longest first: the first hit at a position is the
+   * leftmost-longest match HF's Aho-Corasick finds. */
+  t->added_index = malloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *t->added_index);
+  if (!t->added_index)
+    return ERR("out of memory");
+  for (int i = 0; i < t->n_added; i++)
+    t->added_index[i] = i;
+  qsort_r(t->added_index, (size_t)t->n_added, sizeof *t->added_index, cmp_added_len, t);
+  memset(t->added_start, 0, sizeof t->added_start);
+  for (int i = 0; i < t->n_added; i++)
+    t->added_start[(uint8_t)t->added[i].text[0] + 1]++;
+  for (int b = 0; b < 256; b++)
+    t->added_start[b + 1] += t->added_start[b];
+
+  for (int b = 0; b < 256; b++) {
+    char name[8];
+    snprintf(name, sizeof name, "<0x%02X>", b);
+    t->byte_token[b] = vocab_find(&t->vocab, name, 6);
+  }
+  return 0;
+}
+
+int tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab.n; }
+int tokenizer_bos_id(const struct tokenizer *t) { return t->bos_id; }
+int tokenizer_eos_id(const struct tokenizer *t) { return t->eos_id; }
+int tokenizer_is_eog(const struct tokenizer *t, int32_t id) {
+  return id >= 0 && id < t->vocab.n && t->eog[id];
+}
+const char *tokenizer_token_text(const struct tokenizer *t, int32_t id, size_t *len) {
+  const char *s = vocab_text(&t->vocab, id, len);
+  if (!s && id >= 0 && id < t->vocab.n) {
+    if (len)
+      *len = 0;
+    return "";
+  }
+  return s;
+}
+const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_template; }
+
+/* ---- encoding ---- */
+
+/* Scratch space of one encode call; every buffer grows to the largest word and is reused. */
+struct encode_ws {
+  struct regex_ctx *rc;
+  struct text_buf norm, tmp, word;
+  struct piece_list pieces, pieces_tmp;
+  struct bpe_work bw;
+  int32_t *ids; /* (cap) */
+  int n, cap;
+};
+
+static void ws_free(struct encode_ws *w) {
+  regex_ctx_free(w->rc);
+  text_buf_free(&w->norm);
+  text_buf_free(&w->tmp);
+  text_buf_free(&w->word);
+  piece_list_free(&w->pieces);
+  piece_list_free(&w->pieces_tmp);
+  bpe_work_free(&w->bw);
+  free(w->ids);
+}
+
+static int emit(struct encode_ws *w, int32_t id) {
+  if (w->n == w->cap) {
+    int cap = w->cap ? w->cap * 2 : 256;
+    int32_t *ids = realloc(w->ids, (size_t)cap * sizeof *ids);
+    if (!ids)
+      return ERR("out of memory");
+    w->ids = ids;
+    w->cap = cap;
+  }
+  w->ids[w->n++] = id;
+  return 0;
+}
+
+static int emit_symbols(struct encode_ws *w) {
+  for (int i = 0; i >= 0 && w->bw.n_sym > 0; i = w->bw.sym[i].next)
+    if (emit(w, w->bw.sym[i].id))
+      return -1;
+  return 0;
+}
+
+static void link_symbols(struct bpe_work *bw) {
+  for (int i = 0; i < bw->n_sym; i++) {
+    bw->sym[i].prev = i - 1;
+    bw->sym[i].next = i + 1 < bw->n_sym ? i + 1 : -1;
+  }
+}
+
+static int add_symbol(struct bpe_work *bw, int32_t id, uint32_t start, uint32_t len) {
+  if (bpe_work_reserve(bw, bw->n_sym + 1))
+    return -1;
+  bw->sym[bw->n_sym++] = (struct bpe_symbol){id, start, len, 0, 0};
+  return 0;
+}
+
+/* Rank BPE on one pre-tokenized word. */
+static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  const uint8_t *p = (const uint8_t *)s;
+  struct bpe_work *bw = &w->bw;
+  bw->n_sym = 0;
+  if (t->ignore_merges) {
+    int32_t id = vocab_find(&t->vocab, s, len);
+    if (id >= 0)
+      return emit(w, id);
+  }
+  int prev_unk = 0;
+  for (size_t i = 0; i < len;) {
+    uint32_t cp;
+    int l = unicode_utf8_decode(p + i, len - i, &cp);
+    if (!l)
+      l = 1;
+    int32_t id = vocab_find(&t->vocab, s + i, (size_t)l);
+    if (id >= 0) {
+      if (add_symbol(bw, id, (uint32_t)i, (uint32_t)l))
+        return -1;
+      prev_unk = 0;
+    } else {
+      int all = t->byte_fallback;
+      for (int k = 0; all && k < l; k++)
+        all = t->byte_token[p[i + (size_t)k]] >= 0;
+      if (all) {
+        for (int k = 0; k < l; k++)
+          if (add_symbol(bw, t->byte_token[p[i + (size_t)k]], (uint32_t)i + (uint32_t)k, 1))
+            return -1;
+        prev_unk = 0;
+      } else if (t->unk_id >= 0) {
+        if (t->fuse_unk && prev_unk) {
+          bw->sym[bw->n_sym - 1].len += (uint32_t)l;
+        } else if (add_symbol(bw, t->unk_id, (uint32_t)i, (uint32_t)l)) {
+          return -1;
+        }
+        prev_unk = 1;
+      }
+    }
+    i += (size_t)l;
+  }
+  link_symbols(bw);
+  if (bpe_merge_by_rank(&t->merges, bw))
+    return -1;
+  return emit_symbols(w);
+}
+
+/* SentencePiece BPE (GGUF "llama") on one segment: ' ' -> U+2581, an optional leading one,
+ * merges by score, then characters that are no token become byte tokens. */
+static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  static const char ws_mark[3] = {(char)0xE2, (char)0x96, (char)0x81};
+  w->word.len = 0;
+  if (t->spm_add_space && text_buf_append(&w->word, ws_mark, 3))
+    return ERR("out of memory");
+  for (size_t i = 0; i < len; i++) {
+    int rc = s[i] == ' ' ? text_buf_append(&w->word, ws_mark, 3) : text_buf_append(&w->word, s + i, 1);
+    if (rc)
+      return ERR("out of memory");
+  }
+  const char *word = w->word.data;
+  const uint8_t *p = (const uint8_t *)word;
+  size_t n = w->word.len;
+  struct bpe_work *bw = &w->bw;
+  bw->n_sym = 0;
+  if (bpe_work_reserve(bw, (int)n + 1))
+    return -1;
+  for (size_t i = 0; i < n;) {
+    uint32_t cp;
+    int l = unicode_utf8_decode(p + i, n - i, &cp);
+    if (!l)
+      l = 1;
+    bw->sym[bw->n_sym++] = (struct bpe_symbol){vocab_find(&t->vocab, word + i, (size_t)l), (uint32_t)i,
+                                               (uint32_t)l, 0, 0};
+    i += (size_t)l;
+  }
+  link_symbols(bw);
+  if (bpe_merge_by_score(&t->vocab, word, bw))
+    return -1;
+  for (int i = 0; i >= 0 && bw->n_sym > 0; i = bw->sym[i].next) {
+    struct bpe_symbol *sy = &bw->sym[i];
+    if (sy->id >= 0) {
+      if (emit(w, sy->id))
+        return -1;
+      continue;
+    }
+    for (uint32_t k = 0; k < sy->len; k++) {
+      int32_t id = t->byte_token[p[sy->start + k]];
+      if (id < 0)
+        id = t->unk_id;
+      if (id >= 0 && emit(w, id))
+        return -1;
+    }
+  }
+  return 0;
+}
+
+static int encode_segment(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len,
+                          int at_origin) {
+  if (!len)
+    return 0;
+  if (t->model == TOKENIZER_MODEL_SPM)
+    return encode_segment_spm(t, w, s, len);
+  if (normalizer_apply(&t->norm, w->rc, s, len, &w->norm, &w->tmp))
+    return -1;
+  if (pretokenizer_apply(&t->pre, w->rc, w->norm.data, w->norm.len, at_origin, &w->pieces, &w->pieces_tmp))
+    return -1;
+  for (int i = 0; i < w->pieces.n; i++)
+    if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
+      return -1;
+  return 0;
+}
+
+static uint32_t cp_before(const char *s, size_t pos, size_t lo, size_t *start) {
+  size_t b = pos - 1;
+  while (b > lo && ((uint8_t)s[b] & 0xC0) == 0x80)
+    b--;
+  uint32_t cp = UNICODE_REPLACEMENT;
+  if (!unicode_utf8_decode((const uint8_t *)s + b, pos - b, &cp))
+    cp = UNICODE_REPLACEMENT;
+  *start = b;
+  return cp;
+}
+
+/* Finds the leftmost-longest added token in S[from, len) that may match. Returns its index in
+ * t->added and the matched span (widened by lstrip/rstrip), or -1. */
+static int find_added(const struct tokenizer *t, const char *s, size_t len, size_t from, int parse_special,
+                      size_t *ms, size_t *me) {
+  for (size_t pos = from; pos < len; pos++) {
+    uint8_t b = (uint8_t)s[pos];
+    for (int k = t->added_start[b]; k < t->added_start[b + 1]; k++) {
+      const struct added_token *a = &t->added[t->added_index[k]];
+      if (a->special && !parse_special)
+        continue;
+      if (a->len > len - pos || memcmp(s + pos, a->text, a->len))
+        continue;
+      size_t e = pos + a->len, st = pos;
+      if (a->single_word) {
+        size_t dummy;
+        uint32_t cp;
+        if (pos > 0 && unicode_is_alnum(cp_before(s, pos, 0, &dummy)))
+          continue;
+        if (e < len && unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp) && unicode_is_alnum(cp))
+          continue;
+      }
+      if (a->lstrip) {
+        while (st > from) {
+          size_t b0;
+          if (!unicode_is_whitespace(cp_before(s, st, from, &b0)))
+            break;
+          st = b0;
+        }
+      }
+      if (a->rstrip) {
+        while (e < len) {
+          uint32_t cp;
+          int l = unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp);
+          if (!l || !unicode_is_whitespace(cp))
+            break;
+          e += (size_t)l;
+        }
+      }
+      *ms = st;
+      *me = e;
+      return t->added_index[k];
+    }
+  }
+  return -1;
+}
+
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, int add_special,
+                     int parse_special, int32_t *ids, int max_ids) {
+  if (!t || (!text && len))
+    return ERR("tokenizer_encode: bad arguments");
+  struct encode_ws w = {0};
+  char *fixed = NULL;
+  int rc = 0;
+  w.rc = regex_ctx_create();
+  if (!w.rc) {
+    rc = ERR("out of memory");
+    goto done;
+  }
+  if (len && !unicode_utf8_valid(text, len)) {
+    /* Invalid UTF-8 is read as HF's Python callers would after errors="replace". */
+    fixed = malloc(len * 3);
+    if (!fixed) {
+      rc = ERR("out of memory");
+      goto done;
+    }
+    len = unicode_utf8_repair(text, len, fixed);
+    text = fixed;
+  }
+  if (add_special && t->add_bos && t->bos_id >= 0 && (rc = emit(&w, t->bos_id)))
+    goto done;
+  size_t seg = 0;
+  while (seg <= len) {
+    size_t ms = len, me = len;
+    int k = t->n_added ? find_added(t, text, len, seg, parse_special, &ms, &me) : -1;
+    if ((rc = encode_segment(t, &w, text + seg, ms - seg, seg == 0)))
+      goto done;
+    if (k < 0)
+      break;
+    if ((rc = emit(&w, t->added[k].id)))
+      goto done;
+    seg = me;
+  }
+  if (add_special && t->add_eos && t->eos_id >= 0 && (rc = emit(&w, t->eos_id)))
+    goto done;
+  if (w.n > 0 && ids && max_ids > 0)
+    memcpy(ids, w.ids, (size_t)(w.n < max_ids ? w.n : max_ids) * sizeof *ids);
+  rc = w.n;
+done:
+  ws_free(&w);
+  free(fixed);
+  return rc;
+}

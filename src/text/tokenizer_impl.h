@@ -1,0 +1,94 @@
+/* tokenizer_impl.h - the tokenizer's internal representation, shared by the encoder
+ * (tokenizer.c), the decoder (detokenizer.c) and the two loaders (tokenizer_json.c,
+ * tokenizer_gguf.c). Both file formats are lowered into this one description of the HF
+ * pipeline: added tokens -> normalizer -> pre-tokenizer -> BPE model -> post-processor, and
+ * the decoder chain for the way back. */
+#ifndef PAGODA_TOKENIZER_IMPL_H
+#define PAGODA_TOKENIZER_IMPL_H
+
+#include <stdint.h>
+
+#include "text/bpe.h"
+#include "text/normalize.h"
+#include "text/pretokenize.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
+
+enum tokenizer_model {
+  TOKENIZER_MODEL_BPE, /* merges by rank (tokenizer.json BPE, GGUF "gpt2") */
+  TOKENIZER_MODEL_SPM  /* merges by score (GGUF "llama": SentencePiece BPE) */
+};
+
+/* A token matched in the raw text before normalization (HF added_tokens, GGUF control and
+ * user-defined tokens). */
+struct added_token {
+  int32_t id;
+  char *text; /* owned, NUL-terminated */
+  uint32_t len;
+  uint8_t special;     /* matched only with parse_special; dropped by skip_special */
+  uint8_t lstrip;      /* swallows whitespace on its left */
+  uint8_t rstrip;      /* ... and on its right */
+  uint8_t single_word; /* matches only between non-word characters */
+};
+
+enum decode_kind {
+  DECODE_BYTE_LEVEL,    /* GPT-2 alphabet -> bytes (the token's own bytes if not in it) */
+  DECODE_BYTE_FALLBACK, /* "<0xXX>" -> that byte */
+  DECODE_REPLACE,       /* a -> b in each token */
+  DECODE_METASPACE,     /* replacement -> ' '; dropped in the first token if strip_first */
+  DECODE_STRIP          /* strip `count` leading `ch` from the (fused) output */
+};
+
+struct decode_step {
+  enum decode_kind kind;
+  char *a, *b; /* owned: Replace pattern and content, Metaspace replacement in a */
+  size_t a_len, b_len;
+  int strip_first; /* Metaspace */
+  int count;       /* Strip */
+  char ch;         /* Strip */
+};
+
+struct tokenizer {
+  struct vocab vocab;
+  enum tokenizer_model model;
+  struct bpe_merges merges;   /* rank model */
+  int byte_level;             /* the vocabulary is written in the GPT-2 byte alphabet */
+  int32_t byte_token[256];    /* id of "<0xXX>", -1 if absent */
+  int byte_fallback;          /* unknown characters become their byte tokens */
+  int fuse_unk;               /* consecutive unknowns become one unk */
+  int ignore_merges;          /* a word that is a token is taken whole */
+  int32_t unk_id;             /* -1 when none */
+  int spm_add_space;          /* SPM: each raw segment gets a leading space */
+
+  struct normalizer norm;
+  struct pretokenizer pre;
+
+  struct added_token *added;  /* (n_added) owned */
+  int n_added;
+  int32_t *added_index;       /* (n_added) indices into added grouped by first byte, longest first */
+  int32_t added_start[257];   /* added_index[added_start[b] .. added_start[b+1]) start with b */
+
+  struct decode_step *dec;    /* (n_dec) owned */
+  int n_dec;
+
+  uint8_t *special;           /* (vocab.n) 1 for special tokens (skip_special drops them) */
+  uint8_t *eog;               /* (vocab.n) 1 for end-of-generation tokens */
+  int32_t bos_id, eos_id;
+  int add_bos, add_eos;
+  char *chat_template;        /* owned or NULL */
+};
+
+/* Loaders fill a zeroed tokenizer (vocab first); tokenizer_finish completes the derived
+ * tables. Both return 0 or -1 with err_last() set. */
+int tokenizer_load_json(struct tokenizer *t, const char *json_path, const char *dir);
+int tokenizer_load_gguf(struct tokenizer *t, const char *path);
+int tokenizer_finish(struct tokenizer *t);
+
+/* Appends an added token (copies TEXT). */
+int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_t len, int special,
+                        int lstrip, int rstrip, int single_word);
+int tokenizer_add_decode(struct tokenizer *t, struct decode_step step);
+/* Marks the usual end-of-turn tokens (by text) as end of generation. */
+void tokenizer_mark_eog_by_text(struct tokenizer *t);
+
+#endif

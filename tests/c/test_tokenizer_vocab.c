@@ -1,0 +1,256 @@
+/* test_tokenizer_vocab.c - pagoda's tokenizers against HF tokenizers' ids for llama.cpp's
+ * vocabulary test strings: the GGUF vocabularies (llama-spm, phi-3, gpt-2), Phi-3-mini's
+ * tokenizer.json (same cases) and Phi-2's tokenizer.json (the gpt-2 strings, ids from HF
+ * tokenizers 0.23). Also round trips, the streaming detokenizer, add/parse/skip special. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "text/tokenizer.h"
+#include "util/log.h"
+
+#define SEP "\n__ggml_vocab_test__\n"
+#define MAX_CASES 256
+
+struct cases {
+  char *inp, *out;            /* owned file contents, cut in place */
+  const char *text[MAX_CASES];
+  size_t len[MAX_CASES];
+  const char *ids[MAX_CASES]; /* the expected line: " 1 2 3" */
+  int n;
+};
+
+/* Takes ownership of OUT_PATH (may be NULL). */
+static int load_cases(struct cases *c, const char *inp_rel, char *out_path) {
+  memset(c, 0, sizeof *c);
+  const char *ip = out_path ? test_shared_path(inp_rel) : NULL;
+  if (!ip) {
+    free(out_path);
+    return -1;
+  }
+  size_t n;
+  c->out = test_read_file(out_path, &n);
+  free(out_path);
+  c->inp = test_read_file(ip, &n);
+  if (!c->inp || !c->out)
+    return -1;
+  char *p = c->inp;
+  for (char *s; (s = strstr(p, SEP)) && c->n < MAX_CASES; p = s + strlen(SEP)) {
+    *s = 0;
+    c->text[c->n] = p;
+    c->len[c->n] = (size_t)(s - p);
+    c->n++;
+  }
+  char *q = c->out;
+  for (int i = 0; i < c->n; i++) {
+    char *nl = strchr(q, '\n');
+    if (!nl && i + 1 < c->n)
+      return -1;
+    if (nl)
+      *nl = 0;
+    c->ids[i] = q;
+    q = nl ? nl + 1 : q + strlen(q);
+  }
+  return 0;
+}
+
+static void free_cases(struct cases *c) {
+  free(c->inp);
+  free(c->out);
+}
+
+static int parse_line(const char *line, int32_t *ids, int max) {
+  int n = 0;
+  char *end;
+  for (const char *p = line; n < max;) {
+    long v = strtol(p, &end, 10);
+    if (end == p)
+      break;
+    ids[n++] = (int32_t)v;
+    p = end;
+  }
+  return n;
+}
+
+/* Streams IDS through a detokenizer and checks that the deltas concatenate to FULL. */
+static void check_stream(const struct tokenizer *t, const int32_t *ids, int n, const char *full, size_t full_len,
+                         const char *what) {
+  struct detokenizer *d = detokenizer_create(t, 0);
+  CHECK(d != NULL, "%s: detokenizer_create: %s", what, err_last());
+  if (!d)
+    return;
+  size_t cap = full_len * 3 + 1024, len = 0;
+  char *acc = malloc(cap);
+  char delta[256];
+  int ok = 1;
+  for (int i = 0; i < n && ok; i++) {
+    int k = detokenizer_push(d, ids[i], delta, sizeof delta);
+    if (k < 0 || len + (size_t)k >= cap) {
+      ok = 0;
+      break;
+    }
+    memcpy(acc + len, delta, (size_t)k);
+    len += (size_t)k;
+  }
+  int k = ok ? detokenizer_flush(d, delta, sizeof delta) : -1;
+  if (k >= 0) {
+    memcpy(acc + len, delta, (size_t)k);
+    len += (size_t)k;
+  }
+  CHECK(ok && k >= 0 && len == full_len && !memcmp(acc, full, len), "%s: streamed deltas differ from the full decode",
+        what);
+  free(acc);
+  detokenizer_free(d);
+}
+
+/* Every case: exact ids, streamed decode == decode, decode(encode(s)) == s. */
+static void run_cases(const struct tokenizer *t, const struct cases *c, const char *name, int lossless) {
+  int32_t got[4096], want[4096];
+  int failed = 0;
+  for (int i = 0; i < c->n; i++) {
+    int n = tokenizer_encode(t, c->text[i], c->len[i], 0, 0, got, 4096);
+    int m = parse_line(c->ids[i], want, 4096);
+    int same = n == m && !memcmp(got, want, (size_t)n * sizeof *got);
+    if (!same)
+      failed++;
+    CHECK(same, "%s case %d (\"%.40s\"): %d ids, expected %d", name, i, c->text[i], n, m);
+    if (n < 0)
+      continue;
+    int dl = tokenizer_decode(t, got, n, 0, NULL, 0);
+    CHECK(dl >= 0, "%s case %d: decode failed: %s", name, i, err_last());
+    if (dl < 0)
+      continue;
+    char *dec = malloc((size_t)dl + 1);
+    tokenizer_decode(t, got, n, 0, dec, (size_t)dl + 1);
+    if (lossless)
+      CHECK((size_t)dl == c->len[i] && !memcmp(dec, c->text[i], c->len[i]),
+            "%s case %d: decode(encode(s)) != s (\"%.40s\" -> \"%.40s\")", name, i, c->text[i], dec);
+    check_stream(t, got, n, dec, (size_t)dl, name);
+    free(dec);
+  }
+  printf("%s: %d cases, %d differ from HF\n", name, c->n, failed);
+}
+
+static int vocab_suite(const char *gguf_rel, const char *name) {
+  char inp[256], out[256];
+  snprintf(inp, sizeof inp, "%s.inp", gguf_rel);
+  snprintf(out, sizeof out, "%s.out", gguf_rel);
+  struct cases c;
+  const char *op = test_shared_path(out);
+  if (load_cases(&c, inp, op ? strdup(op) : NULL)) {
+    free_cases(&c);
+    return -1;
+  }
+  struct tokenizer *t = tokenizer_load(test_shared_path(gguf_rel));
+  CHECK(t != NULL, "%s: %s", name, err_last());
+  if (t)
+    run_cases(t, &c, name, 1);
+  tokenizer_free(t);
+  free_cases(&c);
+  return 0;
+}
+
+/* Special-token handling on the SPM GGUF (BOS from its metadata) and Phi-3's tokenizer.json. */
+static void special_checks(void) {
+  const char *spm = test_shared_path("vocab/ggml-vocab-llama-spm.gguf");
+  struct tokenizer *t = spm ? tokenizer_load(spm) : NULL;
+  if (t) {
+    int32_t ids[64];
+    /* llama.cpp's SPM default: BOS (id 1) added, no EOS. */
+    CHECK(tokenizer_bos_id(t) == 1 && tokenizer_eos_id(t) == 2, "llama-spm bos/eos %d/%d", tokenizer_bos_id(t),
+          tokenizer_eos_id(t));
+    int n0 = tokenizer_encode(t, "Hello", 5, 0, 0, ids, 64);
+    int n1 = tokenizer_encode(t, "Hello", 5, 1, 0, ids, 64);
+    CHECK(n1 == n0 + 1 && ids[0] == 1, "add_special adds BOS: %d vs %d ids, first %d", n1, n0, ids[0]);
+    CHECK(tokenizer_is_eog(t, 2), "</s> ends generation");
+    /* "<s>" in user text stays text; with parse_special it is BOS. */
+    int a = tokenizer_encode(t, "<s>hi", 5, 0, 0, ids, 64);
+    CHECK(a > 1 && ids[0] != 1, "<s> parsed without parse_special");
+    int b = tokenizer_encode(t, "<s>hi", 5, 0, 1, ids, 64);
+    CHECK(b >= 2 && ids[0] == 1, "<s> not parsed with parse_special (%d ids, first %d)", b, ids[0]);
+    /* Byte-fallback: U+1F999 is no SPM token; its 4 byte tokens decode only once complete. */
+    int n = tokenizer_encode(t, "\xf0\x9f\xa6\x99", 4, 0, 0, ids, 64);
+    CHECK(n == 5, "llama emoji: %d ids (expected the space and 4 bytes)", n);
+    struct detokenizer *d = detokenizer_create(t, 0);
+    char out[256];
+    int lens[8] = {0};
+    for (int i = 0; i < n && i < 8; i++)
+      lens[i] = detokenizer_push(d, ids[i], out, sizeof out);
+    CHECK(n == 5 && lens[1] == 0 && lens[2] == 0 && lens[3] == 0 && lens[4] == 4 && !memcmp(out, "\xf0\x9f\xa6\x99", 4),
+          "partial UTF-8 held back: %d %d %d %d", lens[1], lens[2], lens[3], lens[4]);
+    /* An incomplete sequence at the end becomes U+FFFD. */
+    detokenizer_reset(d);
+    detokenizer_push(d, ids[1], out, sizeof out);
+    int f = detokenizer_flush(d, out, sizeof out);
+    CHECK(f == 3 && !memcmp(out, "\xef\xbf\xbd", 3), "flush of a lone lead byte gives U+FFFD (%d)", f);
+    int32_t bad = tokenizer_vocab_size(t);
+    CHECK(detokenizer_push(d, bad, out, sizeof out) < 0, "out-of-range id accepted by the detokenizer");
+    CHECK(tokenizer_decode(t, &bad, 1, 0, out, sizeof out) < 0, "out-of-range id accepted by decode");
+    int32_t neg = -1;
+    CHECK(tokenizer_decode(t, &neg, 1, 0, out, sizeof out) < 0, "negative id accepted by decode");
+    detokenizer_free(d);
+    /* skip_special drops BOS. */
+    int32_t two[2] = {1, 15043};
+    char with[64], without[64];
+    tokenizer_decode(t, two, 2, 0, with, sizeof with);
+    tokenizer_decode(t, two, 2, 1, without, sizeof without);
+    CHECK(!strcmp(with, "<s> Hello") && !strcmp(without, "Hello"), "skip_special: '%s' / '%s'", with, without);
+  }
+  tokenizer_free(t);
+
+  const char *phi3 = test_shared_path("tokenizers/phi-3-mini/tokenizer.json");
+  t = phi3 ? tokenizer_load(phi3) : NULL;
+  CHECK(!phi3 || t, "phi-3 tokenizer.json: %s", err_last());
+  if (t) {
+    int32_t ids[64];
+    /* tokenizer_config.json: add_bos_token false, so nothing is added. */
+    int n0 = tokenizer_encode(t, "Hi", 2, 0, 0, ids, 64);
+    int n1 = tokenizer_encode(t, "Hi", 2, 1, 0, ids, 64);
+    CHECK(n0 == n1, "phi-3 add_special added tokens despite add_bos_token=false");
+    /* <|user|> is id 32010 in its added_tokens (special, rstrip). */
+    const char *s = "<|user|>\nHi";
+    int a = tokenizer_encode(t, s, strlen(s), 0, 1, ids, 64);
+    CHECK(a >= 2 && ids[0] == 32010 && ids[1] != 13, "parse_special: <|user|> then rstrip'ed newline (%d ids)", a);
+    int b = tokenizer_encode(t, s, strlen(s), 0, 0, ids, 64);
+    CHECK(b > 3 && ids[0] != 32010, "<|user|> parsed without parse_special");
+    CHECK(tokenizer_is_eog(t, 32007) && tokenizer_is_eog(t, 32000), "<|end|> and <|endoftext|> end generation");
+    CHECK(tokenizer_chat_template(t) != NULL, "phi-3 chat template missing");
+  }
+  tokenizer_free(t);
+}
+
+int main(void) {
+  if (!test_shared_path("vocab/ggml-vocab-gpt-2.gguf"))
+    return test_skip("shared test data absent");
+  vocab_suite("vocab/ggml-vocab-llama-spm.gguf", "llama-spm.gguf");
+  vocab_suite("vocab/ggml-vocab-phi-3.gguf", "phi-3.gguf");
+  vocab_suite("vocab/ggml-vocab-gpt-2.gguf", "gpt-2.gguf");
+
+  /* The same phi-3 cases through its tokenizer.json. */
+  struct cases c;
+  const char *op = test_shared_path("vocab/ggml-vocab-phi-3.gguf.out");
+  if (!load_cases(&c, "vocab/ggml-vocab-phi-3.gguf.inp", op ? strdup(op) : NULL)) {
+    struct tokenizer *t = tokenizer_load(test_shared_path("tokenizers/phi-3-mini/tokenizer.json"));
+    CHECK(t != NULL, "phi-3 tokenizer.json: %s", err_last());
+    if (t)
+      run_cases(t, &c, "phi-3 tokenizer.json", 1);
+    tokenizer_free(t);
+  }
+  free_cases(&c);
+
+  /* Phi-2's tokenizer.json on the gpt-2 strings, against HF's ids in vocab-test.out. */
+  op = test_shared_path("tokenizers/phi-2/vocab-test.out");
+  if (!load_cases(&c, "vocab/ggml-vocab-gpt-2.gguf.inp", op ? strdup(op) : NULL)) {
+    struct tokenizer *t = tokenizer_load(test_shared_path("tokenizers/phi-2"));
+    CHECK(t != NULL, "phi-2 directory: %s", err_last());
+    if (t)
+      run_cases(t, &c, "phi-2 tokenizer.json", 1);
+    tokenizer_free(t);
+  }
+  free_cases(&c);
+
+  special_checks();
+  return test_finish("test_tokenizer_vocab");
+}
