@@ -8,7 +8,10 @@ on the GPU when there is one (fast), then written with safetensors. The output i
 timing: generation from it is noise, so benchmarks ignore EOS.
 
 Usage: tools/make_dummy_model.py --shape llama-3.2-1b --out /tmp/llama-1b [--seed 0]
-Needs torch and safetensors (both on the GPU machine's image).
+Also writes a synthetic byte-level tokenizer.json of the same vocabulary size (ids 0-255 the
+bytes, then filler, then Llama 3's special-token ids) so that `pagoda bench` can load the
+directory; it is not Llama 3's tokenizer. Needs torch and safetensors (both on the GPU
+machine's image).
 """
 import argparse
 import json
@@ -55,6 +58,61 @@ def make_config(s):
     }
 
 
+def byte_symbols():
+    """GPT-2 byte-level alphabet: printable Latin-1 bytes stand for themselves, the other bytes
+    for the code points from 256 up, in byte order (what the ByteLevel pre-tokenizer expects)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def write_tokenizer(out_dir, vocab_size, bos, eos):
+    """A synthetic byte-level BPE tokenizer.json of the model's vocabulary size (not Llama 3's
+    merges: ids 0-255 are the bytes, the rest filler), so that engines which load a tokenizer
+    with the model can run; prompts in benchmarks are random token ids anyway."""
+    syms = byte_symbols()
+    vocab = {sym: i for i, sym in enumerate(syms)}
+    n_normal = bos  # Llama 3: the special tokens start at 128000
+    for i in range(256, n_normal):
+        vocab[f"<filler_{i}>"] = i
+    added = []
+    for i in range(n_normal, vocab_size):
+        name = {bos: "<|begin_of_text|>", eos: "<|end_of_text|>"}.get(i, f"<|reserved_special_token_{i - n_normal}|>")
+        added.append({"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": True})
+    tok = {
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                    {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>",
+                                                                     "ids": [bos], "tokens": ["<|begin_of_text|>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": True, "vocab": vocab, "merges": []},
+    }
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as fp:
+        json.dump(tok, fp, ensure_ascii=False)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as fp:
+        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, fp, indent=2)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as fp:
+        json.dump({"bos_token_id": bos, "eos_token_id": eos}, fp, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
@@ -97,6 +155,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as fp:
         json.dump(cfg, fp, indent=2)
+    write_tokenizer(args.out, vocab, cfg["bos_token_id"], cfg["eos_token_id"])
     save_file(tensors, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
     n = sum(t.numel() for t in tensors.values())
     print(f"{args.shape}: {n / 1e9:.2f} B parameters, {n * 2 / 2**30:.2f} GiB bf16 -> {args.out} "
