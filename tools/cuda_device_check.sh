@@ -25,8 +25,11 @@ if [[ $what == bench || $what == all ]]; then
     .device/build/bench/cuda_forward "$model" 256 512 256 32 8192 2>&1 | tee "$out/cuda_forward.log" || rc=1
   fi
   if .device/build/pagoda bench --help >/dev/null 2>&1; then
-    .device/build/pagoda bench -m "$model" --device cuda --num-prompts 256 --input-len 512 --output-len 256 \
-      2>&1 | tee "$out/pagoda_bench.log" || rc=1
+    for temp in 1.0 0; do
+      echo "== pagoda bench --temperature $temp"
+      .device/build/pagoda bench -m "$model" --device cuda --num-prompts 256 --input-len 512 --output-len 256 \
+        --temperature $temp 2>&1 | tee "$out/pagoda_bench_t$temp.log" || rc=1
+    done
   fi
 fi
 exit $rc

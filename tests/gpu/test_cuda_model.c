@@ -226,6 +226,22 @@ static void test_grid(const char *path, const char *label, int bs, enum sched sc
   }
 }
 
+/* The text the N generated tokens after the prompt add: the decoding of prompt + generated minus
+ * the decoding of the prompt (decoding the generated ids alone would drop the leading space that
+ * SentencePiece strips at the start of a text). */
+static void continuation_text(const struct tokenizer *tk, const int32_t *ids, int n_prompt, int n, char *out,
+                              size_t cap) {
+  char *all = malloc(8192), *pre = malloc(8192);
+  int la = tokenizer_decode(tk, ids, n_prompt + n, 1, all, 8192);
+  int lp = tokenizer_decode(tk, ids, n_prompt, 1, pre, 8192);
+  if (la < 0 || lp < 0 || la >= 8192 || lp > la || memcmp(all, pre, (size_t)lp) != 0)
+    snprintf(out, cap, "<decode failed or the prompt's text is not a prefix>");
+  else
+    snprintf(out, cap, "%s", all + lp);
+  free(all);
+  free(pre);
+}
+
 /* Greedy decoding: the CPU backend generates up to n_gen tokens from the prompt (stopping at
  * EOS when a tokenizer is given); CUDA is fed the same tokens (teacher forcing) and must pick
  * the same next token at every step, unless the CPU's logits of the two tokens differ by less
@@ -279,7 +295,7 @@ static void test_greedy(const char *path, const struct tokenizer *tk, const int3
   CHECK(worst < TOL_MODEL, "greedy: logits rel L2 %.3g >= %.3g", worst, TOL_MODEL);
   if (want && tk) {
     char got[2048];
-    tokenizer_decode(tk, toks + n_prompt, n, 1, got, sizeof got);
+    continuation_text(tk, toks, n_prompt, n, got, sizeof got);
     CHECK(strcmp(got, want) == 0, "greedy (cpu) continuation:\n  got  '%s'\n  want '%s'", got, want);
     /* CUDA free-running from the same prompt (the cache is simply overwritten from position 0) */
     memcpy(own, prompt, sizeof(int32_t) * n_prompt);
@@ -296,7 +312,7 @@ static void test_greedy(const char *path, const struct tokenizer *tk, const int3
         break;
       }
     }
-    tokenizer_decode(tk, own + n_prompt, k, 1, got, sizeof got);
+    continuation_text(tk, own, n_prompt, k, got, sizeof got);
     int match = strcmp(got, want) == 0;
     printf("  greedy (cuda, free-running) continuation %s llama.cpp's\n", match ? "equals" : "differs from");
     CHECK(match || flips > 0, "greedy (cuda) continuation:\n  got  '%s'\n  want '%s'", got, want);

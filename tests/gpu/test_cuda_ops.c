@@ -644,7 +644,9 @@ static void test_sample(int vocab, int rows) {
     }
   }
   CHECK(wrong == 0, "sample vocab %d: %d of %d rows differ", vocab, wrong, compared);
-  CHECK(compared >= rows * 9 / 10, "sample: only %d of %d rows unambiguous", compared, rows);
+  /* with 128256 tokens and no cut-off each token holds ~1e-5 of the mass, so a draw within
+   * EPS_MASS of a boundary is common there: a third of the rows may go uncompared */
+  CHECK(compared >= rows * 2 / 3, "sample: only %d of %d rows unambiguous", compared, rows);
   printf("  sample vocab %d: %d rows compared, %d differ\n", vocab, compared, wrong);
   g->ops->free(g, d);
   free(x);
@@ -689,12 +691,15 @@ int main(void) {
         test_paged(&kc);
         cases++;
       }
-  /* other head dims: Llama-3.1-8B's 128 and stories260K's 8 */
+  /* other head dims: Llama-3.1-8B's 128, stories260K's 8, and 96, which no specialised kernel
+   * covers (the generic one) */
   for (int s = 0; s < SHAPE_COUNT; s++) {
-    struct kv_case a = {16, 8, 2, 128, (enum shape)s}, b = {32, 8, 4, 8, (enum shape)s};
+    struct kv_case a = {16, 8, 2, 128, (enum shape)s}, b = {32, 8, 4, 8, (enum shape)s},
+                   c = {8, 6, 2, 96, (enum shape)s};
     test_paged(&a);
     test_paged(&b);
-    cases += 2;
+    test_paged(&c);
+    cases += 3;
   }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);
