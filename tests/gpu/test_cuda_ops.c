@@ -145,6 +145,54 @@ static void test_matmul(int T, int N, int K, int out_f32, int with_bias) {
   free(g);
 }
 
+/* Weights stored as F16, BF16 or Q8_0 (GGUF files): the CPU backend computes with them as they
+ * are, the CUDA backend converts them to bf16 at load, one rounding of each weight (relative
+ * error <= 2^-9), so the bf16-output tolerance applies. */
+static void test_matmul_src(enum dtype src_t) {
+  int T = 5, N = 96, K = 256;
+  size_t n = (size_t)N * K;
+  float *x = malloc(sizeof(float) * T * K);
+  pair_fill(x, (size_t)T * K, 1.0f);
+  size_t bytes = dtype_row_bytes(src_t, K) * N;
+  uint8_t *w = malloc(bytes);
+  if (src_t == DTYPE_Q8_0) {
+    for (size_t blk = 0; blk < n / Q8_0_BLOCK; blk++) {
+      uint8_t *b = w + blk * Q8_0_BYTES;
+      uint16_t sc = f32_to_f16(0.001f + 0.002f * (test_randf(&pair_rng) + 1));
+      memcpy(b, &sc, 2);
+      for (int i = 0; i < Q8_0_BLOCK; i++)
+        b[2 + i] = (uint8_t)(int8_t)pair_int(-127, 127);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      float v = test_randf(&pair_rng) * 0.1f;
+      uint16_t h = src_t == DTYPE_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+      memcpy(w + 2 * i, &h, 2);
+    }
+  }
+  struct weight wt[2];
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->weight_from_host(pair_be[i], &wt[i], w, src_t, N, K))
+      pair_die("weight_from_host");
+  struct dbuf dx = pair_acts(x, (size_t)T * K), out = pair_poisoned((size_t)T * N);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->matmul(pair_be[i], out.p[i], dx.p[i], &wt[i], NULL, T, 0))
+      pair_die("matmul");
+  float *c, *g;
+  char what[64];
+  pair_get_both(out, (size_t)T * N, &c, &g);
+  snprintf(what, sizeof what, "matmul with %s weights", dtype_name(src_t));
+  pair_expect(what, g, c, (size_t)T * N, TOL_BF16_OUT);
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &wt[i]);
+  pair_free(dx);
+  pair_free(out);
+  free(c);
+  free(g);
+  free(w);
+  free(x);
+}
+
 /* Llama-3-style inverse frequencies, with the llama3 scaling's three bands, as the model
  * computes them (the op takes inv_freq ready-made). */
 static void llama3_inv_freq(float *inv, int half, float theta) {
@@ -672,6 +720,9 @@ int main(void) {
   test_matmul(7, 384, 512, 0, 1);
   test_matmul(64, 1000, 256, 1, 0);
   test_matmul(33, 256, 2048, 1, 1);
+  test_matmul_src(DTYPE_F16);
+  test_matmul_src(DTYPE_BF16);
+  test_matmul_src(DTYPE_Q8_0);
   test_rope(64, 8, 2, 1, 4096);
   test_rope(64, 8, 2, 0, 4096);
   test_rope(128, 4, 4, 1, 4096);
