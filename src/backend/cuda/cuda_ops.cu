@@ -23,7 +23,10 @@ static int grid_for(size_t n, int threads) {
 }
 
 /* ---- embedding: out(T, dim) = emb[ids[t]]; ids outside [0, vocab) give a zero row ---- */
-__global__ void embed_kernel(bf16 *out, const void *emb, int emb_f32, int64_t vocab, const int32_t *ids,
+__global__ void embed_kernel(bf16 *out,          /* (T, dim) */
+                             const void *emb,    /* (vocab, dim) f32 or bf16 */
+                             int emb_f32, int64_t vocab,
+                             const int32_t *ids, /* (T) */
                              int dim) {
   int t = blockIdx.x;
   int32_t id = ids[t];
@@ -66,8 +69,11 @@ __device__ float block_sum(float v) {
 /* ---- RMSNorm: with residual, residual += x (rounded to bf16, as an HF bf16 model stores its
  * residual stream), then out = residual * rsqrt(mean(residual^2) + eps) * w. Each thread reads
  * and writes the same indices in both passes, so out may alias x. ---- */
-__global__ void rmsnorm_kernel(bf16 *out, bf16 *residual, const bf16 *x, const void *w, int w_f32, int dim,
-                               float eps) {
+__global__ void rmsnorm_kernel(bf16 *out,      /* (T, dim) */
+                               bf16 *residual, /* (T, dim) or NULL */
+                               const bf16 *x,  /* (T, dim) */
+                               const void *w,  /* (dim) f32 or bf16 */
+                               int w_f32, int dim, float eps) {
   size_t row = (size_t)blockIdx.x * dim;
   float ss = 0.0f;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -105,8 +111,12 @@ int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x
  * The angle is the f32 product pos * inv_freq (as HF computes it); its sin/cos are taken in double
  * because --use_fast_math would turn sincosf into the intrinsic, which is inaccurate for the
  * large angles of long contexts. ---- */
-__global__ void rope_kernel(bf16 *q, bf16 *k, const int32_t *positions, int n_heads, int n_kv, int hd,
-                            const float *inv_freq, int rot_dim, int neox) {
+__global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
+                            bf16 *k,                  /* (T, n_kv, hd) */
+                            const int32_t *positions, /* (T) */
+                            int n_heads, int n_kv, int hd,
+                            const float *inv_freq,    /* (rot_dim / 2) */
+                            int rot_dim, int neox) {
   int t = blockIdx.x;
   int half = rot_dim / 2;
   float pos = (float)positions[t];
@@ -142,7 +152,10 @@ int cuda_op_rope(struct backend *be, void *q, void *k, const int32_t *positions,
 }
 
 /* ---- SiLU-mul: out = silu(gate) * up, element-wise; out may alias gate ---- */
-__global__ void silu_mul_kernel(bf16 *out, const bf16 *gate, const bf16 *up, size_t n) {
+__global__ void silu_mul_kernel(bf16 *out,        /* (n) */
+                                const bf16 *gate, /* (n) */
+                                const bf16 *up,   /* (n) */
+                                size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     float g = __bfloat162float(gate[i]);
     out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(up[i]));
@@ -163,7 +176,11 @@ int cuda_op_silu_mul(struct backend *be, void *out, const void *gate, const void
 
 /* ---- reshape and cache: k,v(T, n_kv, hd) -> cache (num_blocks, n_kv, bs, hd) at slot_mapping.
  * Slots < 0 (padding) and slots past the pool are skipped. One block per token. ---- */
-__global__ void kv_write_kernel(bf16 *kc, bf16 *vc, const bf16 *k, const bf16 *v, const int32_t *slots,
+__global__ void kv_write_kernel(bf16 *kc,             /* (num_blocks, n_kv, bs, hd) */
+                                bf16 *vc,             /* (num_blocks, n_kv, bs, hd) */
+                                const bf16 *k,        /* (T, n_kv, hd) */
+                                const bf16 *v,        /* (T, n_kv, hd) */
+                                const int32_t *slots, /* (T) */
                                 int n_kv, int bs, int hd, int64_t num_slots) {
   int t = blockIdx.x;
   int32_t slot = slots[t];
@@ -199,7 +216,10 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
 }
 
 /* ---- gather rows: out(n, dim) = x[idx[i]] ---- */
-__global__ void gather_rows_kernel(bf16 *out, const bf16 *x, const int32_t *idx, int dim) {
+__global__ void gather_rows_kernel(bf16 *out,          /* (n, dim) */
+                                   const bf16 *x,      /* (rows, dim) */
+                                   const int32_t *idx, /* (n) */
+                                   int dim) {
   int i = blockIdx.x;
   size_t src = (size_t)idx[i] * dim, dst = (size_t)i * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
@@ -217,7 +237,10 @@ int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int3
 }
 
 /* ---- bias: out(T, N) += bias(N), out bf16 or f32 ---- */
-__global__ void add_bias_kernel(void *out, int out_f32, const void *bias, int b_f32, int N, size_t n) {
+__global__ void add_bias_kernel(void *out,        /* (T, N) f32 or bf16; n = T * N elements */
+                                int out_f32,
+                                const void *bias, /* (N) f32 or bf16 */
+                                int b_f32, int N, size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     float b = weight_at(bias, b_f32, i % N);
     if (out_f32)
