@@ -566,6 +566,39 @@ static void test_copy_blocks(void) {
   free(h);
 }
 
+/* Start-up and argument errors are messages, not crashes, and leave the backend usable: an
+ * allocation the GPU cannot hold names the --pa-* flag to lower and where it failed; a block
+ * size the kernels are not compiled for is refused with the list. */
+static void test_errors(void) {
+  struct backend *g = pair_be[1];
+  void *p = g->ops->alloc(g, (size_t)1 << 52); /* 4 PiB */
+  CHECK(p == NULL, "a 4 PiB allocation succeeded");
+  CHECK(strstr(err_last(), "--pa-memory-fraction") != NULL, "OOM message names no flag: %s", err_last());
+  CHECK(strstr(err_last_where(), "cuda_backend.cu:") != NULL, "OOM message has no file:line: %s", err_last_where());
+  int32_t slot = 0, one[2] = {0, 1};
+  void *buf = g->ops->alloc(g, 4096);
+  CHECK(buf != NULL, "a small allocation after the failed one: %s", err_last());
+  if (!buf)
+    return;
+  g->ops->upload(g, buf, &slot, 4);
+  g->ops->upload(g, (char *)buf + 4, one, 8);
+  struct kv_layer kv = {.k = buf, .v = buf, .dtype = DTYPE_BF16, .num_blocks = 1, .block_size = 64,
+                        .n_kv_heads = 1, .head_dim = 8};
+  struct batch b = {.num_tokens = 1, .num_seqs = 1, .max_blocks_per_seq = 1, .max_seq_len = 1,
+                    .max_query_len = 1, .slot_mapping = buf, .query_start = (int32_t *)buf + 1,
+                    .seq_lens = (int32_t *)buf + 2, .block_tables = buf};
+  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted block size 64");
+  CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
+  kv.block_size = 12;
+  CHECK(g->ops->attention(g, buf, buf, &kv, &b, 1, 1.0f) == -1, "attention accepted block size 12");
+  CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
+  kv.block_size = 16;
+  kv.dtype = DTYPE_F8E4M3;
+  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted an f8e4m3 cache");
+  CHECK(g->ops->sync(g) == 0, "the stream is not usable after refused ops: %s", err_last());
+  g->ops->free(g, buf);
+}
+
 /* ---- sampling: the GPU op against a sort-based host reference of the same definition ---- */
 
 struct ref_item {
@@ -731,6 +764,7 @@ int main(void) {
   test_gather_rows();
   test_kv_write_padding();
   test_copy_blocks();
+  test_errors();
   /* the grid: every block size x batch shape x GQA ratio (head_dim 64, as Llama-3.2-1B) */
   static const int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}};
   static const int bss[] = {8, 16, 32};
