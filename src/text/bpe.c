@@ -163,7 +163,10 @@ static int push_score(const struct vocab *v, const char *word, struct bpe_work *
   if (r < 0)
     return 0;
   int32_t id = vocab_find(v, word + w->sym[l].start, w->sym[l].len + w->sym[r].len);
-  if (id < 0)
+  /* Only ordinary pieces are merge results: SentencePiece never spells a control, unknown,
+   * unused or byte piece out of text (llama.cpp's SPM would, HF's ids do not). */
+  if (id < 0 || (v->type[id] != VOCAB_TYPE_NORMAL && v->type[id] != VOCAB_TYPE_UNDEFINED &&
+                 v->type[id] != VOCAB_TYPE_USER_DEFINED))
     return 0;
   struct bpe_candidate c = {-v->score[id], l, w->sym[l].len, w->sym[r].len, id};
   return heap_push(w, c);

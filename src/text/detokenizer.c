@@ -110,7 +110,7 @@ static int detok_push(struct detokenizer *d, int32_t id) {
   if (d->skip_special && t->special[id])
     return 0;
   size_t len;
-  const char *s = vocab_text(&t->vocab, id, &len);
+  const char *s = tokenizer_decode_text(t, id, &len);
   d->piece.len = 0;
   if (s && text_buf_append(&d->piece, s, len))
     return ERR("out of memory");

@@ -30,6 +30,11 @@ int normalizer_add(struct normalizer *n, struct normalize_step step) {
 }
 
 static int apply_unicode_form(int kind, const char *in, size_t len, struct text_buf *out) {
+  size_t ascii = 0;
+  while (ascii < len && !((unsigned char)in[ascii] & 0x80))
+    ascii++;
+  if (ascii == len) /* ASCII is the same in every normalization form */
+    return text_buf_append(out, in, len) ? ERR("out of memory") : 0;
   int opts = UTF8PROC_STABLE;
   if (kind == NORMALIZE_NFC)
     opts |= UTF8PROC_COMPOSE;

@@ -54,28 +54,29 @@ static int push_piece(struct piece_list *l, const char *s, size_t len, int at_or
 }
 
 /* Spans of one piece with their "is delimiter" flag, before the behavior is applied. */
-struct span {
+struct pretokenize_span {
   size_t s, e;
   int match;
 };
 
-struct span_list {
-  struct span *v;
-  int n, cap;
-};
+void pretokenize_scratch_free(struct pretokenize_scratch *s) {
+  free(s->spans);
+  text_buf_free(&s->buf);
+  memset(s, 0, sizeof *s);
+}
 
-static int span_push(struct span_list *l, size_t s, size_t e, int match) {
+static int span_push(struct pretokenize_scratch *l, size_t s, size_t e, int match) {
   if (e <= s)
     return 0;
   if (l->n == l->cap) {
     int cap = l->cap ? l->cap * 2 : 64;
-    struct span *v = realloc(l->v, (size_t)cap * sizeof *v);
+    struct pretokenize_span *v = realloc(l->spans, (size_t)cap * sizeof *v);
     if (!v)
       return ERR("out of memory");
-    l->v = v;
+    l->spans = v;
     l->cap = cap;
   }
-  l->v[l->n++] = (struct span){s, e, match};
+  l->spans[l->n++] = (struct pretokenize_span){s, e, match};
   return 0;
 }
 
@@ -83,7 +84,7 @@ typedef int (*char_pred)(uint32_t cp);
 
 /* Finds the delimiter spans of S for step ST (regex, literal, or a per-character predicate). */
 static int find_spans(const struct pretokenize_step *st, struct regex_ctx *rc, const char *s,
-                      size_t len, struct span_list *sp) {
+                      size_t len, struct pretokenize_scratch *sp) {
   sp->n = 0;
   size_t prev = 0;
   if (st->re) {
@@ -130,29 +131,29 @@ static int find_spans(const struct pretokenize_step *st, struct regex_ctx *rc, c
     return -1;
   if (st->invert)
     for (int i = 0; i < sp->n; i++)
-      sp->v[i].match = !sp->v[i].match;
+      sp->spans[i].match = !sp->spans[i].match;
   return 0;
 }
 
 /* Applies BEHAVIOR to the spans in place (as HF's NormalizedString::split does). */
-static void apply_behavior(enum split_behavior b, struct span_list *sp) {
+static void apply_behavior(enum split_behavior b, struct pretokenize_scratch *sp) {
   int n = 0, prev_match = 0;
   switch (b) {
   case SPLIT_REMOVED:
     for (int i = 0; i < sp->n; i++)
-      if (!sp->v[i].match)
-        sp->v[n++] = sp->v[i];
+      if (!sp->spans[i].match)
+        sp->spans[n++] = sp->spans[i];
     break;
   case SPLIT_ISOLATED:
     n = sp->n;
     break;
   case SPLIT_MERGED_WITH_PREVIOUS:
     for (int i = 0; i < sp->n; i++) {
-      struct span cur = sp->v[i];
+      struct pretokenize_span cur = sp->spans[i];
       if (cur.match && !prev_match && n > 0)
-        sp->v[n - 1].e = cur.e;
+        sp->spans[n - 1].e = cur.e;
       else
-        sp->v[n++] = cur;
+        sp->spans[n++] = cur;
       prev_match = cur.match;
     }
     break;
@@ -160,24 +161,24 @@ static void apply_behavior(enum split_behavior b, struct span_list *sp) {
     /* Right to left: a delimiter joins the piece after it; then restore the order. */
     int w = sp->n;
     for (int i = sp->n - 1; i >= 0; i--) {
-      struct span cur = sp->v[i];
+      struct pretokenize_span cur = sp->spans[i];
       if (cur.match && !prev_match && w < sp->n)
-        sp->v[w].s = cur.s;
+        sp->spans[w].s = cur.s;
       else
-        sp->v[--w] = cur;
+        sp->spans[--w] = cur;
       prev_match = cur.match;
     }
     n = sp->n - w;
-    memmove(sp->v, sp->v + w, (size_t)n * sizeof *sp->v);
+    memmove(sp->spans, sp->spans + w, (size_t)n * sizeof *sp->spans);
     break;
   }
   case SPLIT_CONTIGUOUS:
     for (int i = 0; i < sp->n; i++) {
-      struct span cur = sp->v[i];
+      struct pretokenize_span cur = sp->spans[i];
       if (n > 0 && cur.match == prev_match)
-        sp->v[n - 1].e = cur.e;
+        sp->spans[n - 1].e = cur.e;
       else
-        sp->v[n++] = cur;
+        sp->spans[n++] = cur;
       prev_match = cur.match;
     }
     break;
@@ -187,12 +188,12 @@ static void apply_behavior(enum split_behavior b, struct span_list *sp) {
 
 static int split_piece(const struct pretokenize_step *st, struct regex_ctx *rc, const char *s,
                        size_t len, int at_origin, enum split_behavior b, struct piece_list *out,
-                       struct span_list *sp) {
+                       struct pretokenize_scratch *sp) {
   if (find_spans(st, rc, s, len, sp))
     return -1;
   apply_behavior(b, sp);
   for (int i = 0; i < sp->n; i++)
-    if (push_piece(out, s + sp->v[i].s, sp->v[i].e - sp->v[i].s, at_origin && sp->v[i].s == 0))
+    if (push_piece(out, s + sp->spans[i].s, sp->spans[i].e - sp->spans[i].s, at_origin && sp->spans[i].s == 0))
       return -1;
   return 0;
 }
@@ -224,8 +225,8 @@ static int push_byte_level(struct piece_list *l, const char *s, size_t len, int 
 }
 
 static int apply_step(const struct pretokenize_step *st, struct regex_ctx *rc,
-                      const struct piece_list *in, struct piece_list *out, struct span_list *sp,
-                      struct text_buf *scratch) {
+                      const struct piece_list *in, struct piece_list *out, struct pretokenize_scratch *sp) {
+  struct text_buf *scratch = &sp->buf;
   out->n = 0;
   out->buf.len = 0;
   for (int i = 0; i < in->n; i++) {
@@ -269,8 +270,8 @@ static int apply_step(const struct pretokenize_step *st, struct regex_ctx *rc,
           return -1;
       }
       for (int k = 0; k < sp->n; k++)
-        if (push_byte_level(out, scratch->data + sp->v[k].s, sp->v[k].e - sp->v[k].s,
-                            origin && sp->v[k].s == 0))
+        if (push_byte_level(out, scratch->data + sp->spans[k].s, sp->spans[k].e - sp->spans[k].s,
+                            origin && sp->spans[k].s == 0))
           return -1;
       break;
     case PRETOKENIZE_METASPACE: {
@@ -310,21 +311,18 @@ static int apply_step(const struct pretokenize_step *st, struct regex_ctx *rc,
 }
 
 int pretokenizer_apply(const struct pretokenizer *p, struct regex_ctx *rc, const char *in,
-                       size_t len, int at_origin, struct piece_list *out, struct piece_list *tmp) {
+                       size_t len, int at_origin, struct piece_list *out, struct piece_list *tmp,
+                       struct pretokenize_scratch *scratch) {
   out->n = 0;
   out->buf.len = 0;
   if (push_piece(out, in, len, at_origin))
     return -1;
-  struct span_list sp = {0};
-  struct text_buf scratch = {0};
-  int rc2 = 0;
-  for (int i = 0; i < p->n && !rc2; i++) {
-    rc2 = apply_step(&p->steps[i], rc, out, tmp, &sp, &scratch);
+  for (int i = 0; i < p->n; i++) {
+    if (apply_step(&p->steps[i], rc, out, tmp, scratch))
+      return -1;
     struct piece_list t = *out;
     *out = *tmp;
     *tmp = t;
   }
-  free(sp.v);
-  text_buf_free(&scratch);
-  return rc2;
+  return 0;
 }

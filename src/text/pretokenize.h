@@ -66,13 +66,24 @@ struct piece_list {
 
 void piece_list_free(struct piece_list *l);
 
+/* Reusable scratch space of pretokenizer_apply (zero-initialize; free with
+ * pretokenize_scratch_free). */
+struct pretokenize_scratch {
+  struct pretokenize_span *spans; /* (cap) */
+  int n, cap;
+  struct text_buf buf;
+};
+void pretokenize_scratch_free(struct pretokenize_scratch *s);
+
 void pretokenizer_free(struct pretokenizer *p);
 int pretokenizer_add(struct pretokenizer *p, struct pretokenize_step step);
 /* The GPT-2 pattern HF's ByteLevel pre-tokenizer uses. */
 extern const char *const pretokenize_gpt2_pattern;
 
-/* Splits IN (LEN bytes, valid UTF-8) into OUT (reset first); TMP is scratch. 0 or -1. */
+/* Splits IN (LEN bytes, valid UTF-8) into OUT (reset first); TMP and SCRATCH are scratch.
+ * 0 or -1. */
 int pretokenizer_apply(const struct pretokenizer *p, struct regex_ctx *rc, const char *in,
-                       size_t len, int at_origin, struct piece_list *out, struct piece_list *tmp);
+                       size_t len, int at_origin, struct piece_list *out, struct piece_list *tmp,
+                       struct pretokenize_scratch *scratch);
 
 #endif

@@ -2,6 +2,8 @@
  * segment normalize -> pre-tokenize -> BPE, plus BOS/EOS. */
 #include "text/tokenizer.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,21 @@
 #include "text/unicode.h"
 #include "util/file.h"
 #include "util/log.h"
+
+#define WS_MARK "\xe2\x96\x81" /* U+2581, SentencePiece's visible space */
+
+/* End of the chunk of S[start, len) that merges cannot leave: up to the next U+2581 that
+ * follows another character (see ws_chunks). */
+static size_t chunk_end(const char *s, size_t len, size_t start) {
+  for (size_t i = start + 1; i + 3 <= len; i++) {
+    if (s[i] != WS_MARK[0] || memcmp(s + i, WS_MARK, 3))
+      continue;
+    /* A character before it in this chunk that is not U+2581 itself: a boundary. */
+    if (i - start < 3 || memcmp(s + i - 3, WS_MARK, 3))
+      return i;
+  }
+  return len;
+}
 
 static int has_suffix(const char *s, const char *suf) {
   size_t n = strlen(s), m = strlen(suf);
@@ -76,6 +93,8 @@ struct tokenizer *tokenizer_load(const char *path) {
   }
   if (rc == 0)
     rc = tokenizer_finish(t);
+  static atomic_uint next_serial = 1;
+  t->serial = atomic_fetch_add(&next_serial, 1);
   if (rc) {
     tokenizer_free(t);
     return NULL;
@@ -101,12 +120,14 @@ void tokenizer_free(struct tokenizer *t) {
   free(t->dec);
   free(t->special);
   free(t->eog);
+  free(t->norm_added);
+  free(t->norm_by_id);
   free(t->chat_template);
   free(t);
 }
 
 int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_t len, int special,
-                        int lstrip, int rstrip, int single_word) {
+                        int lstrip, int rstrip, int single_word, int normalized) {
   if (!len)
     return 0; /* an empty pattern would match everywhere */
   if (id < 0 || id >= t->vocab.n)
@@ -122,7 +143,8 @@ int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_
   s[len] = 0;
   t->added[t->n_added++] = (struct added_token){id, s, (uint32_t)len, (uint8_t)!!special,
                                                 (uint8_t)!!lstrip, (uint8_t)!!rstrip,
-                                                (uint8_t)!!single_word};
+                                                (uint8_t)!!single_word, (uint8_t)!!normalized};
+  t->n_added_normalized += !!normalized;
   return 0;
 }
 
@@ -140,13 +162,38 @@ int tokenizer_add_decode(struct tokenizer *t, struct decode_step step) {
 
 void tokenizer_mark_eog_by_text(struct tokenizer *t) {
   static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                      "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                                      "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>",
                                       "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     int32_t id = vocab_find(&t->vocab, names[i], strlen(names[i]));
     if (id >= 0 && t->special[id])
       t->eog[id] = 1;
   }
+}
+
+static int cmp_added_id(const void *a, const void *b, void *ctx) {
+  const struct tokenizer *t = ctx;
+  int32_t x = t->added[*(const int32_t *)a].id, y = t->added[*(const int32_t *)b].id;
+  return x < y ? -1 : x > y;
+}
+
+const char *tokenizer_decode_text(const struct tokenizer *t, int32_t id, size_t *len) {
+  if (t->norm_added && t->norm_added[id]) {
+    int lo = 0, hi = t->n_norm_by_id - 1;
+    while (lo <= hi) {
+      int mid = (lo + hi) / 2;
+      const struct added_token *a = &t->added[t->norm_by_id[mid]];
+      if (a->id == id) {
+        *len = a->len;
+        return a->text;
+      }
+      if (a->id < id)
+        lo = mid + 1;
+      else
+        hi = mid - 1;
+    }
+  }
+  return vocab_text(&t->vocab, id, len);
 }
 
 static int cmp_added_len(const void *a, const void *b, void *ctx) {
@@ -176,6 +223,51 @@ int tokenizer_finish(struct tokenizer *t) {
     t->eog[t->eos_id] = 1;
   tokenizer_mark_eog_by_text(t);
 
+  /* HF matches a `normalized` added token by its content passed through the normalizer. */
+  int n_norm = 0;
+  if (t->n_added_normalized && t->norm.n) {
+    t->norm_added = calloc((size_t)n, 1);
+    t->norm_by_id = malloc((size_t)t->n_added_normalized * sizeof *t->norm_by_id);
+    if (!t->norm_added || !t->norm_by_id)
+      return ERR("out of memory");
+    struct regex_ctx *rc = regex_ctx_create();
+    struct text_buf out = {0}, tmp = {0};
+    int bad = !rc;
+    for (int i = 0; i < t->n_added && !bad; i++) {
+      struct added_token *a = &t->added[i];
+      if (!a->normalized)
+        continue;
+      if (normalizer_apply(&t->norm, rc, a->text, a->len, &out, &tmp) || !out.len) {
+        bad = 1;
+        break;
+      }
+      char *m = malloc(out.len + 1);
+      if (!m) {
+        bad = 1;
+        break;
+      }
+      memcpy(m, out.data, out.len);
+      m[out.len] = 0;
+      if (!vocab_text(&t->vocab, a->id, NULL) && vocab_set(&t->vocab, a->id, m, out.len)) {
+        free(m);
+        bad = 1;
+        break;
+      }
+      t->norm_added[a->id] = 1;
+      t->norm_by_id[n_norm++] = i;
+      free(a->text);
+      a->text = m;
+      a->len = (uint32_t)out.len;
+    }
+    regex_ctx_free(rc);
+    text_buf_free(&out);
+    text_buf_free(&tmp);
+    if (bad)
+      return ERR("cannot normalize the added tokens");
+    qsort_r(t->norm_by_id, (size_t)n_norm, sizeof *t->norm_by_id, cmp_added_id, t);
+    t->n_norm_by_id = n_norm;
+  }
+
   /* Added tokens grouped by first byte, longest first: the first hit at a position is the
    * leftmost-longest match HF's Aho-Corasick finds. */
   t->added_index = malloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *t->added_index);
@@ -190,6 +282,16 @@ int tokenizer_finish(struct tokenizer *t) {
   for (int b = 0; b < 256; b++)
     t->added_start[b + 1] += t->added_start[b];
 
+  t->ws_chunks = !t->byte_level;
+  for (int32_t id = 0; id < n && t->ws_chunks; id++) {
+    size_t len;
+    const char *s = vocab_text(&t->vocab, id, &len);
+    for (size_t i = 3; s && i + 3 <= len; i++)
+      if (!memcmp(s + i, WS_MARK, 3) && memcmp(s + i - 3, WS_MARK, 3)) {
+        t->ws_chunks = 0;
+        break;
+      }
+  }
   for (int b = 0; b < 256; b++) {
     char name[8];
     snprintf(name, sizeof name, "<0x%02X>", b);
@@ -217,25 +319,83 @@ const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_
 
 /* ---- encoding ---- */
 
-/* Scratch space of one encode call; every buffer grows to the largest word and is reused. */
+/* Scratch space of encoding; every buffer grows to the largest word and is reused. One per
+ * thread (a pthread key), so steady-state encoding allocates nothing and the tokenizer itself
+ * stays read-only and shareable between threads. */
+/* Direct-mapped cache of word -> ids: English text repeats its words, and a hit skips the
+ * merge loop. Keyed by (tokenizer serial, word bytes); a collision just overwrites. */
+#define CACHE_SLOTS 4096
+#define CACHE_WORD 46
+#define CACHE_IDS 14
+
+struct cache_entry {
+  uint32_t serial; /* 0 = empty */
+  uint8_t len, n_ids;
+  char word[CACHE_WORD];
+  int32_t ids[CACHE_IDS];
+};
+
 struct encode_ws {
+  struct cache_entry *cache; /* (CACHE_SLOTS) */
   struct regex_ctx *rc;
   struct text_buf norm, tmp, word;
   struct piece_list pieces, pieces_tmp;
+  struct pretokenize_scratch pre;
   struct bpe_work bw;
   int32_t *ids; /* (cap) */
   int n, cap;
 };
 
-static void ws_free(struct encode_ws *w) {
+static void ws_free(void *p) {
+  struct encode_ws *w = p;
+  if (!w)
+    return;
+  free(w->cache);
   regex_ctx_free(w->rc);
   text_buf_free(&w->norm);
   text_buf_free(&w->tmp);
   text_buf_free(&w->word);
   piece_list_free(&w->pieces);
   piece_list_free(&w->pieces_tmp);
+  pretokenize_scratch_free(&w->pre);
   bpe_work_free(&w->bw);
   free(w->ids);
+  free(w);
+}
+
+static pthread_key_t ws_key;
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+static int ws_key_ok;
+
+static void ws_key_init(void) { ws_key_ok = pthread_key_create(&ws_key, ws_free) == 0; }
+
+/* This thread's workspace, or NULL on allocation failure. */
+static struct encode_ws *ws_get(void) {
+  pthread_once(&ws_once, ws_key_init);
+  struct encode_ws *w = ws_key_ok ? pthread_getspecific(ws_key) : NULL;
+  if (w)
+    return w;
+  w = calloc(1, sizeof *w);
+  if (!w)
+    return NULL;
+  w->rc = regex_ctx_create();
+  w->cache = calloc(CACHE_SLOTS, sizeof *w->cache);
+  if (!w->rc || !w->cache || (ws_key_ok && pthread_setspecific(ws_key, w))) {
+    ws_free(w);
+    return NULL;
+  }
+  return w;
+}
+
+/* After a call: a workspace grown past 16 MiB by one huge text is released, not kept. */
+static void ws_release(struct encode_ws *w) {
+  size_t big = (size_t)16 << 20;
+  if (!ws_key_ok || w->norm.cap > big || w->tmp.cap > big || w->word.cap > big || w->pieces.buf.cap > big ||
+      w->pieces_tmp.buf.cap > big || (size_t)w->cap * 4 > big || (size_t)w->bw.cap * sizeof *w->bw.sym > big) {
+    if (ws_key_ok)
+      pthread_setspecific(ws_key, NULL);
+    ws_free(w);
+  }
 }
 
 static int emit(struct encode_ws *w, int32_t id) {
@@ -272,8 +432,8 @@ static int add_symbol(struct bpe_work *bw, int32_t id, uint32_t start, uint32_t 
   return 0;
 }
 
-/* Rank BPE on one pre-tokenized word. */
-static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+/* Rank BPE on one pre-tokenized word (or one chunk of it). */
+static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
   const uint8_t *p = (const uint8_t *)s;
   struct bpe_work *bw = &w->bw;
   bw->n_sym = 0;
@@ -319,21 +479,63 @@ static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const
   return emit_symbols(w);
 }
 
-/* SentencePiece BPE (GGUF "llama") on one segment: ' ' -> U+2581, an optional leading one,
- * merges by score, then characters that are no token become byte tokens. */
-static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
-  static const char ws_mark[3] = {(char)0xE2, (char)0x96, (char)0x81};
-  w->word.len = 0;
-  if (t->spm_add_space && text_buf_append(&w->word, ws_mark, 3))
-    return ERR("out of memory");
-  for (size_t i = 0; i < len; i++) {
-    int rc = s[i] == ' ' ? text_buf_append(&w->word, ws_mark, 3) : text_buf_append(&w->word, s + i, 1);
-    if (rc)
-      return ERR("out of memory");
+static struct cache_entry *cache_slot(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  return &w->cache[(vocab_hash(s, len) ^ t->serial) & (CACHE_SLOTS - 1)];
+}
+
+/* Emits the cached ids of word S if present; 1 on a hit. */
+static int cache_lookup(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len, int *rc) {
+  if (len > CACHE_WORD)
+    return 0;
+  struct cache_entry *e = cache_slot(t, w, s, len);
+  if (e->serial != t->serial || e->len != len || memcmp(e->word, s, len))
+    return 0;
+  *rc = 0;
+  for (int i = 0; i < e->n_ids && !*rc; i++)
+    *rc = emit(w, e->ids[i]);
+  return 1;
+}
+
+/* Remembers the ids emitted since FIRST for word S. */
+static void cache_store(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len, int first) {
+  int n = w->n - first;
+  if (len > CACHE_WORD || n > CACHE_IDS)
+    return;
+  struct cache_entry *e = cache_slot(t, w, s, len);
+  e->serial = t->serial;
+  e->len = (uint8_t)len;
+  e->n_ids = (uint8_t)n;
+  memcpy(e->word, s, len);
+  memcpy(e->ids, w->ids + first, (size_t)n * sizeof *e->ids);
+}
+
+/* Rank BPE of one unit (a word, or a chunk of one) through the cache. */
+static int encode_cached_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  int rc, first = w->n;
+  if (cache_lookup(t, w, s, len, &rc))
+    return rc;
+  rc = encode_chunk_bpe(t, w, s, len);
+  if (!rc)
+    cache_store(t, w, s, len, first);
+  return rc;
+}
+
+static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  if (!t->ws_chunks || t->ignore_merges)
+    return encode_cached_bpe(t, w, s, len);
+  for (size_t start = 0; start < len;) {
+    size_t end = chunk_end(s, len, start);
+    if (encode_cached_bpe(t, w, s + start, end - start))
+      return -1;
+    start = end;
   }
-  const char *word = w->word.data;
+  return 0;
+}
+
+/* Score merges over one chunk WORD (N bytes); characters left that are no token become byte
+ * tokens (or unk). */
+static int encode_chunk_spm(const struct tokenizer *t, struct encode_ws *w, const char *word, size_t n) {
   const uint8_t *p = (const uint8_t *)word;
-  size_t n = w->word.len;
   struct bpe_work *bw = &w->bw;
   bw->n_sym = 0;
   if (bpe_work_reserve(bw, (int)n + 1))
@@ -368,19 +570,72 @@ static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, co
   return 0;
 }
 
+/* SentencePiece BPE (GGUF "llama") on one segment: ' ' -> U+2581, an optional leading one,
+ * merges by score, then characters that are no token become byte tokens. */
+static int encode_segment_spm(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
+  w->word.len = 0;
+  if (t->spm_add_space && text_buf_append(&w->word, WS_MARK, 3))
+    return ERR("out of memory");
+  for (size_t i = 0; i < len; i++) {
+    int rc = s[i] == ' ' ? text_buf_append(&w->word, WS_MARK, 3) : text_buf_append(&w->word, s + i, 1);
+    if (rc)
+      return ERR("out of memory");
+  }
+  if (!t->ws_chunks)
+    return encode_chunk_spm(t, w, w->word.data, w->word.len);
+  for (size_t start = 0; start < w->word.len;) {
+    size_t end = chunk_end(w->word.data, w->word.len, start);
+    const char *c = w->word.data + start;
+    int rc, first = w->n;
+    if (!cache_lookup(t, w, c, end - start, &rc)) {
+      rc = encode_chunk_spm(t, w, c, end - start);
+      if (!rc)
+        cache_store(t, w, c, end - start, first);
+    }
+    if (rc)
+      return -1;
+    start = end;
+  }
+  return 0;
+}
+
+static int encode_normalized(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len,
+                             int at_origin) {
+  if (pretokenizer_apply(&t->pre, w->rc, s, len, at_origin, &w->pieces, &w->pieces_tmp, &w->pre))
+    return -1;
+  for (int i = 0; i < w->pieces.n; i++)
+    if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
+      return -1;
+  return 0;
+}
+
+static int find_added(const struct tokenizer *t, const char *s, size_t len, size_t from, int parse_special,
+                      int normalized, size_t *ms, size_t *me);
+
 static int encode_segment(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len,
-                          int at_origin) {
+                          int at_origin, int parse_special) {
   if (!len)
     return 0;
   if (t->model == TOKENIZER_MODEL_SPM)
     return encode_segment_spm(t, w, s, len);
   if (normalizer_apply(&t->norm, w->rc, s, len, &w->norm, &w->tmp))
     return -1;
-  if (pretokenizer_apply(&t->pre, w->rc, w->norm.data, w->norm.len, at_origin, &w->pieces, &w->pieces_tmp))
-    return -1;
-  for (int i = 0; i < w->pieces.n; i++)
-    if (encode_word_bpe(t, w, w->pieces.buf.data + w->pieces.p[i].off, w->pieces.p[i].len))
+  if (!t->n_added_normalized)
+    return encode_normalized(t, w, w->norm.data, w->norm.len, at_origin);
+  /* HF's second pass: added tokens with `normalized` are found in the normalized text. */
+  const char *n = w->norm.data;
+  size_t nl = w->norm.len;
+  for (size_t seg = 0; seg <= nl;) {
+    size_t ms = nl, me = nl;
+    int k = find_added(t, n, nl, seg, parse_special, 1, &ms, &me);
+    if (ms > seg && encode_normalized(t, w, n + seg, ms - seg, at_origin && seg == 0))
       return -1;
+    if (k < 0)
+      break;
+    if (emit(w, t->added[k].id))
+      return -1;
+    seg = me;
+  }
   return 0;
 }
 
@@ -395,15 +650,16 @@ static uint32_t cp_before(const char *s, size_t pos, size_t lo, size_t *start) {
   return cp;
 }
 
-/* Finds the leftmost-longest added token in S[from, len) that may match. Returns its index in
+/* Finds the leftmost-longest added token in S[from, len) that may match (among those matched
+ * in raw text, or with NORMALIZED among those matched in normalized text). Returns its index in
  * t->added and the matched span (widened by lstrip/rstrip), or -1. */
 static int find_added(const struct tokenizer *t, const char *s, size_t len, size_t from, int parse_special,
-                      size_t *ms, size_t *me) {
+                      int normalized, size_t *ms, size_t *me) {
   for (size_t pos = from; pos < len; pos++) {
     uint8_t b = (uint8_t)s[pos];
     for (int k = t->added_start[b]; k < t->added_start[b + 1]; k++) {
       const struct added_token *a = &t->added[t->added_index[k]];
-      if (a->special && !parse_special)
+      if ((a->special && !parse_special) || a->normalized != normalized)
         continue;
       if (a->len > len - pos || memcmp(s + pos, a->text, a->len))
         continue;
@@ -445,14 +701,15 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
                      int parse_special, int32_t *ids, int max_ids) {
   if (!t || (!text && len))
     return ERR("tokenizer_encode: bad arguments");
-  struct encode_ws w = {0};
+  /* Offsets and counts inside are 32-bit; a text this large is refused, not truncated. */
+  if (len > (size_t)1 << 29)
+    return ERR("text too long to tokenize (%zu bytes; the limit is 512 MiB)", len);
+  struct encode_ws *w = ws_get();
+  if (!w)
+    return ERR("out of memory");
+  w->n = 0;
   char *fixed = NULL;
   int rc = 0;
-  w.rc = regex_ctx_create();
-  if (!w.rc) {
-    rc = ERR("out of memory");
-    goto done;
-  }
   if (len && !unicode_utf8_valid(text, len)) {
     /* Invalid UTF-8 is read as HF's Python callers would after errors="replace". */
     fixed = malloc(len * 3);
@@ -463,27 +720,27 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
     len = unicode_utf8_repair(text, len, fixed);
     text = fixed;
   }
-  if (add_special && t->add_bos && t->bos_id >= 0 && (rc = emit(&w, t->bos_id)))
+  if (add_special && t->add_bos && t->bos_id >= 0 && (rc = emit(w, t->bos_id)))
     goto done;
   size_t seg = 0;
   while (seg <= len) {
     size_t ms = len, me = len;
-    int k = t->n_added ? find_added(t, text, len, seg, parse_special, &ms, &me) : -1;
-    if ((rc = encode_segment(t, &w, text + seg, ms - seg, seg == 0)))
+    int k = t->n_added ? find_added(t, text, len, seg, parse_special, 0, &ms, &me) : -1;
+    if ((rc = encode_segment(t, w, text + seg, ms - seg, seg == 0, parse_special)))
       goto done;
     if (k < 0)
       break;
-    if ((rc = emit(&w, t->added[k].id)))
+    if ((rc = emit(w, t->added[k].id)))
       goto done;
     seg = me;
   }
-  if (add_special && t->add_eos && t->eos_id >= 0 && (rc = emit(&w, t->eos_id)))
+  if (add_special && t->add_eos && t->eos_id >= 0 && (rc = emit(w, t->eos_id)))
     goto done;
-  if (w.n > 0 && ids && max_ids > 0)
-    memcpy(ids, w.ids, (size_t)(w.n < max_ids ? w.n : max_ids) * sizeof *ids);
-  rc = w.n;
+  if (w->n > 0 && ids && max_ids > 0)
+    memcpy(ids, w->ids, (size_t)(w->n < max_ids ? w->n : max_ids) * sizeof *ids);
+  rc = w->n;
 done:
-  ws_free(&w);
+  ws_release(w);
   free(fixed);
   return rc;
 }

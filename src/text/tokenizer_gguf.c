@@ -232,8 +232,21 @@ int tokenizer_load_gguf(struct tokenizer *t, const char *path) {
     /* Control and unknown tokens are special (parse_special only); user-defined ones are
      * always matched in the text, as llama.cpp and HF's non-special added tokens are. */
     if (ty == VOCAB_TYPE_CONTROL || ty == VOCAB_TYPE_UNKNOWN || ty == VOCAB_TYPE_USER_DEFINED) {
-      if (tokenizer_add_added(t, i, s, len, ty != VOCAB_TYPE_USER_DEFINED, 0, 0, 0))
+      if (tokenizer_add_added(t, i, s, len, ty != VOCAB_TYPE_USER_DEFINED, 0, 0, 0, 0))
         goto out;
+    }
+  }
+  /* llama.cpp's per-model token attributes, which reproduce HF's added_tokens flags that the
+   * GGUF does not store: Phi-3's chat tokens and </s> swallow the whitespace after them. */
+  size_t name_len = 0;
+  const char *name = gguf_get_str(g, "general.name", &name_len);
+  char lname[128] = {0};
+  for (size_t i = 0; name && i < name_len && i + 1 < sizeof lname; i++)
+    lname[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
+  if (strstr(lname, "phi-3") || strstr(lname, "phi3")) {
+    for (int i = 0; i < t->n_added; i++) {
+      const char *x = t->added[i].text;
+      t->added[i].rstrip = strcmp(x, "<unk>") && strcmp(x, "<s>") && strcmp(x, "<|endoftext|>");
     }
   }
   if (is_spm) {
@@ -258,7 +271,7 @@ int tokenizer_load_gguf(struct tokenizer *t, const char *path) {
     t->model = TOKENIZER_MODEL_BPE;
     t->byte_level = 1;
     const struct pre_entry *pe = pre ? find_pre(pre, plen) : NULL;
-    if (pre && !pe)
+    if (pre && !pe && !(plen == 7 && !memcmp(pre, "default", 7)))
       log_warn("%s: unknown tokenizer.ggml.pre '%.*s', using llama.cpp's default pre-tokenizer", path,
                (int)plen, pre);
     if (!pe)

@@ -23,12 +23,13 @@ enum tokenizer_model {
  * user-defined tokens). */
 struct added_token {
   int32_t id;
-  char *text; /* owned, NUL-terminated */
+  char *text; /* owned, NUL-terminated; what is matched (normalized when `normalized`) */
   uint32_t len;
   uint8_t special;     /* matched only with parse_special; dropped by skip_special */
   uint8_t lstrip;      /* swallows whitespace on its left */
   uint8_t rstrip;      /* ... and on its right */
   uint8_t single_word; /* matches only between non-word characters */
+  uint8_t normalized;  /* matched in the normalized text of each segment, not the raw text */
 };
 
 enum decode_kind {
@@ -59,12 +60,16 @@ struct tokenizer {
   int ignore_merges;          /* a word that is a token is taken whole */
   int32_t unk_id;             /* -1 when none */
   int spm_add_space;          /* SPM: each raw segment gets a leading space */
+  int ws_chunks;              /* no token has U+2581 after another character, so no merge can
+                                 cross "x|U+2581": words are merged chunk by chunk (same result,
+                                 but a text without pre-tokenizer is not one huge word) */
 
   struct normalizer norm;
   struct pretokenizer pre;
 
   struct added_token *added;  /* (n_added) owned */
   int n_added;
+  int n_added_normalized;     /* how many of them have `normalized` */
   int32_t *added_index;       /* (n_added) indices into added grouped by first byte, longest first */
   int32_t added_start[257];   /* added_index[added_start[b] .. added_start[b+1]) start with b */
 
@@ -73,9 +78,14 @@ struct tokenizer {
 
   uint8_t *special;           /* (vocab.n) 1 for special tokens (skip_special drops them) */
   uint8_t *eog;               /* (vocab.n) 1 for end-of-generation tokens */
+  uint8_t *norm_added;        /* (vocab.n) 1 when the id is a `normalized` added token: HF
+                                 decodes it as its normalized content (norm_by_id) */
+  int32_t *norm_by_id;        /* (n_norm_by_id) indices into added, sorted by id */
+  int n_norm_by_id;
   int32_t bos_id, eos_id;
   int add_bos, add_eos;
   char *chat_template;        /* owned or NULL */
+  uint32_t serial;            /* unique per loaded tokenizer: keys the per-thread word cache */
 };
 
 /* Loaders fill a zeroed tokenizer (vocab first); tokenizer_finish completes the derived
@@ -86,8 +96,11 @@ int tokenizer_finish(struct tokenizer *t);
 
 /* Appends an added token (copies TEXT). */
 int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_t len, int special,
-                        int lstrip, int rstrip, int single_word);
+                        int lstrip, int rstrip, int single_word, int normalized);
 int tokenizer_add_decode(struct tokenizer *t, struct decode_step step);
+/* The text the decoder starts from for ID (a normalized added token's normalized content, else
+ * the vocabulary text); NULL for an id without text. */
+const char *tokenizer_decode_text(const struct tokenizer *t, int32_t id, size_t *len);
 /* Marks the usual end-of-turn tokens (by text) as end of generation. */
 void tokenizer_mark_eog_by_text(struct tokenizer *t);
 

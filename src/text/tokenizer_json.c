@@ -243,8 +243,10 @@ static int load_decoder(struct tokenizer *t, const cJSON *d) {
     st.kind = DECODE_STRIP;
     const char *c = jstr(d, "content");
     const cJSON *start = cJSON_GetObjectItemCaseSensitive(d, "start");
-    if (!c || strlen(c) != 1)
-      return ERR("tokenizer.json: Strip decoder supports one ASCII character");
+    if (!c || strlen(c) != 1) {
+      log_warn("tokenizer.json: Strip decoder with a non-ASCII content ignored");
+      return 0;
+    }
     st.ch = c[0];
     st.count = cJSON_IsNumber(start) ? start->valueint : 0;
   } else if (!strcmp(type, "Replace")) {
@@ -401,6 +403,27 @@ static int load_config(struct tokenizer *t, const char *dir, int found_bos, int 
     t->add_bos = found_bos;
     t->add_eos = found_eos;
   }
+  /* Newer checkpoints keep the template beside the config: chat_template.jinja, or
+   * chat_template.json {"chat_template": "..."}. */
+  if (!t->chat_template) {
+    snprintf(path, n, "%s/chat_template.jinja", dir);
+    if (file_exists(path)) {
+      t->chat_template = file_read_all(path, NULL);
+      if (!t->chat_template)
+        err_clear();
+    }
+  }
+  if (!t->chat_template) {
+    snprintf(path, n, "%s/chat_template.json", dir);
+    cJSON *ct = file_exists(path) ? read_json(path, 0) : NULL;
+    const char *s = ct ? jstr(ct, "chat_template") : NULL;
+    if (s && !(t->chat_template = strdup(s))) {
+      cJSON_Delete(ct);
+      free(path);
+      return ERR("out of memory");
+    }
+    cJSON_Delete(ct);
+  }
   free(path);
   return 0;
 }
@@ -535,15 +558,21 @@ int tokenizer_load_json(struct tokenizer *t, const char *json_path, const char *
       goto out;
     t->vocab.type[it->valueint] = VOCAB_TYPE_NORMAL;
   }
+  const cJSON *norm_j = cJSON_GetObjectItemCaseSensitive(j, "normalizer");
+  int t_has_normalizer = norm_j && !cJSON_IsNull(norm_j);
   cJSON_ArrayForEach(it, added) {
     int id = cJSON_GetObjectItemCaseSensitive(it, "id")->valueint;
     const char *c = jstr(it, "content");
     int special = jbool(it, "special", 0);
-    if (!vocab_text(&t->vocab, id, NULL) && vocab_set(&t->vocab, id, c, strlen(c)))
+    /* A token normalized like the text only differs from raw matching when there is a
+     * normalizer (HF's default for `normalized` is !special); HF then also spells a new
+     * token by its normalized content (set in tokenizer_finish). */
+    int normalized = t_has_normalizer && jbool(it, "normalized", !special);
+    if (!vocab_text(&t->vocab, id, NULL) && !normalized && vocab_set(&t->vocab, id, c, strlen(c)))
       goto out;
     t->vocab.type[id] = special ? VOCAB_TYPE_CONTROL : VOCAB_TYPE_USER_DEFINED;
     if (tokenizer_add_added(t, id, c, strlen(c), special, jbool(it, "lstrip", 0), jbool(it, "rstrip", 0),
-                            jbool(it, "single_word", 0)))
+                            jbool(it, "single_word", 0), normalized))
       goto out;
   }
   t->model = TOKENIZER_MODEL_BPE;

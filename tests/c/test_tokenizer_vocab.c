@@ -152,6 +152,35 @@ static int vocab_suite(const char *gguf_rel, const char *name) {
   return 0;
 }
 
+/* Byte-level BPE splits a 4-byte character over several tokens: nothing is emitted until the
+ * character is complete. */
+static void byte_level_stream_check(void) {
+  const char *p = test_shared_path("vocab/ggml-vocab-gpt-2.gguf");
+  struct tokenizer *t = p ? tokenizer_load(p) : NULL;
+  if (!t)
+    return;
+  const char *s = "\xf0\x9f\xa6\x99!";
+  int32_t ids[16];
+  int n = tokenizer_encode(t, s, strlen(s), 0, 0, ids, 16);
+  CHECK(n >= 3, "gpt-2: U+1F999 should take several byte-level tokens (%d ids)", n);
+  struct detokenizer *d = detokenizer_create(t, 0);
+  char out[256], all[64] = {0};
+  size_t len = 0;
+  for (int i = 0; i < n && i < 16; i++) {
+    int k = detokenizer_push(d, ids[i], out, sizeof out);
+    CHECK(k >= 0, "push failed");
+    if (k > 0) {
+      if (len == 0)
+        CHECK(k >= 4 && !memcmp(out, s, 4), "first delta (token %d) is not the whole character", i);
+      memcpy(all + len, out, (size_t)k);
+      len += (size_t)k;
+    }
+  }
+  CHECK(len == strlen(s) && !memcmp(all, s, len), "byte-level stream gave %zu bytes", len);
+  detokenizer_free(d);
+  tokenizer_free(t);
+}
+
 /* Special-token handling on the SPM GGUF (BOS from its metadata) and Phi-3's tokenizer.json. */
 static void special_checks(void) {
   const char *spm = test_shared_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -217,6 +246,19 @@ static void special_checks(void) {
     CHECK(b > 3 && ids[0] != 32010, "<|user|> parsed without parse_special");
     CHECK(tokenizer_is_eog(t, 32007) && tokenizer_is_eog(t, 32000), "<|end|> and <|endoftext|> end generation");
     CHECK(tokenizer_chat_template(t) != NULL, "phi-3 chat template missing");
+    /* The GGUF of the same vocabulary gives the same ids for a chat prompt (its token flags
+     * come from llama.cpp's Phi-3 rules, those of the JSON from its added_tokens). */
+    const char *g = test_shared_path("vocab/ggml-vocab-phi-3.gguf");
+    struct tokenizer *tg = g ? tokenizer_load(g) : NULL;
+    const char *chat = "<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi</s> there<|end|>\n<|assistant|>\n";
+    for (int parse = 0; tg && parse < 2; parse++) {
+      int32_t a2[128], b2[128];
+      int na = tokenizer_encode(t, chat, strlen(chat), 0, parse, a2, 128);
+      int nb = tokenizer_encode(tg, chat, strlen(chat), 0, parse, b2, 128);
+      CHECK(na > 0 && na == nb && !memcmp(a2, b2, (size_t)na * sizeof *a2),
+            "phi-3 chat prompt (parse_special=%d): json %d ids, gguf %d ids", parse, na, nb);
+    }
+    tokenizer_free(tg);
   }
   tokenizer_free(t);
 }
@@ -252,5 +294,6 @@ int main(void) {
   free_cases(&c);
 
   special_checks();
+  byte_level_stream_check();
   return test_finish("test_tokenizer_vocab");
 }
