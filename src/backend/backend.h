@@ -61,6 +61,16 @@ struct rope_params {
   int neox;              /* 1: pairs (i, i + rot_dim/2) as HF rotate_half; 0: pairs (2i, 2i+1) */
 };
 
+/* One row's sampling settings for backend_ops.sample; U is a uniform draw in [0, 1) made by
+ * the host sampler, so GPU and host sampling pick the same token from the same draw. */
+struct backend_sample_params {
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  float u;
+};
+
 struct backend_ops {
   const char *name;
   /* memory (start-up only) */
@@ -109,6 +119,16 @@ struct backend_ops {
                      const int32_t *dst, int n);
 
   void (*destroy)(struct backend *be);
+
+  /* Optional ops (NULL: not supported by this backend; callers fall back to the host). */
+  /* Sampling over logits(n, vocab) F32 in backend memory, one token per row into tokens(n)
+   * (host), with params(n) (host). Rows with temperature <= 0 take the argmax (lowest id on
+   * ties). Others: logits / temperature, then top_k (<= 0: off; ties at the k-th value are
+   * all kept), then top_p over what is left (>= 1: off), then min_p relative to the most
+   * likely token (<= 0: off); the token is the first one in id order whose running sum of
+   * kept probabilities exceeds u * (their total). Synchronises. */
+  int (*sample)(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
+                const struct backend_sample_params *params);
 };
 
 struct backend {

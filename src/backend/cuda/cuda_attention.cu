@@ -1,0 +1,268 @@
+/* cuda_attention.cu - paged attention over the block-table KV cache, for any mix of decode tokens
+ * and prompt chunks (varlen queries, causal, GQA), with an online softmax in f32.
+ *
+ * Part 1 kernels: one warp per (query token, query head), four warps (consecutive heads of one
+ * token, so heads sharing a KV head read it together) per block. Query token t of sequence b
+ * (query_start[b] <= t < query_start[b+1]) sees keys 0 .. ctx-1 with
+ * ctx = seq_lens[b] - q_len + (t - query_start[b]) + 1, i.e. its own position and everything
+ * before it. The block size is a template parameter, so the logical -> physical slot split is a
+ * shift and mask. paged_attention_lanes_kernel (head_dim 8..128, a template parameter) is the
+ * one used for real models; paged_attention_kernel covers any other head_dim (a multiple of 8
+ * up to 256). */
+#include "backend/cuda/cuda_backend.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define ATTN_WARPS 4      /* warps (query heads) per thread block */
+#define ATTN_MAX_HD 256   /* head_dim limit: q in shared memory and head_dim/32 accumulators per lane */
+
+__device__ __forceinline__ float attn_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float attn_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* q . k for one key row k(hd) of bf16 (16-byte aligned, hd a multiple of 8), q(hd) in shared f32. */
+__device__ __forceinline__ float attn_dot(const float *qs, const bf16 *k, int hd) {
+  float s = 0.0f;
+  const uint4 *k4 = (const uint4 *)k;
+  for (int c = 0; c < hd / 8; c++) {
+    uint4 u = k4[c];
+    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float2 f = __bfloat1622float2(p[j]);
+      s += qs[c * 8 + 2 * j] * f.x + qs[c * 8 + 2 * j + 1] * f.y;
+    }
+  }
+  return s;
+}
+
+/* The generic kernel (any head_dim, a multiple of 8 up to 256): the warp walks the keys in chunks
+ * of 32, one key per lane for the scores (q . k, q scaled in shared memory), then folds the
+ * chunk into the running max / sum / output, each lane owning head_dim/32 output dims. */
+template <int BS>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+    paged_attention_kernel(bf16 *out,                  /* (T, n_heads, hd) */
+                           const bf16 *q,              /* (T, n_heads, hd) */
+                           const bf16 *kc,             /* (num_blocks, n_kv, BS, hd) */
+                           const bf16 *vc,             /* (num_blocks, n_kv, BS, hd) */
+                           const int32_t *query_start, /* (B+1) */
+                           const int32_t *seq_lens,    /* (B) */
+                           const int32_t *block_tables, /* (B, max_blocks) */
+                           int T, int B, int max_blocks, int n_heads, int n_kv, int hd, float scale) {
+  __shared__ float q_sh[ATTN_WARPS][ATTN_MAX_HD];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t gw = (int64_t)blockIdx.x * ATTN_WARPS + warp;
+  if (gw >= (int64_t)T * n_heads)
+    return; /* whole warp leaves together; no block-wide barrier follows */
+  int t = (int)(gw / n_heads), h = (int)(gw % n_heads);
+  /* sequence of token t: the largest b with query_start[b] <= t */
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  int b = lo;
+  int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
+  int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
+  int kvh = h / (n_heads / n_kv);
+  const bf16 *qrow = q + ((size_t)t * n_heads + h) * hd;
+  float *qs = q_sh[warp];
+  for (int d = lane; d < hd; d += 32)
+    qs[d] = __bfloat162float(qrow[d]) * scale;
+  __syncwarp();
+
+  const int32_t *bt = block_tables + (size_t)b * max_blocks;
+  const size_t head_stride = (size_t)BS * hd;  /* one kv head of one block */
+  const size_t block_stride = (size_t)n_kv * head_stride;
+  float m = -INFINITY, l = 0.0f;
+  float acc[ATTN_MAX_HD / 32];
+#pragma unroll
+  for (int a = 0; a < ATTN_MAX_HD / 32; a++)
+    acc[a] = 0.0f;
+
+  for (int base = 0; base < ctx; base += 32) {
+    int j = base + lane;
+    float s = -INFINITY;
+    size_t row = 0; /* element offset of key j's row in kc / vc */
+    if (j < ctx) {
+      int blk = bt[j / BS];
+      row = (size_t)blk * block_stride + (size_t)kvh * head_stride + (size_t)(j % BS) * hd;
+      s = attn_dot(qs, kc + row, hd);
+    }
+    float m_new = fmaxf(m, attn_warp_max(s)); /* finite: key `base` < ctx is always valid */
+    float alpha = __expf(m - m_new);
+    float p = j < ctx ? __expf(s - m_new) : 0.0f;
+    l = l * alpha + attn_warp_sum(p);
+#pragma unroll
+    for (int a = 0; a < ATTN_MAX_HD / 32; a++)
+      acc[a] *= alpha;
+    int nvalid = ctx - base < 32 ? ctx - base : 32;
+    for (int jj = 0; jj < nvalid; jj++) {
+      float pj = __shfl_sync(0xffffffffu, p, jj);
+      size_t rj = __shfl_sync(0xffffffffu, row, jj);
+      const bf16 *vrow = vc + rj;
+#pragma unroll
+      for (int a = 0; a < ATTN_MAX_HD / 32; a++) {
+        int d = lane + 32 * a;
+        if (d < hd)
+          acc[a] += pj * __bfloat162float(vrow[d]);
+      }
+    }
+    m = m_new;
+  }
+  bf16 *orow = out + ((size_t)t * n_heads + h) * hd;
+  float inv = ctx > 0 ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int a = 0; a < ATTN_MAX_HD / 32; a++) {
+    int d = lane + 32 * a;
+    if (d < hd)
+      orow[d] = __float2bfloat16(acc[a] * inv);
+  }
+}
+
+/* The main kernel, for head_dim HD in {8, 16, 32, 64, 128}: lanes own keys for the whole walk.
+ * Lane i takes keys i, i + 32, ...: it computes q . k for its key, and adds p * v of its key
+ * into its own full-length accumulator acc[HD] (registers), so a chunk's K and V rows are read
+ * by 32 independent 16-byte loads with no per-key dependency chain. The running max is shared
+ * by the warp (one warp max per chunk); each lane keeps its own partial sum of p. At the end the
+ * lanes' accumulators and sums are added across the warp. */
+template <int BS, int HD>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+    paged_attention_lanes_kernel(bf16 *out,                   /* (T, n_heads, HD) */
+                                 const bf16 *q,               /* (T, n_heads, HD) */
+                                 const bf16 *kc,              /* (num_blocks, n_kv, BS, HD) */
+                                 const bf16 *vc,              /* (num_blocks, n_kv, BS, HD) */
+                                 const int32_t *query_start,  /* (B+1) */
+                                 const int32_t *seq_lens,     /* (B) */
+                                 const int32_t *block_tables, /* (B, max_blocks) */
+                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale) {
+  __shared__ float q_sh[ATTN_WARPS][HD];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t gw = (int64_t)blockIdx.x * ATTN_WARPS + warp;
+  if (gw >= (int64_t)T * n_heads)
+    return; /* whole warp leaves together; no block-wide barrier follows */
+  int t = (int)(gw / n_heads), h = (int)(gw % n_heads);
+  int lo = 0, hi = B - 1; /* sequence of token t: the largest b with query_start[b] <= t */
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  int b = lo;
+  int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
+  int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
+  int kvh = h / (n_heads / n_kv);
+  const bf16 *qrow = q + ((size_t)t * n_heads + h) * HD;
+  float *qs = q_sh[warp];
+  for (int d = lane; d < HD; d += 32)
+    qs[d] = __bfloat162float(qrow[d]) * scale;
+  __syncwarp();
+
+  const int32_t *bt = block_tables + (size_t)b * max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD;
+  const size_t block_stride = (size_t)n_kv * BS * HD;
+  float acc[HD];
+#pragma unroll
+  for (int d = 0; d < HD; d++)
+    acc[d] = 0.0f;
+  float m = -INFINITY, l = 0.0f; /* m: warp-wide running max; l: this lane's sum of p */
+  for (int base = 0; base < ctx; base += 32) {
+    int j = base + lane;
+    bool valid = j < ctx;
+    float s = -INFINITY;
+    size_t row = 0;
+    if (valid) {
+      row = (size_t)bt[j / BS] * block_stride + head_off + (size_t)(j % BS) * HD;
+      s = attn_dot(qs, kc + row, HD);
+    }
+    float m_new = fmaxf(m, attn_warp_max(s)); /* finite: key `base` < ctx is always valid */
+    float alpha = __expf(m - m_new);
+    float p = valid ? __expf(s - m_new) : 0.0f;
+    l = l * alpha + p;
+    m = m_new;
+    const uint4 *v4 = (const uint4 *)(vc + row);
+#pragma unroll
+    for (int c = 0; c < HD / 8; c++) {
+      uint4 u = valid ? v4[c] : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat162 *pv = (const __nv_bfloat162 *)&u;
+#pragma unroll
+      for (int k2 = 0; k2 < 4; k2++) {
+        float2 f = __bfloat1622float2(pv[k2]);
+        acc[c * 8 + 2 * k2] = acc[c * 8 + 2 * k2] * alpha + p * f.x;
+        acc[c * 8 + 2 * k2 + 1] = acc[c * 8 + 2 * k2 + 1] * alpha + p * f.y;
+      }
+    }
+  }
+  l = attn_warp_sum(l);
+  float inv = ctx > 0 ? 1.0f / l : 0.0f;
+  bf16 *orow = out + ((size_t)t * n_heads + h) * HD;
+#pragma unroll
+  for (int d = 0; d < HD; d++) {
+    float v = attn_warp_sum(acc[d]);
+    if ((d & 31) == lane)
+      orow[d] = __float2bfloat16(v * inv);
+  }
+}
+
+int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, float scale) {
+  if (be->act_dtype != DTYPE_BF16)
+    return ERR("cuda attention: activation dtype %s (expected bf16)", dtype_name(be->act_dtype));
+  if (kv->dtype != DTYPE_BF16)
+    return ERR("cuda attention: kv cache dtype %s is not supported (bf16)", dtype_name(kv->dtype));
+  if (kv->head_dim % 8 != 0 || kv->head_dim > ATTN_MAX_HD)
+    return ERR("cuda attention: head_dim %d is not supported (a multiple of 8, at most %d)", kv->head_dim,
+               ATTN_MAX_HD);
+  if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0)
+    return ERR("cuda attention: %d query heads over %d kv heads", n_heads, kv->n_kv_heads);
+  if (b->num_tokens <= 0 || b->num_seqs <= 0)
+    return 0;
+  int64_t warps = (int64_t)b->num_tokens * n_heads;
+  int64_t blocks = (warps + ATTN_WARPS - 1) / ATTN_WARPS;
+  if (blocks > 0x7fffffff)
+    return ERR("cuda attention: batch too large (%d tokens)", b->num_tokens);
+  cudaStream_t st = cuda_be(be)->stream;
+  int bs = kv->block_size, hd = kv->head_dim;
+  if (!cuda_block_size_ok(bs))
+    return ERR("--pa-block-size %d is not supported on CUDA (use " CUDA_BLOCK_SIZES ")", bs);
+#define ATTN_ARGS                                                                                 \
+  (bf16 *)out, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, b->query_start, b->seq_lens, \
+      b->block_tables, b->num_tokens, b->num_seqs, b->max_blocks_per_seq, n_heads, kv->n_kv_heads
+#define ATTN_LANES(BS, HD) paged_attention_lanes_kernel<BS, HD><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale)
+#define ATTN_BS(BS)                                                                               \
+  do {                                                                                            \
+    switch (hd) {                                                                                 \
+    case 8: ATTN_LANES(BS, 8); break;                                                             \
+    case 16: ATTN_LANES(BS, 16); break;                                                           \
+    case 32: ATTN_LANES(BS, 32); break;                                                           \
+    case 64: ATTN_LANES(BS, 64); break;                                                           \
+    case 128: ATTN_LANES(BS, 128); break;                                                         \
+    default: /* other head sizes: the generic kernel */                                           \
+      paged_attention_kernel<BS><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, hd, scale); \
+    }                                                                                             \
+  } while (0)
+  if (bs == 8)
+    ATTN_BS(8);
+  else if (bs == 16)
+    ATTN_BS(16);
+  else
+    ATTN_BS(32);
+#undef ATTN_BS
+#undef ATTN_LANES
+#undef ATTN_ARGS
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}

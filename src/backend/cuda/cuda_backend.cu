@@ -1,0 +1,296 @@
+/* cuda_backend.cu - the CUDA backend: device memory, the stream, cuBLAS GEMMs and the ops table. */
+#include "backend/cuda/cuda_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* cuBLAS gets its workspace once at start-up (cublasSetWorkspace) so that no GEMM allocates. */
+#define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
+/* Rows of logits one sample call handles per launch; larger calls loop. */
+#define CUDA_SAMPLE_CAP 1024
+/* Host staging for weight conversion: converted in chunks of at most this many bytes. */
+#define CUDA_STAGE_BYTES ((size_t)64 << 20)
+
+static void *cuda_alloc(struct backend *be, size_t bytes) {
+  (void)be;
+  void *p = NULL;
+  if (bytes == 0)
+    bytes = 16;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* clear the sticky-free error state of the runtime */
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    ERR("CUDA out of memory: cannot allocate %.1f MiB (%.1f MiB free of %.1f MiB on the GPU); "
+        "lower --pa-memory-fraction (or --pa-memory-mb / --pa-context-len), --max-num-seqs or "
+        "--max-num-batched-tokens",
+        bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_free(struct backend *be, void *p) {
+  (void)be;
+  if (p)
+    cudaFree(p);
+}
+
+static int cuda_upload(struct backend *be, void *dst, const void *host_src, size_t bytes) {
+  /* From pageable memory the call returns once the source is staged, so the caller may reuse
+   * host_src at once; the copy itself stays ordered on the stream. */
+  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->stream));
+  return 0;
+}
+
+static int cuda_download(struct backend *be, void *host_dst, const void *src, size_t bytes) {
+  struct cuda_backend *cb = cuda_be(be);
+  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cb->stream));
+  CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+  return 0;
+}
+
+static int cuda_memset0(struct backend *be, void *dst, size_t bytes) {
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda_be(be)->stream));
+  return 0;
+}
+
+static int cuda_sync(struct backend *be) {
+  CUDA_CHECK(cudaStreamSynchronize(cuda_be(be)->stream));
+  return 0;
+}
+
+static size_t cuda_mem_available(struct backend *be) {
+  (void)be;
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free_b;
+}
+
+/* Weights: matrices become BF16 (the GEMM input type); 1-D tensors (norm weights, biases)
+ * stay F32, since they are tiny and the norm's scale is applied in f32 anyway. Conversion
+ * happens on the host in chunks, then one synchronous copy per chunk (start-up only). */
+static int cuda_weight_from_host(struct backend *be, struct weight *w, const void *host,
+                                 enum dtype src_t, int64_t rows, int64_t cols) {
+  (void)be;
+  memset(w, 0, sizeof *w);
+  if (src_t != DTYPE_F32 && src_t != DTYPE_F16 && src_t != DTYPE_BF16 && src_t != DTYPE_Q8_0)
+    return ERR("cuda backend: weights of dtype %s are not supported (use f32, f16, bf16 or q8_0)",
+               dtype_name(src_t));
+  if (rows <= 0 || cols <= 0)
+    return ERR("cuda backend: weight of shape (%lld, %lld)", (long long)rows, (long long)cols);
+  if (src_t == DTYPE_Q8_0 && cols % Q8_0_BLOCK != 0)
+    return ERR("cuda backend: q8_0 weight with %lld columns (not a multiple of 32)", (long long)cols);
+  enum dtype dst_t = rows == 1 ? DTYPE_F32 : DTYPE_BF16;
+  size_t esz = dst_t == DTYPE_F32 ? 4 : 2;
+  size_t total = (size_t)rows * (size_t)cols * esz;
+  void *d = cuda_alloc(be, total);
+  if (!d)
+    return -1;
+  w->data = d;
+  w->dtype = dst_t;
+  w->rows = rows;
+  w->cols = cols;
+  if (src_t == dst_t) {
+    cudaError_t e = cudaMemcpy(d, host, total, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaFree(d);
+      memset(w, 0, sizeof *w);
+      CUDA_CHECK(e);
+    }
+    return 0;
+  }
+  size_t src_row = dtype_row_bytes(src_t, cols);
+  size_t dst_row = (size_t)cols * esz;
+  int64_t rows_per_chunk = (int64_t)(CUDA_STAGE_BYTES / dst_row);
+  if (rows_per_chunk < 1)
+    rows_per_chunk = 1;
+  if (rows_per_chunk > rows)
+    rows_per_chunk = rows;
+  float *tmp = (float *)malloc((size_t)cols * sizeof(float));
+  void *stage = malloc((size_t)rows_per_chunk * dst_row);
+  if (!tmp || !stage) {
+    free(tmp);
+    free(stage);
+    cudaFree(d);
+    memset(w, 0, sizeof *w);
+    return ERR("cuda backend: out of host memory converting a weight");
+  }
+  int rc = 0;
+  for (int64_t r0 = 0; r0 < rows && rc == 0; r0 += rows_per_chunk) {
+    int64_t nr = rows - r0 < rows_per_chunk ? rows - r0 : rows_per_chunk;
+    for (int64_t r = 0; r < nr; r++) {
+      const char *src = (const char *)host + (size_t)(r0 + r) * src_row;
+      float *dst_f = dst_t == DTYPE_F32 ? (float *)stage + (size_t)r * cols : tmp;
+      dtype_to_f32(dst_f, src, src_t, cols);
+      if (dst_t == DTYPE_BF16) {
+        uint16_t *o = (uint16_t *)stage + (size_t)r * cols;
+        for (int64_t c = 0; c < cols; c++)
+          o[c] = f32_to_bf16(tmp[c]);
+      }
+    }
+    cudaError_t e = cudaMemcpy((char *)d + (size_t)r0 * dst_row, stage, (size_t)nr * dst_row,
+                               cudaMemcpyHostToDevice);
+    if (e != cudaSuccess)
+      rc = ERR("CUDA error %s (%s) in cudaMemcpy of a weight", cudaGetErrorName(e),
+               cudaGetErrorString(e));
+  }
+  free(tmp);
+  free(stage);
+  if (rc != 0) {
+    cudaFree(d);
+    memset(w, 0, sizeof *w);
+  }
+  return rc;
+}
+
+static void cuda_weight_free(struct backend *be, struct weight *w) {
+  (void)be;
+  if (w && w->data)
+    cudaFree(w->data);
+  if (w)
+    memset(w, 0, sizeof *w);
+}
+
+/* out(T, N) = x(T, K) @ W(N, K)^T. In cuBLAS's column-major terms this is
+ * C(N, T) = op_T(W as (K, N), ld K) * x as (K, T), ld K; C has ld N. BF16 in, f32 compute. */
+static int cuda_matmul(struct backend *be, void *out, const void *x, const struct weight *w,
+                       const struct weight *bias, int T, int out_f32) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (w->dtype != DTYPE_BF16)
+    return ERR("cuda matmul: weight dtype %s (expected bf16 for a matrix)", dtype_name(w->dtype));
+  if (T <= 0)
+    return T == 0 ? 0 : ERR("cuda matmul: T = %d", T);
+  const float alpha = 1.0f, beta = 0.0f;
+  int N = (int)w->rows, K = (int)w->cols;
+  CUBLAS_CHECK(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w->data, CUDA_R_16BF, K,
+                            x, CUDA_R_16BF, K, &beta, out, out_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (bias)
+    return cuda_op_add_bias(be, out, out_f32, bias, T);
+  return 0;
+}
+
+/* Copy-on-write: per layer, K and V of block src[i] -> dst[i], as device-to-device copies. */
+static int cuda_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers,
+                            const int32_t *src, const int32_t *dst, int n) {
+  struct cuda_backend *cb = cuda_be(be);
+  for (int l = 0; l < n_layers; l++) {
+    const struct kv_layer *kv = &layers[l];
+    if (kv->dtype != DTYPE_BF16)
+      return ERR("cuda backend: kv cache dtype %s is not supported (bf16)", dtype_name(kv->dtype));
+    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * kv->head_dim * 2;
+    for (int i = 0; i < n; i++) {
+      if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
+        return ERR("copy_blocks: block %d -> %d out of range (%d blocks)", src[i], dst[i],
+                   kv->num_blocks);
+      CUDA_CHECK(cudaMemcpyAsync((char *)kv->k + (size_t)dst[i] * blk, (char *)kv->k + (size_t)src[i] * blk,
+                                 blk, cudaMemcpyDeviceToDevice, cb->stream));
+      CUDA_CHECK(cudaMemcpyAsync((char *)kv->v + (size_t)dst[i] * blk, (char *)kv->v + (size_t)src[i] * blk,
+                                 blk, cudaMemcpyDeviceToDevice, cb->stream));
+    }
+  }
+  return 0;
+}
+
+static void cuda_destroy(struct backend *be) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (!cb)
+    return;
+  if (cb->stream)
+    cudaStreamSynchronize(cb->stream);
+  if (cb->blas)
+    cublasDestroy(cb->blas);
+  cudaFree(cb->blas_ws);
+  cudaFree(cb->sample_params_dev);
+  cudaFree(cb->sample_tokens_dev);
+  cudaFreeHost(cb->sample_params_host);
+  cudaFreeHost(cb->sample_tokens_host);
+  if (cb->stream)
+    cudaStreamDestroy(cb->stream);
+  free(cb);
+}
+
+static const struct backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .alloc = */ cuda_alloc,
+    /* .free = */ cuda_free,
+    /* .upload = */ cuda_upload,
+    /* .download = */ cuda_download,
+    /* .memset0 = */ cuda_memset0,
+    /* .sync = */ cuda_sync,
+    /* .mem_available = */ cuda_mem_available,
+    /* .weight_from_host = */ cuda_weight_from_host,
+    /* .weight_free = */ cuda_weight_free,
+    /* .embed = */ cuda_op_embed,
+    /* .rmsnorm = */ cuda_op_rmsnorm,
+    /* .matmul = */ cuda_matmul,
+    /* .rope = */ cuda_op_rope,
+    /* .silu_mul = */ cuda_op_silu_mul,
+    /* .kv_write = */ cuda_op_kv_write,
+    /* .attention = */ cuda_op_attention,
+    /* .gather_rows = */ cuda_op_gather_rows,
+    /* .copy_blocks = */ cuda_copy_blocks,
+    /* .destroy = */ cuda_destroy,
+    /* .sample = */ cuda_op_sample,
+};
+
+extern "C" int backend_cuda_available(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n > 0;
+}
+
+static int cuda_init(struct cuda_backend *cb) {
+  int n = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (n <= 0)
+    return ERR("--device cuda: no CUDA device found");
+  cb->device = 0;
+  CUDA_CHECK(cudaSetDevice(cb->device));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, cb->device));
+  if (prop.major < 8)
+    return ERR("--device cuda: %s has compute capability %d.%d; pagoda's CUDA backend needs 8.0 or "
+               "newer (bf16)", prop.name, prop.major, prop.minor);
+  snprintf(cb->name, sizeof cb->name, "%s", prop.name);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&cb->blas));
+  CUBLAS_CHECK(cublasSetStream(cb->blas, cb->stream));
+  cb->blas_ws_bytes = CUDA_BLAS_WS_BYTES;
+  CUDA_CHECK(cudaMalloc(&cb->blas_ws, cb->blas_ws_bytes));
+  CUBLAS_CHECK(cublasSetWorkspace(cb->blas, cb->blas_ws, cb->blas_ws_bytes));
+  cb->sample_cap = CUDA_SAMPLE_CAP;
+  CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * cb->sample_cap));
+  CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * cb->sample_cap));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * cb->sample_cap));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * cb->sample_cap));
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB", prop.name,
+           prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
+           total_b / 1073741824.0);
+  return 0;
+}
+
+extern "C" struct backend *backend_cuda_create(void) {
+  struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
+  if (!cb) {
+    ERR("out of memory");
+    return NULL;
+  }
+  cb->base.ops = &cuda_ops;
+  cb->base.act_dtype = DTYPE_BF16;
+  cb->base.n_threads = 0;
+  if (cuda_init(cb) != 0) {
+    cuda_destroy(&cb->base);
+    return NULL;
+  }
+  return &cb->base;
+}

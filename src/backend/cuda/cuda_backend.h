@@ -1,0 +1,80 @@
+/* cuda_backend.h - internals shared by the CUDA backend's .cu files: the backend struct, the
+ * checked-call macros and the kernel launchers (C++, included only from src/backend/cuda). */
+#ifndef PAGODA_CUDA_BACKEND_H
+#define PAGODA_CUDA_BACKEND_H
+
+/* System headers first, outside extern "C": glibc's C++ overloads must keep C++ linkage. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/dtype.h"
+#include "util/log.h"
+}
+
+/* Every CUDA runtime call goes through CUDA_CHECK, every cuBLAS call through CUBLAS_CHECK: on
+ * failure they record "file:line: CUDA error ..." with the failing expression and return -1
+ * from the calling function. Kernel launches are followed by CUDA_CHECK(cudaGetLastError()). */
+#define CUDA_CHECK(call)                                                                        \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess)                                                                      \
+      return ERR("CUDA error %s (%s) in %s", cudaGetErrorName(e_), cudaGetErrorString(e_), #call); \
+  } while (0)
+
+#define CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                          \
+    cublasStatus_t s_ = (call);                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                            \
+      return ERR("cuBLAS error %s in %s", cublasGetStatusString(s_), #call);                    \
+  } while (0)
+
+#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+struct cuda_backend {
+  struct backend base;
+  int device;
+  cudaStream_t stream;       /* every op of a step runs on this one stream */
+  cublasHandle_t blas;
+  void *blas_ws;             /* (blas_ws_bytes) cuBLAS workspace, given once so it never allocates */
+  size_t blas_ws_bytes;
+  /* sampling staging, sized for sample_cap rows at start-up */
+  int sample_cap;
+  struct backend_sample_params *sample_params_dev; /* (sample_cap) */
+  int32_t *sample_tokens_dev;                      /* (sample_cap) */
+  struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
+  int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
+  char name[256];            /* device name, for logs */
+};
+
+static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
+
+/* Launchers (cuda_ops.cu, cuda_attention.cu, cuda_sample.cu): each checks its arguments,
+ * enqueues its kernels on the backend's stream and returns 0 or -1 with err_last() set. */
+int cuda_op_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
+int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
+                    int T, int dim, float eps);
+int cuda_op_rope(struct backend *be, void *q, void *k, const int32_t *positions, int T, int n_heads,
+                 int n_kv_heads, int head_dim, const struct rope_params *rp);
+int cuda_op_silu_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
+                     const struct batch *b);
+int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim);
+int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct weight *bias, int T);
+int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, float scale);
+int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
+                   const struct backend_sample_params *params);
+
+/* Block sizes the paged kernels are compiled for; anything else is refused with this list. */
+static inline int cuda_block_size_ok(int bs) { return bs == 8 || bs == 16 || bs == 32; }
+#define CUDA_BLOCK_SIZES "8, 16 or 32"
+
+#endif

@@ -1,0 +1,215 @@
+/* cuda_sample.cu - token sampling on the GPU over F32 logits: greedy (argmax) and
+ * temperature / top-k / top-p / min-p with a host-drawn uniform u (see backend_ops.sample).
+ *
+ * One thread block per row. No sort: each cut-off is a threshold on a monotonic 32-bit key of the
+ * logit, found bit by bit (32 passes over the row, each a block-wide count or sum), so the kept set
+ * is exactly "every token whose logit is at least the threshold"; ties at a threshold are kept
+ * together. Unnormalised probabilities w = exp((logit - max) / temperature) lie in (0, 1]. */
+#include "backend/cuda/cuda_backend.h"
+
+#define SAMPLE_THREADS 1024
+
+/* Monotonic map of a float to uint32: a < b  <=>  key(a) < key(b) (NaN aside). */
+__device__ __forceinline__ uint32_t sample_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ float sample_block_sum(float v, float *sh) {
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0)
+    sh[wid] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? sh[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ float sample_block_max(float v, float *sh) {
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0)
+    sh[wid] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? sh[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* (value, index) argmax over the block; ties go to the lower index. Result valid in all threads. */
+__device__ int sample_block_argmax(float v, int idx, float *shv, int *shi) {
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  __syncthreads();
+  if (lane == 0) {
+    shv[wid] = v;
+    shi[wid] = idx;
+  }
+  __syncthreads();
+  if (lane < (int)(blockDim.x >> 5)) {
+    v = shv[lane];
+    idx = shi[lane];
+  } else {
+    v = -INFINITY;
+    idx = 0x7fffffff;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  return idx;
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_kernel(int32_t *tokens,                            /* (n) */
+                  const float *logits,                        /* (n, vocab) */
+                  const struct backend_sample_params *params, /* (n) */
+                  int vocab) {
+  __shared__ float shf[32];
+  __shared__ int shi[32];
+  __shared__ float chunk_sum[SAMPLE_THREADS];
+  int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+  const float *x = logits + (size_t)row * vocab;
+  struct backend_sample_params p = params[row];
+
+  /* argmax (also the answer for greedy rows and for top_k == 1) */
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = tid; i < vocab; i += nt)
+    if (x[i] > bv || (x[i] == bv && i < bi)) {
+      bv = x[i];
+      bi = i;
+    }
+  int amax = sample_block_argmax(bv, bi, shf, shi);
+  if (p.temperature <= 0.0f || p.top_k == 1) {
+    if (tid == 0)
+      tokens[row] = amax == 0x7fffffff ? 0 : amax;
+    return;
+  }
+  float mx = x[amax];
+  float inv_t = 1.0f / p.temperature;
+
+  /* top_k: the largest key threshold with at least k logits at or above it */
+  uint32_t thr = 0;
+  if (p.top_k > 1 && p.top_k < vocab) {
+    for (int bit = 31; bit >= 0; bit--) {
+      uint32_t cand = thr | (1u << bit);
+      float cnt = 0.0f;
+      for (int i = tid; i < vocab; i += nt)
+        cnt += sample_key(x[i]) >= cand ? 1.0f : 0.0f;
+      if (sample_block_sum(cnt, shf) >= (float)p.top_k)
+        thr = cand;
+    }
+  }
+  /* top_p: the largest threshold (at least thr) whose kept mass reaches top_p of the mass kept
+   * by top_k; that keeps the smallest set of most likely tokens whose mass crosses top_p. */
+  if (p.top_p < 1.0f) {
+    float z = 0.0f;
+    for (int i = tid; i < vocab; i += nt)
+      if (sample_key(x[i]) >= thr)
+        z += __expf((x[i] - mx) * inv_t);
+    float target = p.top_p * sample_block_sum(z, shf);
+    /* S(c) = mass of the top_k-kept tokens with key >= c is non-increasing in c, and S(0) = z
+     * reaches the target, so the bit-by-bit search from 0 finds the largest such c. */
+    uint32_t t2 = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+      uint32_t cand = t2 | (1u << bit);
+      uint32_t c = cand > thr ? cand : thr;
+      float s = 0.0f;
+      for (int i = tid; i < vocab; i += nt)
+        if (sample_key(x[i]) >= c)
+          s += __expf((x[i] - mx) * inv_t);
+      if (sample_block_sum(s, shf) >= target)
+        t2 = cand;
+    }
+    if (t2 > thr)
+      thr = t2;
+  }
+  /* min_p: keep w >= min_p * (largest w = 1); applied per element below */
+  float min_w = p.min_p > 0.0f ? p.min_p : 0.0f;
+
+  /* selection: thread tid owns the contiguous ids [lo, hi); a block scan of the chunk sums finds
+   * the chunk where the running sum crosses u * total, and its owner walks it. */
+  int per = (vocab + nt - 1) / nt;
+  int lo = tid * per, hi = lo + per < vocab ? lo + per : vocab;
+  float cs = 0.0f;
+  for (int i = lo; i < hi; i++) {
+    float w = __expf((x[i] - mx) * inv_t);
+    if (sample_key(x[i]) >= thr && w >= min_w)
+      cs += w;
+  }
+  chunk_sum[tid] = cs;
+  __syncthreads();
+  /* inclusive scan (Hillis-Steele) over chunk_sum */
+  for (int o = 1; o < nt; o <<= 1) {
+    float add = tid >= o ? chunk_sum[tid - o] : 0.0f;
+    __syncthreads();
+    chunk_sum[tid] += add;
+    __syncthreads();
+  }
+  float total = chunk_sum[nt - 1];
+  float target = p.u * total;
+  float before = tid > 0 ? chunk_sum[tid - 1] : 0.0f;
+  __shared__ int chosen;
+  if (tid == 0)
+    chosen = amax; /* fallback when rounding leaves the target at the very end */
+  __syncthreads();
+  if (before <= target && target < chunk_sum[tid] && lo < hi) {
+    float run = before;
+    int pick = -1, last = -1;
+    for (int i = lo; i < hi; i++) {
+      float w = __expf((x[i] - mx) * inv_t);
+      if (sample_key(x[i]) >= thr && w >= min_w) {
+        last = i;
+        run += w;
+        if (run > target) {
+          pick = i;
+          break;
+        }
+      }
+    }
+    chosen = pick >= 0 ? pick : (last >= 0 ? last : amax);
+  }
+  __syncthreads();
+  if (tid == 0)
+    tokens[row] = chosen;
+}
+
+int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
+                   const struct backend_sample_params *params) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (vocab <= 0)
+    return ERR("cuda sample: vocab %d", vocab);
+  for (int r0 = 0; r0 < n; r0 += cb->sample_cap) {
+    int nr = n - r0 < cb->sample_cap ? n - r0 : cb->sample_cap;
+    memcpy(cb->sample_params_host, params + r0, sizeof *params * nr);
+    CUDA_CHECK(cudaMemcpyAsync(cb->sample_params_dev, cb->sample_params_host, sizeof *params * nr,
+                               cudaMemcpyHostToDevice, cb->stream));
+    sample_kernel<<<nr, SAMPLE_THREADS, 0, cb->stream>>>(cb->sample_tokens_dev, logits + (size_t)r0 * vocab,
+                                                        cb->sample_params_dev, vocab);
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(cb->sample_tokens_host, cb->sample_tokens_dev, sizeof(int32_t) * nr,
+                               cudaMemcpyDeviceToHost, cb->stream));
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    memcpy(tokens + r0, cb->sample_tokens_host, sizeof(int32_t) * nr);
+  }
+  return 0;
+}

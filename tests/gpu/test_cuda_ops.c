@@ -1,0 +1,794 @@
+/* test_cuda_ops.c - every CUDA backend op against the CPU backend on the same random inputs
+ * (fresh each run), including the paged-attention grid of block sizes x batch shapes x GQA.
+ *
+ * Inputs are drawn as bf16-representable values, so both backends start from identical data;
+ * the tolerances below then only cover what the CUDA side rounds (its activations are bf16)
+ * and summation order. bf16 has an 8-bit significand: one rounding is a relative error of at
+ * most 2^-9 = 0.2%, about 0.1% in rel L2 over many elements. */
+#include <math.h>
+
+#include "gpu_pair.h"
+
+/* Copies (gather, embedding, KV write, block copy) move bf16-exact values: bit-exact. */
+#define TOL_EXACT 1e-12
+/* One or two bf16 roundings of the output (~1e-3 rel L2) plus f32 reassociation: 1e-2. */
+#define TOL_BF16_OUT 1e-2
+/* A GEMM with an f32 output: bf16-exact inputs, f32 accumulation on both sides; only the
+ * summation order differs (~1e-6), so 1e-4 still catches any wrong element. */
+#define TOL_F32_GEMM 1e-4
+
+static struct weight pair_weight(int i, const float *h, int64_t rows, int64_t cols) {
+  struct weight w;
+  if (pair_be[i]->ops->weight_from_host(pair_be[i], &w, h, DTYPE_F32, rows, cols))
+    pair_die("weight_from_host");
+  return w;
+}
+
+static void test_embed(void) {
+  int vocab = 1000, dim = 192, T = 37;
+  float *emb = malloc(sizeof(float) * vocab * dim);
+  pair_fill(emb, (size_t)vocab * dim, 1.0f);
+  int32_t ids[37];
+  for (int t = 0; t < T; t++)
+    ids[t] = pair_int(0, vocab - 1);
+  struct weight w[2];
+  for (int i = 0; i < 2; i++)
+    w[i] = pair_weight(i, emb, vocab, dim);
+  struct dbuf d_ids = pair_bytes(ids, sizeof ids), out = pair_poisoned((size_t)T * dim);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->embed(pair_be[i], out.p[i], &w[i], d_ids.p[i], T))
+      pair_die("embed");
+  float *c, *g;
+  pair_get_both(out, (size_t)T * dim, &c, &g);
+  pair_expect("embed", g, c, (size_t)T * dim, TOL_EXACT);
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &w[i]);
+  pair_free(d_ids);
+  pair_free(out);
+  free(c);
+  free(g);
+  free(emb);
+}
+
+static void test_rmsnorm(int dim, int with_residual) {
+  int T = 19;
+  size_t n = (size_t)T * dim;
+  float *x = malloc(n * 4), *r = malloc(n * 4), *wv = malloc(dim * 4);
+  pair_fill(x, n, 2.0f);
+  pair_fill(r, n, 2.0f);
+  for (int d = 0; d < dim; d++)
+    wv[d] = 1.0f + pair_rnd(0.5f); /* norm weights sit near 1 in real models */
+  struct weight w[2];
+  for (int i = 0; i < 2; i++)
+    w[i] = pair_weight(i, wv, 1, dim);
+  struct dbuf dx = pair_acts(x, n), dr = pair_acts(r, n), out = pair_poisoned(n);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->rmsnorm(pair_be[i], out.p[i], with_residual ? dr.p[i] : NULL, dx.p[i], &w[i], T,
+                                 dim, 1e-5f))
+      pair_die("rmsnorm");
+  float *c, *g;
+  char what[64];
+  pair_get_both(out, n, &c, &g);
+  snprintf(what, sizeof what, "rmsnorm dim %d%s", dim, with_residual ? " +residual" : "");
+  pair_expect(what, g, c, n, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  if (with_residual) { /* the fused add's sum, stored back: one bf16 rounding */
+    pair_get_both(dr, n, &c, &g);
+    snprintf(what, sizeof what, "rmsnorm dim %d residual sum", dim);
+    pair_expect(what, g, c, n, TOL_BF16_OUT);
+    free(c);
+    free(g);
+  }
+  /* in place: out aliases x (the forward pass may normalise a buffer into itself) */
+  if (!with_residual) {
+    for (int i = 0; i < 2; i++)
+      if (pair_be[i]->ops->rmsnorm(pair_be[i], dx.p[i], NULL, dx.p[i], &w[i], T, dim, 1e-5f))
+        pair_die("rmsnorm");
+    pair_get_both(dx, n, &c, &g);
+    snprintf(what, sizeof what, "rmsnorm dim %d in place", dim);
+    pair_expect(what, g, c, n, TOL_BF16_OUT);
+    free(c);
+    free(g);
+  }
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &w[i]);
+  pair_free(dx);
+  pair_free(dr);
+  pair_free(out);
+  free(x);
+  free(r);
+  free(wv);
+}
+
+static void test_matmul(int T, int N, int K, int out_f32, int with_bias) {
+  float *x = malloc(sizeof(float) * T * K), *wv = malloc(sizeof(float) * N * K), *bv = malloc(4 * N);
+  pair_fill(x, (size_t)T * K, 1.0f);
+  pair_fill(wv, (size_t)N * K, 0.1f);
+  pair_fill(bv, (size_t)N, 0.5f);
+  struct weight w[2], b[2];
+  for (int i = 0; i < 2; i++) {
+    w[i] = pair_weight(i, wv, N, K);
+    b[i] = pair_weight(i, bv, 1, N);
+  }
+  struct dbuf dx = pair_acts(x, (size_t)T * K);
+  size_t n = (size_t)T * N;
+  float *c = malloc(n * 4), *g = malloc(n * 4);
+  void *out[2];
+  for (int i = 0; i < 2; i++) {
+    size_t bytes = n * (out_f32 ? 4 : pair_esz(i));
+    out[i] = pair_alloc1(i, bytes);
+    void *poison = malloc(bytes);
+    memset(poison, 0xff, bytes);
+    pair_be[i]->ops->upload(pair_be[i], out[i], poison, bytes);
+    free(poison);
+    if (pair_be[i]->ops->matmul(pair_be[i], out[i], dx.p[i], &w[i], with_bias ? &b[i] : NULL, T, out_f32))
+      pair_die("matmul");
+    float *h = i ? g : c;
+    if (out_f32)
+      pair_be[i]->ops->download(pair_be[i], h, out[i], n * 4);
+    else
+      pair_get_act(i, h, out[i], n);
+    pair_be[i]->ops->free(pair_be[i], out[i]);
+    pair_be[i]->ops->weight_free(pair_be[i], &w[i]);
+    pair_be[i]->ops->weight_free(pair_be[i], &b[i]);
+  }
+  char what[80];
+  snprintf(what, sizeof what, "matmul T%d N%d K%d%s%s", T, N, K, out_f32 ? " f32-out" : "",
+           with_bias ? " +bias" : "");
+  pair_expect(what, g, c, n, out_f32 ? TOL_F32_GEMM : TOL_BF16_OUT);
+  pair_free(dx);
+  free(x);
+  free(wv);
+  free(bv);
+  free(c);
+  free(g);
+}
+
+/* Weights stored as F16, BF16 or Q8_0 (GGUF files): the CPU backend computes with them as they
+ * are, the CUDA backend converts them to bf16 at load, one rounding of each weight (relative
+ * error <= 2^-9), so the bf16-output tolerance applies. */
+static void test_matmul_src(enum dtype src_t) {
+  int T = 5, N = 96, K = 256;
+  size_t n = (size_t)N * K;
+  float *x = malloc(sizeof(float) * T * K);
+  pair_fill(x, (size_t)T * K, 1.0f);
+  size_t bytes = dtype_row_bytes(src_t, K) * N;
+  uint8_t *w = malloc(bytes);
+  if (src_t == DTYPE_Q8_0) {
+    for (size_t blk = 0; blk < n / Q8_0_BLOCK; blk++) {
+      uint8_t *b = w + blk * Q8_0_BYTES;
+      uint16_t sc = f32_to_f16(0.001f + 0.002f * (test_randf(&pair_rng) + 1));
+      memcpy(b, &sc, 2);
+      for (int i = 0; i < Q8_0_BLOCK; i++)
+        b[2 + i] = (uint8_t)(int8_t)pair_int(-127, 127);
+    }
+  } else {
+    for (size_t i = 0; i < n; i++) {
+      float v = test_randf(&pair_rng) * 0.1f;
+      uint16_t h = src_t == DTYPE_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+      memcpy(w + 2 * i, &h, 2);
+    }
+  }
+  struct weight wt[2];
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->weight_from_host(pair_be[i], &wt[i], w, src_t, N, K))
+      pair_die("weight_from_host");
+  struct dbuf dx = pair_acts(x, (size_t)T * K), out = pair_poisoned((size_t)T * N);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->matmul(pair_be[i], out.p[i], dx.p[i], &wt[i], NULL, T, 0))
+      pair_die("matmul");
+  float *c, *g;
+  char what[64];
+  pair_get_both(out, (size_t)T * N, &c, &g);
+  snprintf(what, sizeof what, "matmul with %s weights", dtype_name(src_t));
+  pair_expect(what, g, c, (size_t)T * N, TOL_BF16_OUT);
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &wt[i]);
+  pair_free(dx);
+  pair_free(out);
+  free(c);
+  free(g);
+  free(w);
+  free(x);
+}
+
+/* Llama-3-style inverse frequencies, with the llama3 scaling's three bands, as the model
+ * computes them (the op takes inv_freq ready-made). */
+static void llama3_inv_freq(float *inv, int half, float theta) {
+  for (int i = 0; i < half; i++) {
+    double f = 1.0 / pow(theta, (2.0 * i) / (2.0 * half));
+    double wavelen = 2 * M_PI / f;
+    if (wavelen > 8192.0 / 1.0)
+      f /= 32.0;
+    else if (wavelen > 8192.0 / 4.0) {
+      double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+      f = (1 - smooth) * f / 32.0 + smooth * f;
+    }
+    inv[i] = (float)f;
+  }
+}
+
+static void test_rope(int head_dim, int n_heads, int n_kv, int neox, int max_pos) {
+  int T = 23, half = head_dim / 2;
+  size_t nq = (size_t)T * n_heads * head_dim, nk = (size_t)T * n_kv * head_dim;
+  float *q = malloc(nq * 4), *k = malloc(nk * 4), inv[128];
+  int32_t pos[23];
+  pair_fill(q, nq, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  for (int t = 0; t < T; t++)
+    pos[t] = pair_int(0, max_pos);
+  llama3_inv_freq(inv, half, 500000.0f);
+  struct dbuf dq = pair_acts(q, nq), dk = pair_acts(k, nk), dpos = pair_bytes(pos, sizeof pos),
+              dinv = pair_bytes(inv, sizeof(float) * half);
+  for (int i = 0; i < 2; i++) {
+    struct rope_params rp = {.inv_freq = dinv.p[i], .rot_dim = head_dim, .neox = neox};
+    if (pair_be[i]->ops->rope(pair_be[i], dq.p[i], dk.p[i], dpos.p[i], T, n_heads, n_kv, head_dim, &rp))
+      pair_die("rope");
+  }
+  float *c, *g;
+  char what[80];
+  snprintf(what, sizeof what, "rope hd%d %s pos<=%d q", head_dim, neox ? "neox" : "gptj", max_pos);
+  pair_get_both(dq, nq, &c, &g);
+  pair_expect(what, g, c, nq, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  snprintf(what, sizeof what, "rope hd%d %s pos<=%d k", head_dim, neox ? "neox" : "gptj", max_pos);
+  pair_get_both(dk, nk, &c, &g);
+  pair_expect(what, g, c, nk, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  pair_free(dq);
+  pair_free(dk);
+  pair_free(dpos);
+  pair_free(dinv);
+  free(q);
+  free(k);
+}
+
+static void test_silu_mul(int T, int F) {
+  size_t n = (size_t)T * F;
+  float *a = malloc(n * 4), *b = malloc(n * 4);
+  pair_fill(a, n, 4.0f);
+  pair_fill(b, n, 2.0f);
+  struct dbuf da = pair_acts(a, n), db = pair_acts(b, n), out = pair_poisoned(n);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->silu_mul(pair_be[i], out.p[i], da.p[i], db.p[i], T, F))
+      pair_die("silu_mul");
+  float *c, *g;
+  pair_get_both(out, n, &c, &g);
+  pair_expect("silu_mul", g, c, n, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  for (int i = 0; i < 2; i++) /* out aliases gate */
+    if (pair_be[i]->ops->silu_mul(pair_be[i], da.p[i], da.p[i], db.p[i], T, F))
+      pair_die("silu_mul");
+  pair_get_both(da, n, &c, &g);
+  pair_expect("silu_mul in place", g, c, n, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  pair_free(da);
+  pair_free(db);
+  pair_free(out);
+  free(a);
+  free(b);
+}
+
+static void test_gather_rows(void) {
+  int rows = 50, dim = 136, n = 9;
+  float *x = malloc(sizeof(float) * rows * dim);
+  pair_fill(x, (size_t)rows * dim, 3.0f);
+  int32_t idx[9];
+  for (int i = 0; i < n; i++)
+    idx[i] = pair_int(0, rows - 1);
+  struct dbuf dx = pair_acts(x, (size_t)rows * dim), di = pair_bytes(idx, sizeof idx),
+              out = pair_poisoned((size_t)n * dim);
+  for (int i = 0; i < 2; i++)
+    if (pair_be[i]->ops->gather_rows(pair_be[i], out.p[i], dx.p[i], di.p[i], n, dim))
+      pair_die("gather_rows");
+  float *c, *g;
+  pair_get_both(out, (size_t)n * dim, &c, &g);
+  pair_expect("gather_rows", g, c, (size_t)n * dim, TOL_EXACT);
+  free(c);
+  free(g);
+  pair_free(dx);
+  pair_free(di);
+  pair_free(out);
+  free(x);
+}
+
+/* ---- paged KV cache: kv_write + attention over a random batch ---- */
+
+enum shape { SHAPE_DECODE, SHAPE_PREFILL, SHAPE_MIXED, SHAPE_CHUNKED, SHAPE_COUNT };
+static const char *shape_name[SHAPE_COUNT] = {"decode", "prefill", "mixed", "chunked-prefill"};
+
+struct kv_case {
+  int bs, n_heads, n_kv, hd;
+  enum shape shape;
+};
+
+/* Builds a batch of B sequences for the shape: per sequence, q_len new tokens after `cached`
+ * tokens already in the cache; block tables draw distinct physical blocks in random order
+ * (block 0 is the null block and never used). Returns host arrays; *num_blocks gets the pool. */
+struct host_batch {
+  int B, T, max_blocks, max_seq, max_q;
+  int32_t *ids, *pos, *slots, *qstart, *seq_lens, *tables;
+  int num_blocks;
+};
+
+static void make_batch(struct host_batch *hb, enum shape shape, int bs) {
+  int B = pair_int(1, 6);
+  int qlen[6], cached[6];
+  for (int b = 0; b < B; b++) {
+    int kind = shape == SHAPE_MIXED ? pair_int(0, 2) : (int)shape;
+    switch (kind) {
+    case SHAPE_DECODE:
+      qlen[b] = 1, cached[b] = pair_int(0, 120);
+      break;
+    case SHAPE_PREFILL:
+      qlen[b] = pair_int(1, 70), cached[b] = 0;
+      break;
+    default: /* a prompt chunk after a cached prefix (prefix-cache hit or earlier chunks) */
+      qlen[b] = pair_int(1, 40), cached[b] = pair_int(1, 90);
+      break;
+    }
+  }
+  if (shape == SHAPE_MIXED) { /* make sure it really mixes decode and prompt tokens */
+    qlen[0] = 1, cached[0] = pair_int(1, 60);
+    if (B < 2)
+      B = 2;
+    qlen[1] = pair_int(2, 30), cached[1] = pair_int(0, 50);
+  }
+  hb->B = B;
+  hb->T = 0;
+  hb->max_blocks = 0;
+  hb->max_seq = 0;
+  hb->max_q = 0;
+  for (int b = 0; b < B; b++) {
+    int sl = cached[b] + qlen[b];
+    int nb = (sl + bs - 1) / bs;
+    hb->T += qlen[b];
+    if (nb > hb->max_blocks)
+      hb->max_blocks = nb;
+    if (sl > hb->max_seq)
+      hb->max_seq = sl;
+    if (qlen[b] > hb->max_q)
+      hb->max_q = qlen[b];
+  }
+  hb->max_blocks += 1; /* a spare column (0 = null block) as a real engine would have */
+  hb->num_blocks = 1 + B * hb->max_blocks + 3; /* some blocks stay unused, holding garbage */
+  int *perm = malloc(sizeof(int) * hb->num_blocks);
+  for (int i = 0; i < hb->num_blocks - 1; i++)
+    perm[i] = i + 1;
+  for (int i = hb->num_blocks - 2; i > 0; i--) {
+    int j = pair_int(0, i), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  hb->ids = calloc(hb->T, 4);
+  hb->pos = calloc(hb->T, 4);
+  hb->slots = calloc(hb->T, 4);
+  hb->qstart = calloc(B + 1, 4);
+  hb->seq_lens = calloc(B, 4);
+  hb->tables = calloc((size_t)B * hb->max_blocks, 4);
+  int next = 0, t = 0;
+  for (int b = 0; b < B; b++) {
+    int sl = cached[b] + qlen[b], nb = (sl + bs - 1) / bs;
+    for (int j = 0; j < nb; j++)
+      hb->tables[b * hb->max_blocks + j] = perm[next++];
+    hb->qstart[b] = t;
+    hb->seq_lens[b] = sl;
+    for (int i = 0; i < qlen[b]; i++, t++) {
+      int p = cached[b] + i;
+      hb->pos[t] = p;
+      hb->slots[t] = hb->tables[b * hb->max_blocks + p / bs] * bs + p % bs;
+    }
+  }
+  hb->qstart[B] = t;
+  free(perm);
+}
+
+static void free_batch(struct host_batch *hb) {
+  free(hb->ids);
+  free(hb->pos);
+  free(hb->slots);
+  free(hb->qstart);
+  free(hb->seq_lens);
+  free(hb->tables);
+}
+
+/* The batch in backend i's memory (the struct itself stays host-side, as the contract says). */
+static struct batch dev_batch(int i, const struct host_batch *hb, void *bufs[6]) {
+  struct backend *be = pair_be[i];
+  const int32_t *src[6] = {hb->ids, hb->pos, hb->slots, hb->qstart, hb->seq_lens, hb->tables};
+  size_t cnt[6] = {hb->T, hb->T, hb->T, hb->B + 1, hb->B, (size_t)hb->B * hb->max_blocks};
+  for (int k = 0; k < 6; k++) {
+    bufs[k] = pair_alloc1(i, cnt[k] * 4);
+    if (be->ops->upload(be, bufs[k], src[k], cnt[k] * 4))
+      pair_die("upload");
+  }
+  struct batch b = {.num_tokens = hb->T,
+                    .num_seqs = hb->B,
+                    .max_blocks_per_seq = hb->max_blocks,
+                    .max_seq_len = hb->max_seq,
+                    .max_query_len = hb->max_q,
+                    .input_ids = bufs[0],
+                    .positions = bufs[1],
+                    .slot_mapping = bufs[2],
+                    .query_start = bufs[3],
+                    .seq_lens = bufs[4],
+                    .block_tables = bufs[5],
+                    .num_logits = 0,
+                    .logits_idx = NULL};
+  return b;
+}
+
+static void test_paged(const struct kv_case *kc) {
+  struct host_batch hb;
+  make_batch(&hb, kc->shape, kc->bs);
+  int T = hb.T;
+  size_t cache_n = (size_t)hb.num_blocks * kc->n_kv * kc->bs * kc->hd;
+  size_t nq = (size_t)T * kc->n_heads * kc->hd, nk = (size_t)T * kc->n_kv * kc->hd;
+  /* random cache contents stand for the cached prefix; slots no sequence owns hold garbage the
+   * causal mask and block tables must keep out of every result */
+  float *kh = malloc(cache_n * 4), *vh = malloc(cache_n * 4), *q = malloc(nq * 4), *k = malloc(nk * 4),
+        *v = malloc(nk * 4);
+  pair_fill(kh, cache_n, 1.0f);
+  pair_fill(vh, cache_n, 1.0f);
+  pair_fill(q, nq, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  pair_fill(v, nk, 1.0f);
+  struct dbuf dkc = pair_acts(kh, cache_n), dvc = pair_acts(vh, cache_n), dq = pair_acts(q, nq),
+              dk = pair_acts(k, nk), dv = pair_acts(v, nk), out = pair_poisoned(nq);
+  float scale = 1.0f / sqrtf((float)kc->hd);
+  void *bufs[2][6];
+  for (int i = 0; i < 2; i++) {
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = NULL, .v_scale = NULL,
+                          .dtype = pair_be[i]->act_dtype, .num_blocks = hb.num_blocks,
+                          .block_size = kc->bs, .n_kv_heads = kc->n_kv, .head_dim = kc->hd};
+    struct batch b = dev_batch(i, &hb, bufs[i]);
+    if (pair_be[i]->ops->kv_write(pair_be[i], &kv, dk.p[i], dv.p[i], &b))
+      pair_die("kv_write");
+    if (pair_be[i]->ops->attention(pair_be[i], out.p[i], dq.p[i], &kv, &b, kc->n_heads, scale))
+      pair_die("attention");
+  }
+  char what[128];
+  float *c, *g;
+  snprintf(what, sizeof what, "kv_write bs%d %s h%d/kv%d hd%d (T=%d B=%d)", kc->bs, shape_name[kc->shape],
+           kc->n_heads, kc->n_kv, kc->hd, T, hb.B);
+  pair_get_both(dkc, cache_n, &c, &g);
+  pair_expect(what, g, c, cache_n, TOL_EXACT);
+  free(c);
+  free(g);
+  pair_get_both(dvc, cache_n, &c, &g);
+  pair_expect(what, g, c, cache_n, TOL_EXACT);
+  free(c);
+  free(g);
+  snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d (T=%d B=%d)", kc->bs,
+           shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, T, hb.B);
+  pair_get_both(out, nq, &c, &g);
+  pair_expect(what, g, c, nq, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  for (int i = 0; i < 2; i++)
+    for (int k2 = 0; k2 < 6; k2++)
+      pair_be[i]->ops->free(pair_be[i], bufs[i][k2]);
+  pair_free(dkc);
+  pair_free(dvc);
+  pair_free(dq);
+  pair_free(dk);
+  pair_free(dv);
+  pair_free(out);
+  free(kh);
+  free(vh);
+  free(q);
+  free(k);
+  free(v);
+  free_batch(&hb);
+}
+
+/* kv_write skips slot -1 (padding): the cache must stay as it was for that token. */
+static void test_kv_write_padding(void) {
+  int bs = 16, n_kv = 2, hd = 64, nb = 4, T = 5;
+  size_t cache_n = (size_t)nb * n_kv * bs * hd, nk = (size_t)T * n_kv * hd;
+  float *kh = malloc(cache_n * 4), *k = malloc(nk * 4);
+  pair_fill(kh, cache_n, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  int32_t slots[5] = {bs + 3, -1, 2 * bs, -1, 3 * bs + 15};
+  struct dbuf dkc = pair_acts(kh, cache_n), dvc = pair_acts(kh, cache_n), dk = pair_acts(k, nk),
+              ds = pair_bytes(slots, sizeof slots);
+  for (int i = 0; i < 2; i++) {
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .dtype = pair_be[i]->act_dtype, .num_blocks = nb,
+                          .block_size = bs, .n_kv_heads = n_kv, .head_dim = hd};
+    struct batch b = {.num_tokens = T, .slot_mapping = ds.p[i]};
+    if (pair_be[i]->ops->kv_write(pair_be[i], &kv, dk.p[i], dk.p[i], &b))
+      pair_die("kv_write");
+  }
+  float *c, *g;
+  pair_get_both(dkc, cache_n, &c, &g);
+  pair_expect("kv_write with padding slots", g, c, cache_n, TOL_EXACT);
+  /* and against the definition: slot s of head h holds k[t, h] for the real tokens only */
+  int bad = 0;
+  for (int t = 0; t < T; t++) {
+    if (slots[t] < 0)
+      continue;
+    int blk = slots[t] / bs, off = slots[t] % bs;
+    for (int h = 0; h < n_kv; h++)
+      for (int d = 0; d < hd; d++)
+        bad += g[(((size_t)blk * n_kv + h) * bs + off) * hd + d] != k[((size_t)t * n_kv + h) * hd + d];
+  }
+  CHECK(bad == 0, "kv_write: %d elements differ from k", bad);
+  free(c);
+  free(g);
+  pair_free(dkc);
+  pair_free(dvc);
+  pair_free(dk);
+  pair_free(ds);
+  free(kh);
+  free(k);
+}
+
+static void test_copy_blocks(void) {
+  int bs = 8, n_kv = 2, hd = 32, nb = 6, L = 2;
+  size_t cache_n = (size_t)nb * n_kv * bs * hd;
+  float *h = malloc(cache_n * 4);
+  struct dbuf kc[2], vc[2];
+  for (int l = 0; l < L; l++) {
+    pair_fill(h, cache_n, 1.0f);
+    kc[l] = pair_acts(h, cache_n);
+    pair_fill(h, cache_n, 1.0f);
+    vc[l] = pair_acts(h, cache_n);
+  }
+  int32_t src[2] = {1, 4}, dst[2] = {5, 2};
+  for (int i = 0; i < 2; i++) {
+    struct kv_layer layers[2];
+    for (int l = 0; l < L; l++)
+      layers[l] = (struct kv_layer){.k = kc[l].p[i], .v = vc[l].p[i], .dtype = pair_be[i]->act_dtype,
+                                    .num_blocks = nb, .block_size = bs, .n_kv_heads = n_kv, .head_dim = hd};
+    if (pair_be[i]->ops->copy_blocks(pair_be[i], layers, L, src, dst, 2))
+      pair_die("copy_blocks");
+  }
+  for (int l = 0; l < L; l++) {
+    float *c, *g;
+    pair_get_both(kc[l], cache_n, &c, &g);
+    pair_expect("copy_blocks k", g, c, cache_n, TOL_EXACT);
+    size_t blk = (size_t)n_kv * bs * hd;
+    CHECK(memcmp(g + 5 * blk, g + 1 * blk, blk * 4) == 0, "copy_blocks: block 5 is not a copy of 1");
+    free(c);
+    free(g);
+    pair_get_both(vc[l], cache_n, &c, &g);
+    pair_expect("copy_blocks v", g, c, cache_n, TOL_EXACT);
+    free(c);
+    free(g);
+    pair_free(kc[l]);
+    pair_free(vc[l]);
+  }
+  free(h);
+}
+
+/* Start-up and argument errors are messages, not crashes, and leave the backend usable: an
+ * allocation the GPU cannot hold names the --pa-* flag to lower and where it failed; a block
+ * size the kernels are not compiled for is refused with the list. */
+static void test_errors(void) {
+  struct backend *g = pair_be[1];
+  void *p = g->ops->alloc(g, (size_t)1 << 52); /* 4 PiB */
+  CHECK(p == NULL, "a 4 PiB allocation succeeded");
+  CHECK(strstr(err_last(), "--pa-memory-fraction") != NULL, "OOM message names no flag: %s", err_last());
+  CHECK(strstr(err_last_where(), "cuda_backend.cu:") != NULL, "OOM message has no file:line: %s", err_last_where());
+  int32_t slot = 0, one[2] = {0, 1};
+  void *buf = g->ops->alloc(g, 4096);
+  CHECK(buf != NULL, "a small allocation after the failed one: %s", err_last());
+  if (!buf)
+    return;
+  g->ops->upload(g, buf, &slot, 4);
+  g->ops->upload(g, (char *)buf + 4, one, 8);
+  struct kv_layer kv = {.k = buf, .v = buf, .dtype = DTYPE_BF16, .num_blocks = 1, .block_size = 64,
+                        .n_kv_heads = 1, .head_dim = 8};
+  struct batch b = {.num_tokens = 1, .num_seqs = 1, .max_blocks_per_seq = 1, .max_seq_len = 1,
+                    .max_query_len = 1, .slot_mapping = buf, .query_start = (int32_t *)buf + 1,
+                    .seq_lens = (int32_t *)buf + 2, .block_tables = buf};
+  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted block size 64");
+  CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
+  kv.block_size = 12;
+  CHECK(g->ops->attention(g, buf, buf, &kv, &b, 1, 1.0f) == -1, "attention accepted block size 12");
+  CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
+  kv.block_size = 16;
+  kv.dtype = DTYPE_F8E4M3;
+  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted an f8e4m3 cache");
+  CHECK(g->ops->sync(g) == 0, "the stream is not usable after refused ops: %s", err_last());
+  g->ops->free(g, buf);
+}
+
+/* ---- sampling: the GPU op against a sort-based host reference of the same definition ---- */
+
+struct ref_item {
+  float logit;
+  int id;
+};
+
+static int cmp_desc(const void *a, const void *b) {
+  const struct ref_item *x = a, *y = b;
+  if (x->logit != y->logit)
+    return x->logit < y->logit ? 1 : -1;
+  return x->id - y->id;
+}
+
+/* Returns the token, or -1 when a cut-off or the draw lies so close to a boundary that f32
+ * summation order may decide it: such rows are not compared. The GPU sums ~126 values per
+ * thread and then scans 1024 partial sums in f32 (relative error ~1e-6 of the total), and
+ * __expf is within a few ulp, so boundaries closer than EPS_MASS of the mass are ambiguous. */
+#define EPS_MASS 2e-6
+static int ref_sample(const float *x, int vocab, const struct backend_sample_params *p, struct ref_item *it,
+                      double *w, char *keep, double *wid) {
+  for (int i = 0; i < vocab; i++)
+    it[i] = (struct ref_item){x[i], i};
+  qsort(it, vocab, sizeof *it, cmp_desc);
+  if (p->temperature <= 0 || p->top_k == 1)
+    return it[0].id;
+  int k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
+  double mx = it[0].logit, z = 0;
+  for (int i = 0; i < vocab; i++)
+    w[i] = exp(((double)it[i].logit - mx) / p->temperature);
+  for (int i = 0; i < k; i++)
+    z += w[i];
+  int n_keep = k;
+  if (p->top_p < 1.0f) { /* keep up to and including the token whose mass crosses top_p */
+    double run = 0, target = (double)p->top_p * z;
+    for (int i = 0; i < k; i++) {
+      run += w[i];
+      if (run >= target) {
+        n_keep = i + 1;
+        if (run - target < EPS_MASS * z || target - (run - w[i]) < EPS_MASS * z)
+          return -1;
+        break;
+      }
+    }
+  }
+  memset(keep, 0, vocab);
+  for (int i = 0; i < n_keep; i++) {
+    if (p->min_p > 0 && w[i] < p->min_p) {
+      if (p->min_p - w[i] < 1e-5)
+        return -1;
+      continue;
+    }
+    if (p->min_p > 0 && w[i] - p->min_p < 1e-5)
+      return -1;
+    keep[it[i].id] = 1;
+  }
+  for (int i = 0; i < vocab; i++)
+    wid[it[i].id] = w[i];
+  double tot = 0;
+  for (int i = 0; i < vocab; i++)
+    if (keep[i])
+      tot += wid[i];
+  /* the first kept id (in id order) whose running sum exceeds u * tot */
+  double target = p->u * tot, run = 0;
+  for (int i = 0; i < vocab; i++) {
+    if (!keep[i])
+      continue;
+    double before = run;
+    run += wid[i];
+    if (run > target) {
+      if (target - before < EPS_MASS * tot || run - target < EPS_MASS * tot)
+        return -1;
+      return i;
+    }
+  }
+  return -1;
+}
+
+static void test_sample(int vocab, int rows) {
+  struct backend *g = pair_be[1];
+  if (!g->ops->sample) {
+    CHECK(0, "cuda backend has no sample op");
+    return;
+  }
+  float *x = malloc(sizeof(float) * vocab * rows);
+  for (size_t i = 0; i < (size_t)vocab * rows; i++) /* logits of a real model span a few units */
+    x[i] = test_randf(&pair_rng) * 8.0f;
+  struct backend_sample_params *p = malloc(sizeof *p * rows);
+  for (int r = 0; r < rows; r++) {
+    int kind = r % 6;
+    p[r] = (struct backend_sample_params){.temperature = 0.3f + 1.2f * (test_randf(&pair_rng) + 1) / 2,
+                                          .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                                          .u = (test_randf(&pair_rng) + 1) / 2};
+    if (kind == 0)
+      p[r].temperature = 0; /* greedy */
+    if (kind == 2 || kind == 5)
+      p[r].top_k = pair_int(2, 60);
+    if (kind == 3 || kind == 5)
+      p[r].top_p = 0.5f + 0.45f * (test_randf(&pair_rng) + 1) / 2;
+    if (kind == 4 || kind == 5)
+      p[r].min_p = 0.02f + 0.2f * (test_randf(&pair_rng) + 1) / 2;
+  }
+  float *d = g->ops->alloc(g, sizeof(float) * vocab * rows);
+  if (!d)
+    pair_die("alloc");
+  g->ops->upload(g, d, x, sizeof(float) * vocab * rows);
+  int32_t *tok = malloc(4 * rows);
+  if (g->ops->sample(g, tok, d, rows, vocab, p))
+    pair_die("sample");
+  struct ref_item *it = malloc(sizeof *it * vocab);
+  double *w = malloc(sizeof(double) * vocab);
+  char *keep = malloc(vocab);
+  double *wid = malloc(sizeof(double) * vocab);
+  int compared = 0, wrong = 0;
+  for (int r = 0; r < rows; r++) {
+    int want = ref_sample(x + (size_t)r * vocab, vocab, &p[r], it, w, keep, wid);
+    if (want < 0)
+      continue;
+    compared++;
+    if (tok[r] != want) {
+      wrong++;
+      fprintf(stderr, "sample row %d (T %.3f k %d p %.3f min_p %.3f u %.4f): gpu %d, reference %d\n", r,
+              p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u, tok[r], want);
+    }
+  }
+  CHECK(wrong == 0, "sample vocab %d: %d of %d rows differ", vocab, wrong, compared);
+  /* with 128256 tokens and no cut-off each token holds ~1e-5 of the mass, so a draw within
+   * EPS_MASS of a boundary is common there: a third of the rows may go uncompared */
+  CHECK(compared >= rows * 2 / 3, "sample: only %d of %d rows unambiguous", compared, rows);
+  printf("  sample vocab %d: %d rows compared, %d differ\n", vocab, compared, wrong);
+  g->ops->free(g, d);
+  free(x);
+  free(p);
+  free(tok);
+  free(it);
+  free(w);
+  free(keep);
+  free(wid);
+}
+
+int main(void) {
+  if (!pair_open())
+    return test_skip("no CUDA device");
+  pair_seed();
+  test_embed();
+  test_rmsnorm(64, 0);
+  test_rmsnorm(64, 1);
+  test_rmsnorm(2048, 0);
+  test_rmsnorm(2048, 1);
+  test_rmsnorm(4096, 1);
+  test_matmul(1, 384, 512, 0, 0);
+  test_matmul(7, 384, 512, 0, 1);
+  test_matmul(64, 1000, 256, 1, 0);
+  test_matmul(33, 256, 2048, 1, 1);
+  test_matmul_src(DTYPE_F16);
+  test_matmul_src(DTYPE_BF16);
+  test_matmul_src(DTYPE_Q8_0);
+  test_rope(64, 8, 2, 1, 4096);
+  test_rope(64, 8, 2, 0, 4096);
+  test_rope(128, 4, 4, 1, 4096);
+  test_rope(8, 8, 4, 0, 256); /* stories260K's shape */
+  test_silu_mul(13, 344);
+  test_gather_rows();
+  test_kv_write_padding();
+  test_copy_blocks();
+  test_errors();
+  /* the grid: every block size x batch shape x GQA ratio (head_dim 64, as Llama-3.2-1B) */
+  static const int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}};
+  static const int bss[] = {8, 16, 32};
+  int cases = 0;
+  for (int bi = 0; bi < 3; bi++)
+    for (int s = 0; s < SHAPE_COUNT; s++)
+      for (int gi = 0; gi < 3; gi++) {
+        struct kv_case kc = {bss[bi], gqa[gi][0], gqa[gi][1], 64, (enum shape)s};
+        test_paged(&kc);
+        cases++;
+      }
+  /* other head dims: Llama-3.1-8B's 128, stories260K's 8, and 96, which no specialised kernel
+   * covers (the generic one) */
+  for (int s = 0; s < SHAPE_COUNT; s++) {
+    struct kv_case a = {16, 8, 2, 128, (enum shape)s}, b = {32, 8, 4, 8, (enum shape)s},
+                   c = {8, 6, 2, 96, (enum shape)s};
+    test_paged(&a);
+    test_paged(&b);
+    test_paged(&c);
+    cases += 3;
+  }
+  printf("  paged attention: %d cases\n", cases);
+  test_sample(1000, 120);
+  test_sample(128256, 60);
+  pair_close();
+  return test_finish("test_cuda_ops");
+}
