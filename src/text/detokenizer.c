@@ -219,7 +219,8 @@ static int take_output(struct detokenizer *d, char *out, size_t cap) {
   if (n)
     memcpy(out, d->out.data, n);
   out[n] = 0;
-  memmove(d->out.data, d->out.data + n, d->out.len - n);
+  if (d->out.len > n)
+    memmove(d->out.data, d->out.data + n, d->out.len - n);
   d->out.len -= n;
   return (int)n;
 }
