@@ -291,7 +291,8 @@ int tokenizer_finish(struct tokenizer *t) {
       t->added_second[b0][(uint8_t)a->text[1] >> 3] |= (uint8_t)(1u << ((uint8_t)a->text[1] & 7));
   }
 
-  t->ws_chunks = !t->byte_level;
+  /* (U+2581 itself must be a token, or unknown-character fusing could cross a boundary.) */
+  t->ws_chunks = !t->byte_level && vocab_find(&t->vocab, WS_MARK, 3) >= 0;
   for (int32_t id = 0; id < n && t->ws_chunks; id++) {
     size_t len;
     const char *s = vocab_text(&t->vocab, id, &len);
