@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "text/chat_template.h"
+#include "text/jinja_render.h"
 
 static char *read_text(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -61,7 +62,7 @@ int cli_render_template(int argc, char **argv) {
     free(tmpl);
     return 1;
   }
-  cJSON *ctx = cJSON_ParseWithLength(ctext, clen);
+  cJSON *ctx = jinja_context_parse(ctext, clen);
   free(ctext);
   if (!ctx || !cJSON_IsObject(ctx)) {
     fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);

@@ -9,6 +9,8 @@
 #include <time.h>
 
 #include "text/jinja_filters.h"
+#include "text/jinja_methods.h"
+#include "text/jinja_string.h"
 
 enum { JINJA_FLOW_NORMAL, JINJA_FLOW_BREAK, JINJA_FLOW_CONTINUE };
 
@@ -26,6 +28,8 @@ static const char *msg(struct jinja_state *st, const char *fmt, const char *a, c
 static const char *type_repr(struct jinja_state *st, struct jinja_value v) {
   if (v.type == JINJA_NONE)
     return "None";
+  if (v.type == JINJA_STRING && v.markup)
+    return "markupsafe.Markup object";
   return msg(st, "%s object", jinja_type_name(v), NULL);
 }
 
@@ -33,21 +37,28 @@ static struct jinja_value undef_attr(struct jinja_eval *ev, struct jinja_value o
   return jinja_undefined(msg(ev->st, "'%s' has no attribute '%s'", type_repr(ev->st, obj), name));
 }
 
-static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key) {
+static struct jinja_value undef_element(struct jinja_eval *ev, struct jinja_value obj,
+                                        struct jinja_value key) {
   struct jinja_buf b;
-  jinja_buf_init(&b, ev->st, 0, 4096);
+  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   jinja_buf_adds(&b, type_repr(ev->st, obj));
   jinja_buf_adds(&b, " has no element ");
   jinja_write_repr(&b, key);
   return jinja_undefined(jinja_buf_value(&b).u.s->data);
 }
 
-void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name, struct jinja_value v) {
+void jinja_frame_set(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                     struct jinja_value v) {
   for (size_t i = 0; i < f->n; i++)
     if (!strcmp(f->names[i], name)) {
       f->vals[i] = v;
       return;
     }
+  jinja_frame_push(st, f, name, v);
+}
+
+void jinja_frame_push(struct jinja_state *st, struct jinja_frame *f, const char *name,
+                      struct jinja_value v) {
   if (f->n == f->cap) {
     size_t cap = f->cap ? f->cap * 2 : 8;
     const char **names = jinja_alloc(st, cap * sizeof(*names));
@@ -72,8 +83,8 @@ static struct jinja_frame *frame_new(struct jinja_state *st, struct jinja_frame 
   return f;
 }
 
-static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callable_kind kind, const char *name,
-                                       struct jinja_value self) {
+static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callable_kind kind,
+                                       const char *name, struct jinja_value self) {
   struct jinja_callable *c = jinja_alloc(ev->st, sizeof(*c));
   memset(c, 0, sizeof(*c));
   c->kind = kind;
@@ -85,13 +96,17 @@ static struct jinja_value callable_new(struct jinja_eval *ev, enum jinja_callabl
   return v;
 }
 
-static const char *const jinja_globals[] = {"range", "dict", "namespace", "raise_exception", "strftime_now", NULL};
+static const char *const jinja_globals[] = {"range",        "dict",   "namespace", "raise_exception",
+                                            "strftime_now", "joiner", NULL};
 
 static struct jinja_value lookup(struct jinja_eval *ev, const char *name) {
-  for (struct jinja_frame *f = ev->frame; f; f = f->parent)
+  for (struct jinja_frame *f = ev->frame; f; f = f->parent) {
+    jinja_charge(ev->st,
+                 f->n * 4); /* frames are short; a context with huge numbers of keys is charged */
     for (size_t i = f->n; i-- > 0;)
       if (!strcmp(f->names[i], name))
         return f->vals[i];
+  }
   for (int i = 0; jinja_globals[i]; i++)
     if (!strcmp(jinja_globals[i], name))
       return callable_new(ev, JINJA_FN_GLOBAL, jinja_globals[i], jinja_none());
@@ -106,6 +121,24 @@ const struct jinja_value *jinja_arg(const struct jinja_args *a, size_t i, const 
   if (i < a->n)
     return &a->pos[i];
   return NULL;
+}
+
+int64_t jinja_arg_int(struct jinja_eval *ev, const struct jinja_value *v, int64_t def) {
+  if (!v || v->type == JINJA_NONE)
+    return def;
+  if (v->type == JINJA_INT)
+    return v->u.i;
+  if (v->type == JINJA_BOOL)
+    return v->u.b;
+  jinja_fail(ev->st, "'%s' object cannot be interpreted as an integer", jinja_type_name(*v));
+}
+
+int jinja_arg_bool(const struct jinja_value *v, int def) { return v ? jinja_truthy(*v) : def; }
+
+const char *jinja_arg_str(struct jinja_eval *ev, const struct jinja_value *v, const char *what) {
+  if (!v || v->type != JINJA_STRING)
+    jinja_fail(ev->st, "%s must be a string", what);
+  return v->u.s->data;
 }
 
 struct jinja_value *jinja_eval_iterate(struct jinja_eval *ev, struct jinja_value v, size_t *n) {
@@ -163,8 +196,8 @@ static struct jinja_value loop_attr(struct jinja_eval *ev, struct jinja_value ob
     return i > 0 ? l->items[i - 1] : jinja_undefined("there is no previous item");
   if (!strcmp(name, "nextitem"))
     return i + 1 < len ? l->items[i + 1] : jinja_undefined("there is no next item");
-  if (!strcmp(name, "cycle"))
-    return callable_new(ev, JINJA_FN_METHOD, "cycle", obj);
+  if (!strcmp(name, "cycle") || !strcmp(name, "changed"))
+    return callable_new(ev, JINJA_FN_METHOD, !strcmp(name, "cycle") ? "cycle" : "changed", obj);
   return undef_attr(ev, obj, name);
 }
 
@@ -232,18 +265,29 @@ static void slice_bounds(struct jinja_eval *ev, const struct jinja_value *sv, si
   }
 }
 
-static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj, const struct jinja_value *sv) {
+static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj,
+                                   const struct jinja_value *sv) {
   struct jinja_state *st = ev->st;
   size_t count;
   struct jinja_value *items;
   if (obj.type == JINJA_STRING)
     items = jinja_eval_iterate(ev, obj, &count);
-  else if (obj.type == JINJA_LIST) {
+  else if (obj.type == JINJA_LIST && !obj.u.l->view) {
     items = obj.u.l->items;
     count = obj.u.l->n;
-  } else {
+  } else { /* Jinja2 turns the TypeError into an undefined naming the slice */
     jinja_check_defined(st, obj);
-    jinja_fail(st, "'%s' object is not subscriptable", jinja_type_name(obj));
+    struct jinja_buf b;
+    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+    jinja_buf_adds(&b, type_repr(st, obj));
+    jinja_buf_adds(&b, " has no element slice(");
+    for (int k = 0; k < 3; k++) {
+      if (k)
+        jinja_buf_adds(&b, ", ");
+      jinja_write_repr(&b, sv[k].type == JINJA_UNDEFINED ? jinja_none() : sv[k]);
+    }
+    jinja_buf_adds(&b, ")");
+    return jinja_undefined(jinja_buf_value(&b).u.s->data);
   }
   int64_t start, stop, step;
   slice_bounds(ev, sv, count, &start, &stop, &step);
@@ -267,7 +311,8 @@ static struct jinja_value do_slice(struct jinja_eval *ev, struct jinja_value obj
   return out;
 }
 
-struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj, struct jinja_value key) {
+struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value obj,
+                                      struct jinja_value key) {
   jinja_check_defined(ev->st, obj);
   switch (obj.type) {
   case JINJA_DICT:
@@ -285,6 +330,8 @@ struct jinja_value jinja_eval_getitem(struct jinja_eval *ev, struct jinja_value 
   }
   case JINJA_LIST:
   case JINJA_STRING:
+    if ((key.type == JINJA_INT || key.type == JINJA_BOOL) && obj.type == JINJA_LIST && obj.u.l->view)
+      return undef_element(ev, obj, key); /* dict views cannot be indexed */
     if (key.type == JINJA_INT || key.type == JINJA_BOOL) {
       int64_t i = key.type == JINJA_BOOL ? key.u.b : key.u.i;
       if (obj.type == JINJA_LIST) {
@@ -331,7 +378,8 @@ static struct jinja_value capture(struct jinja_eval *ev, const struct jinja_node
   return jinja_buf_value(&b);
 }
 
-static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_callable *c, const struct jinja_args *a) {
+static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_callable *c,
+                                     const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_node *m = c->node;
   if (++st->depth > JINJA_MAX_DEPTH)
@@ -381,17 +429,29 @@ static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_c
   return out;
 }
 
-/* strftime_now(fmt): the current time (UTC when SOURCE_DATE_EPOCH pins it, local otherwise),
- * formatted like Python's datetime.strftime. */
+/* strftime_now(fmt), formatted like Python's datetime.strftime. The time is, in order:
+ * $SOURCE_DATE_EPOCH (UTC) when set; the day named by the context's date_string ("26 Jul 2024",
+ * the variable Llama templates read for today's date), so that one render states one date and
+ * is reproducible; otherwise the local time now. */
 static struct jinja_value strftime_now(struct jinja_eval *ev, const struct jinja_value *fmt) {
   if (!fmt || fmt->type != JINJA_STRING)
     jinja_fail(ev->st, "strftime_now() argument must be str");
   time_t now = time(NULL);
   struct tm tm;
+  memset(&tm, 0, sizeof tm);
   const char *epoch = getenv("SOURCE_DATE_EPOCH");
+  struct jinja_value *ds = NULL;
+  for (size_t i = 0; ev->globals && i < ev->globals->n; i++)
+    if (!strcmp(ev->globals->names[i], "date_string"))
+      ds = &ev->globals->vals[i];
+  const char *end = NULL;
   if (epoch && *epoch) {
     now = (time_t)strtoll(epoch, NULL, 10);
     gmtime_r(&now, &tm);
+  } else if (ds && ds->type == JINJA_STRING && (end = strptime(ds->u.s->data, "%d %b %Y", &tm)) &&
+             !*end) {
+    time_t t = timegm(&tm); /* fills in the weekday and day of the year */
+    gmtime_r(&t, &tm);
   } else {
     localtime_r(&now, &tm);
   }
@@ -400,7 +460,8 @@ static struct jinja_value strftime_now(struct jinja_eval *ev, const struct jinja
   return jinja_str_n(ev->st, tmp, n);
 }
 
-static struct jinja_value call_global(struct jinja_eval *ev, const char *name, const struct jinja_args *a) {
+static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
+                                      const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   if (!strcmp(name, "raise_exception")) {
     const struct jinja_value *m = jinja_arg(a, 0, "message");
@@ -408,6 +469,11 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name, c
   }
   if (!strcmp(name, "strftime_now"))
     return strftime_now(ev, jinja_arg(a, 0, "format"));
+  if (!strcmp(name, "joiner")) {
+    const struct jinja_value *sep = jinja_arg(a, 0, "sep");
+    return callable_new(ev, JINJA_FN_JOINER, "joiner",
+                        sep ? jinja_to_str(st, *sep) : jinja_str(st, ", "));
+  }
   if (!strcmp(name, "range")) {
     int64_t v[3] = {0, 0, 1};
     if (a->n < 1 || a->n > 3)
@@ -445,7 +511,8 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name, c
   return d;
 }
 
-struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn, const struct jinja_args *a) {
+struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
+                                   const struct jinja_args *a) {
   jinja_check_defined(ev->st, fn);
   if (fn.type != JINJA_CALLABLE)
     jinja_fail(ev->st, "'%s' object is not callable", jinja_type_name(fn));
@@ -454,6 +521,16 @@ struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
   case JINJA_FN_GLOBAL:
     return call_global(ev, c->name, a);
   case JINJA_FN_METHOD:
+    if (c->self.type == JINJA_LOOP && !strcmp(c->name, "changed")) { /* loop.changed(*values) */
+      struct jinja_loop *l = c->self.u.loop;
+      struct jinja_value now = jinja_list_new(ev->st, a->n, 1);
+      for (size_t i = 0; i < a->n; i++)
+        now.u.l->items[i] = a->pos[i];
+      int changed = !l->changed_called || !jinja_equal(now, l->last_changed);
+      l->last_changed = now;
+      l->changed_called = 1;
+      return jinja_bool(changed);
+    }
     if (c->self.type == JINJA_LOOP) { /* loop.cycle(a, b, ...) */
       if (a->n == 0)
         jinja_fail(ev->st, "no items for cycling given");
@@ -462,6 +539,12 @@ struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
     return jinja_method_call(ev, c->self, c->name, a);
   case JINJA_FN_MACRO:
     return call_macro(ev, c, a);
+  case JINJA_FN_JOINER:
+    if (!fn.u.c->used) {
+      fn.u.c->used = 1;
+      return jinja_str(ev->st, "");
+    }
+    return c->self;
   }
   return jinja_undefined(NULL);
 }
@@ -478,10 +561,12 @@ static void eval_args(struct jinja_eval *ev, const struct jinja_node *n, struct 
     a->kw[i] = eval(ev, n->kwargs[i]);
 }
 
-static _Noreturn void bad_operands(struct jinja_eval *ev, const char *op, struct jinja_value a, struct jinja_value b) {
+static _Noreturn void bad_operands(struct jinja_eval *ev, const char *op, struct jinja_value a,
+                                   struct jinja_value b) {
   jinja_check_defined(ev->st, a);
   jinja_check_defined(ev->st, b);
-  jinja_fail(ev->st, "unsupported operand type(s) for %s: '%s' and '%s'", op, jinja_type_name(a), jinja_type_name(b));
+  jinja_fail(ev->st, "unsupported operand type(s) for %s: '%s' and '%s'", op, jinja_type_name(a),
+             jinja_type_name(b));
 }
 
 static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, int64_t times) {
@@ -489,14 +574,25 @@ static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, 
   if (times < 0)
     times = 0;
   if (seq.type == JINJA_STRING) {
-    struct jinja_buf b;
-    jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
-    for (int64_t i = 0; i < times; i++) {
-      if (seq.u.s->len == 0) /* nothing to add; do not spin on a huge count */
-        break;
-      jinja_buf_add(&b, seq.u.s->data, seq.u.s->len);
+    size_t len = seq.u.s->len;
+    if (len == 0 || times == 0)
+      return jinja_str(st, "");
+    if ((uint64_t)times > JINJA_MAX_OUTPUT / len)
+      jinja_fail(st, "template output exceeded the limit of %u bytes", JINJA_MAX_OUTPUT);
+    size_t total = len * (size_t)times;
+    jinja_charge(st, total);
+    struct jinja_value r = {.type = JINJA_STRING};
+    struct jinja_str *s = jinja_alloc(st, sizeof(*s) + total + 1);
+    s->len = total;
+    memcpy(s->data, seq.u.s->data, len);
+    for (size_t have = len; have < total;) { /* doubling copies */
+      size_t k = have < total - have ? have : total - have;
+      memcpy(s->data + have, s->data, k);
+      have += k;
     }
-    return jinja_buf_value(&b);
+    s->data[total] = 0;
+    r.u.s = s;
+    return r;
   }
   size_t n = seq.u.l->n;
   if (n && (uint64_t)times > JINJA_MAX_OUTPUT / n)
@@ -508,7 +604,8 @@ static struct jinja_value repeat(struct jinja_eval *ev, struct jinja_value seq, 
   return l;
 }
 
-static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_value a, struct jinja_value b) {
+static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_value a,
+                                struct jinja_value b) {
   struct jinja_state *st = ev->st;
   static const char *names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
   if (op == JINJA_OP_CONCAT) {
@@ -608,7 +705,8 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
     r.markup = markup;
     return r;
   }
-  if (op == JINJA_OP_ADD && a.type == JINJA_LIST && b.type == JINJA_LIST && a.u.l->is_tuple == b.u.l->is_tuple) {
+  if (op == JINJA_OP_ADD && a.type == JINJA_LIST && b.type == JINJA_LIST &&
+      a.u.l->is_tuple == b.u.l->is_tuple) {
     struct jinja_value l = jinja_list_new(st, a.u.l->n + b.u.l->n, a.u.l->is_tuple);
     for (size_t i = 0; i < a.u.l->n; i++)
       l.u.l->items[i] = a.u.l->items[i];
@@ -616,14 +714,14 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
       l.u.l->items[a.u.l->n + i] = b.u.l->items[i];
     return l;
   }
-  if (op == JINJA_OP_MOD && a.type == JINJA_STRING) {
-    jinja_check_defined(st, b);
-    return jinja_percent_format(ev, a, b);
-  }
+  if (op == JINJA_OP_MOD && a.type == JINJA_STRING) /* an Undefined argument formats as '' */
+    return jinja_string_percent(ev, a, b);
   if (op == JINJA_OP_MUL) {
-    if ((a.type == JINJA_STRING || a.type == JINJA_LIST) && (b.type == JINJA_INT || b.type == JINJA_BOOL))
+    if ((a.type == JINJA_STRING || a.type == JINJA_LIST) &&
+        (b.type == JINJA_INT || b.type == JINJA_BOOL))
       return repeat(ev, a, b.type == JINJA_BOOL ? b.u.b : b.u.i);
-    if ((b.type == JINJA_STRING || b.type == JINJA_LIST) && (a.type == JINJA_INT || a.type == JINJA_BOOL))
+    if ((b.type == JINJA_STRING || b.type == JINJA_LIST) &&
+        (a.type == JINJA_INT || a.type == JINJA_BOOL))
       return repeat(ev, b, a.type == JINJA_BOOL ? a.u.b : a.u.i);
   }
   if (op == JINJA_OP_ADD && a.type == JINJA_STRING && b.type != JINJA_UNDEFINED) {
@@ -660,7 +758,8 @@ static int contains(struct jinja_eval *ev, struct jinja_value container, struct 
   }
 }
 
-static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_value a, struct jinja_value b) {
+static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_value a,
+                                  struct jinja_value b) {
   if (a.type == JINJA_LIST && b.type == JINJA_LIST)
     jinja_charge(ev->st, (a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n) * 16);
   switch (op) {
@@ -674,7 +773,10 @@ static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_va
     return jinja_bool(!contains(ev, b, a));
   default: {
     int c = jinja_compare(ev->st, a, b);
-    return jinja_bool(op == JINJA_OP_LT ? c < 0 : op == JINJA_OP_LE ? c <= 0 : op == JINJA_OP_GT ? c > 0 : c >= 0);
+    return jinja_bool(op == JINJA_OP_LT   ? c < 0
+                      : op == JINJA_OP_LE ? c <= 0
+                      : op == JINJA_OP_GT ? c > 0
+                                          : c >= 0);
   }
   }
 }
@@ -734,7 +836,8 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     struct jinja_value v = eval(ev, n->a);
     jinja_check_defined(st, v);
     if (v.type == JINJA_INT)
-      r = n->op == '-' ? (v.u.i == INT64_MIN ? jinja_float(9.2233720368547758e18) : jinja_int(-v.u.i)) : v;
+      r = n->op == '-' ? (v.u.i == INT64_MIN ? jinja_float(9.2233720368547758e18) : jinja_int(-v.u.i))
+                       : v;
     else if (v.type == JINJA_BOOL)
       r = jinja_int(n->op == '-' ? -v.u.b : v.u.b);
     else if (v.type == JINJA_FLOAT)
@@ -772,7 +875,9 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     if (jinja_truthy(eval(ev, n->a)))
       r = eval(ev, n->b);
     else
-      r = n->c ? eval(ev, n->c) : jinja_undefined("the inline if-expression evaluated to false and no else section was defined.");
+      r = n->c ? eval(ev, n->c)
+               : jinja_undefined(
+                     "the inline if-expression evaluated to false and no else section was defined.");
     break;
   case JINJA_N_LIST:
   case JINJA_N_TUPLE:
@@ -792,14 +897,15 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     }
     break;
   default:
-    jinja_fail(st, "cannot evaluate this expression (line %d)", n->line);
+    jinja_fail(st, "cannot evaluate this expression");
   }
   st->depth--;
   return r;
 }
 
 /* Binds an assignment target (name or tuple of names) in frame F. */
-static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct jinja_node *target, struct jinja_value v) {
+static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct jinja_node *target,
+                   struct jinja_value v) {
   struct jinja_state *st = ev->st;
   if (target->kind == JINJA_N_NAME) {
     jinja_frame_set(st, f, target->name, v);
@@ -818,7 +924,7 @@ static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct ji
     for (size_t i = 0; i < count; i++)
       assign(ev, f, target->args[i], items[i]);
   } else {
-    jinja_fail(st, "cannot assign to this target (line %d)", target->line);
+    jinja_fail(st, "cannot assign to this target");
   }
 }
 
@@ -856,6 +962,7 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   loop->items = items;
   loop->length = count;
   loop->depth = 1; /* depth only grows in recursive loops, which are not supported */
+  loop->changed_called = 0;
   struct jinja_value loopv = {.type = JINJA_LOOP};
   loopv.u.loop = loop;
   ev->loop_depth++;
@@ -965,7 +1072,7 @@ static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   case JINJA_N_CONTINUE:
     return ev->loop_depth ? JINJA_FLOW_CONTINUE : JINJA_FLOW_NORMAL;
   default:
-    jinja_fail(st, "cannot execute this statement (line %d)", n->line);
+    jinja_fail(st, "cannot execute this statement");
   }
 }
 

@@ -1,5 +1,4 @@
-/* jinja_filters.c - Jinja2's builtin filters and tests, HF's tojson, and the Python str/dict/list
- * methods chat templates call, with Python's Unicode-aware string semantics (via utf8proc). */
+/* jinja_filters.c - Jinja2's builtin filters and tests, and HF's tojson. */
 #include "text/jinja_filters.h"
 
 #include <math.h>
@@ -8,311 +7,18 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "text/jinja_methods.h"
+#include "text/jinja_string.h"
+
 /* ---- helpers ---- */
 
-static struct jinja_value str_of(struct jinja_eval *ev, struct jinja_value v) { return jinja_to_str(ev->st, v); }
-
-static int64_t int_arg(struct jinja_eval *ev, const struct jinja_value *v, int64_t def) {
-  if (!v || v->type == JINJA_NONE)
-    return def;
-  if (v->type == JINJA_INT)
-    return v->u.i;
-  if (v->type == JINJA_BOOL)
-    return v->u.b;
-  jinja_fail(ev->st, "'%s' object cannot be interpreted as an integer", jinja_type_name(*v));
-}
-
-static int bool_arg(const struct jinja_value *v, int def) { return v ? jinja_truthy(*v) : def; }
-
-static const char *str_arg(struct jinja_eval *ev, const struct jinja_value *v, const char *what) {
-  if (!v || v->type != JINJA_STRING)
-    jinja_fail(ev->st, "%s must be a string", what);
-  return v->u.s->data;
-}
-
-/* Python's str.isspace for one code point. */
-static int py_space(int32_t c) {
-  if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || c == 0x85)
-    return 1;
-  if (c < 0x80)
-    return 0;
-  utf8proc_category_t k = utf8proc_category(c);
-  return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
-}
-
-/* Decodes the next code point at S[*i] (invalid bytes read as themselves). */
-static int32_t next_cp(const char *s, size_t n, size_t *i) {
-  utf8proc_int32_t cp;
-  utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
-  if (k <= 0) {
-    cp = (unsigned char)s[*i];
-    k = 1;
-  }
-  *i += (size_t)k;
-  return cp;
-}
-
-static void put_cp(struct jinja_buf *b, int32_t cp) {
-  utf8proc_uint8_t u[4];
-  utf8proc_ssize_t k = utf8proc_encode_char(cp, u);
-  if (k > 0)
-    jinja_buf_add(b, (const char *)u, (size_t)k);
-}
-
-enum { CASE_UPPER, CASE_LOWER, CASE_TITLE_WORDS, CASE_CAPITALIZE, CASE_PY_TITLE };
-
-static int is_cased(int32_t c) { return utf8proc_toupper(c) != c || utf8proc_tolower(c) != c; }
-
-enum { MAP_UPPER, MAP_LOWER, MAP_TITLE };
-
-/* Appends C case-mapped as Python does: utf8proc's one-to-one mappings plus the full (one-to-many)
- * mappings of Unicode's SpecialCasing that Python applies unconditionally. */
-static void put_case(struct jinja_buf *b, int32_t c, int map) {
-  static const struct {
-    int32_t cp;
-    const char *upper, *title, *lower;
-  } special[] = {
-      {0x00DF, "SS", "Ss", NULL},                 /* sharp s */
-      {0x0130, NULL, NULL, "i\xcc\x87"},         /* capital I with dot above */
-      {0x0149, "\xca\xbcN", "\xca\xbcN", NULL}, /* n preceded by apostrophe */
-      {0xFB00, "FF", "Ff", NULL},
-      {0xFB01, "FI", "Fi", NULL},
-      {0xFB02, "FL", "Fl", NULL},
-      {0xFB03, "FFI", "Ffi", NULL},
-      {0xFB04, "FFL", "Ffl", NULL},
-      {0xFB05, "ST", "St", NULL},
-      {0xFB06, "ST", "St", NULL},
-  };
-  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
-    if (special[i].cp != c)
-      continue;
-    const char *r = map == MAP_UPPER ? special[i].upper : map == MAP_TITLE ? special[i].title : special[i].lower;
-    if (r) {
-      jinja_buf_adds(b, r);
-      return;
-    }
-  }
-  put_cp(b, map == MAP_UPPER ? utf8proc_toupper(c) : map == MAP_TITLE ? utf8proc_totitle(c) : utf8proc_tolower(c));
-}
-
-static struct jinja_value change_case(struct jinja_eval *ev, struct jinja_value v, int mode) {
-  v = str_of(ev, v);
-  const char *s = v.u.s->data;
-  size_t n = v.u.s->len, i = 0;
-  struct jinja_buf b;
-  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
-  int first = 1, prev_cased = 0, word_start = 1;
-  while (i < n) {
-    int32_t c = next_cp(s, n, &i);
-    int map = MAP_LOWER;
-    switch (mode) {
-    case CASE_UPPER:
-      map = MAP_UPPER;
-      break;
-    case CASE_LOWER:
-      break;
-    case CASE_CAPITALIZE:
-      map = first ? MAP_TITLE : MAP_LOWER;
-      break;
-    case CASE_PY_TITLE:
-      map = prev_cased ? MAP_LOWER : MAP_TITLE;
-      prev_cased = is_cased(c);
-      break;
-    case CASE_TITLE_WORDS: { /* Jinja2's title: word[0].upper() + word[1:].lower(), words split at -, space, ( { [ < */
-      int sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c);
-      map = sep ? -1 : word_start ? MAP_UPPER : MAP_LOWER;
-      word_start = sep;
-      break;
-    }
-    }
-    first = 0;
-    if (map < 0)
-      put_cp(&b, c);
-    else
-      put_case(&b, c, map);
-  }
-  return jinja_buf_value(&b);
-}
-
-static int in_chars(const char *cs, size_t cn, int32_t cp) {
-  for (size_t j = 0; j < cn;)
-    if (next_cp(cs, cn, &j) == cp)
-      return 1;
-  return 0;
-}
-
-/* str.strip/lstrip/rstrip (WHICH: 1 left, 2 right, 3 both) with CHARS (NULL: whitespace). */
-static struct jinja_value strip(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *chars, int which) {
-  v = str_of(ev, v);
-  const char *s = v.u.s->data;
-  size_t n = v.u.s->len, a = 0, e = n;
-  const char *cs = NULL;
-  size_t cn = 0;
-  if (chars && chars->type == JINJA_STRING) {
-    cs = chars->u.s->data;
-    cn = chars->u.s->len;
-  }
-#define IN_SET(cp) (cs ? in_chars(cs, cn, (cp)) : py_space(cp))
-  if (which & 1)
-    while (a < e) {
-      size_t k = a;
-      int32_t c = next_cp(s, e, &k);
-      if (!IN_SET(c))
-        break;
-      a = k;
-    }
-  if (which & 2)
-    while (e > a) {
-      size_t k = e - 1;
-      while (k > a && ((unsigned char)s[k] & 0xC0) == 0x80)
-        k--;
-      size_t t = k;
-      int32_t c = next_cp(s, e, &t);
-      if (!IN_SET(c))
-        break;
-      e = k;
-    }
-#undef IN_SET
-  return jinja_str_n(ev->st, s + a, e - a);
-}
-
-static struct jinja_value make_list(struct jinja_eval *ev, struct jinja_value *items, size_t n) {
-  struct jinja_value l = jinja_list_new(ev->st, n, 0);
-  for (size_t i = 0; i < n; i++)
-    l.u.l->items[i] = items[i];
-  return l;
-}
-
-static struct jinja_value split(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *sep, int64_t maxsplit) {
-  struct jinja_state *st = ev->st;
-  const char *s = v.u.s->data;
-  size_t n = v.u.s->len;
-  struct jinja_value *parts = jinja_alloc(st, (n + 2) * sizeof(*parts));
-  size_t np = 0;
-  if (!sep || sep->type == JINJA_NONE) {
-    size_t i = 0;
-    for (;;) {
-      while (i < n) { /* skip whitespace */
-        size_t k = i;
-        if (!py_space(next_cp(s, n, &k)))
-          break;
-        i = k;
-      }
-      if (i >= n)
-        break;
-      if (maxsplit >= 0 && (int64_t)np >= maxsplit) {
-        size_t e = n;
-        while (e > i && py_space((unsigned char)s[e - 1]))
-          e--;
-        parts[np++] = jinja_str_n(st, s + i, e - i);
-        break;
-      }
-      size_t start = i;
-      while (i < n) {
-        size_t k = i;
-        if (py_space(next_cp(s, n, &k)))
-          break;
-        i = k;
-      }
-      parts[np++] = jinja_str_n(st, s + start, i - start);
-    }
-    return make_list(ev, parts, np);
-  }
-  if (sep->type != JINJA_STRING)
-    jinja_fail(st, "must be str or None, not %s", jinja_type_name(*sep));
-  size_t sl = sep->u.s->len;
-  if (sl == 0)
-    jinja_fail(st, "empty separator");
-  jinja_charge(st, n);
-  size_t i = 0;
-  for (;;) {
-    const char *hit = (maxsplit < 0 || (int64_t)np < maxsplit) ? memmem(s + i, n - i, sep->u.s->data, sl) : NULL;
-    if (!hit) {
-      parts[np++] = jinja_str_n(st, s + i, n - i);
-      break;
-    }
-    parts[np++] = jinja_str_n(st, s + i, (size_t)(hit - (s + i)));
-    i = (size_t)(hit - s) + sl;
-  }
-  return make_list(ev, parts, np);
-}
-
-static struct jinja_value replace(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *old,
-                                  const struct jinja_value *new, int64_t count) {
-  v = str_of(ev, v);
-  struct jinja_value o = str_of(ev, old ? *old : jinja_str(ev->st, ""));
-  struct jinja_value w = str_of(ev, new ? *new : jinja_str(ev->st, ""));
-  const char *s = v.u.s->data;
-  size_t n = v.u.s->len, ol = o.u.s->len, i = 0;
-  struct jinja_buf b;
-  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
-  int64_t done = 0;
-  if (ol == 0) { /* Python inserts NEW between every character and at both ends */
-    while (count < 0 || done < count) {
-      jinja_buf_add(&b, w.u.s->data, w.u.s->len);
-      done++;
-      if (i >= n)
-        break;
-      size_t k = i;
-      next_cp(s, n, &k);
-      jinja_buf_add(&b, s + i, k - i);
-      i = k;
-    }
-    jinja_buf_add(&b, s + i, n - i);
-    return jinja_buf_value(&b);
-  }
-  jinja_charge(ev->st, n);
-  while (i < n && (count < 0 || done < count)) {
-    const char *hit = memmem(s + i, n - i, o.u.s->data, ol);
-    if (!hit)
-      break;
-    jinja_buf_add(&b, s + i, (size_t)(hit - (s + i)));
-    jinja_buf_add(&b, w.u.s->data, w.u.s->len);
-    i = (size_t)(hit - s) + ol;
-    done++;
-    jinja_step(ev->st);
-  }
-  jinja_buf_add(&b, s + i, n - i);
-  return jinja_buf_value(&b);
-}
-
-static int starts_or_ends(struct jinja_eval *ev, struct jinja_value v, const struct jinja_value *arg, int ends) {
-  if (!arg)
-    jinja_fail(ev->st, "%s() takes at least 1 argument (0 given)", ends ? "endswith" : "startswith");
-  if (arg->type == JINJA_LIST && arg->u.l->is_tuple) {
-    for (size_t i = 0; i < arg->u.l->n; i++)
-      if (starts_or_ends(ev, v, &arg->u.l->items[i], ends))
-        return 1;
-    return 0;
-  }
-  if (arg->type != JINJA_STRING)
-    jinja_fail(ev->st, "%s first arg must be str or a tuple of str, not %s", ends ? "endswith" : "startswith",
-               jinja_type_name(*arg));
-  size_t n = v.u.s->len, k = arg->u.s->len;
-  if (k > n)
-    return 0;
-  return memcmp(v.u.s->data + (ends ? n - k : 0), arg->u.s->data, k) == 0;
-}
-
-static struct jinja_value join(struct jinja_eval *ev, struct jinja_value seq, const char *sep, size_t sep_len,
-                               const struct jinja_value *attribute) {
-  size_t n;
-  struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
-  struct jinja_buf b;
-  jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
-  for (size_t i = 0; i < n; i++) {
-    if (i)
-      jinja_buf_add(&b, sep, sep_len);
-    struct jinja_value it = items[i];
-    if (attribute)
-      it = jinja_eval_getitem(ev, it, *attribute);
-    jinja_write_str(&b, it);
-  }
-  return jinja_buf_value(&b);
+static struct jinja_value str_of(struct jinja_eval *ev, struct jinja_value v) {
+  return jinja_to_str(ev->st, v);
 }
 
 /* Jinja2's make_attrgetter: "a.b" or "0" walks items; ints index sequences. */
-static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v, struct jinja_value attr) {
+static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v,
+                                   struct jinja_value attr) {
   if (attr.type != JINJA_STRING)
     return jinja_eval_getitem(ev, v, attr);
   const char *s = attr.u.s->data;
@@ -336,7 +42,7 @@ static struct jinja_value get_path(struct jinja_eval *ev, struct jinja_value v, 
 /* Case-insensitive sort key (lowercased strings), as Jinja2's ignore_case. */
 static struct jinja_value fold(struct jinja_eval *ev, struct jinja_value v, int case_sensitive) {
   if (!case_sensitive && v.type == JINJA_STRING)
-    return change_case(ev, v, CASE_LOWER);
+    return jinja_string_case(ev, v, JINJA_CASE_LOWER);
   return v;
 }
 
@@ -355,7 +61,8 @@ static void sort_items(struct jinja_eval *ev, struct sort_item *it, size_t n, in
       size_t a = lo, b = mid, k = lo;
       while (a < mid && b < hi) {
         jinja_step(ev->st);
-        int c = jinja_compare(ev->st, it[b].key, it[a].key);
+        /* Jinja2 sorts by one-item key lists, which compare equal items (even Undefined) by ==. */
+        int c = jinja_equal(it[b].key, it[a].key) ? 0 : jinja_compare(ev->st, it[b].key, it[a].key);
         if (reverse ? c > 0 : c < 0)
           tmp[k++] = it[b++];
         else
@@ -370,7 +77,7 @@ static void sort_items(struct jinja_eval *ev, struct sort_item *it, size_t n, in
   }
 }
 
-static struct jinja_value items_of(struct jinja_eval *ev, struct jinja_value v) {
+struct jinja_value jinja_filter_items(struct jinja_eval *ev, struct jinja_value v) {
   struct jinja_state *st = ev->st;
   if (v.type == JINJA_UNDEFINED)
     return jinja_list_new(st, 0, 0);
@@ -386,18 +93,19 @@ static struct jinja_value items_of(struct jinja_eval *ev, struct jinja_value v) 
   return l;
 }
 
-static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v,
+                                 const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
-  int ensure_ascii = bool_arg(jinja_arg(a, 0, "ensure_ascii"), 0);
+  int ensure_ascii = jinja_arg_bool(jinja_arg(a, 0, "ensure_ascii"), 0);
   const struct jinja_value *ind = jinja_arg(a, 1, "indent");
   const struct jinja_value *seps = jinja_arg(a, 2, "separators");
-  int sort_keys = bool_arg(jinja_arg(a, 3, "sort_keys"), 0);
+  int sort_keys = jinja_arg_bool(jinja_arg(a, 3, "sort_keys"), 0);
   const char *indent = NULL;
   if (ind && ind->type != JINJA_NONE) {
     if (ind->type == JINJA_STRING) {
       indent = ind->u.s->data;
     } else {
-      int64_t w = int_arg(ev, ind, 0);
+      int64_t w = jinja_arg_int(ev, ind, 0);
       if (w < 0)
         w = 0;
       if (w > 1000)
@@ -430,7 +138,7 @@ static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, co
       i++;
       continue;
     }
-    int32_t cp = next_cp(b.data, b.len, &i);
+    int32_t cp = jinja_string_next(b.data, b.len, &i);
     if (cp >= 0x10000) {
       cp -= 0x10000;
       jinja_buf_addf(&e, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
@@ -441,15 +149,17 @@ static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v, co
   return jinja_buf_value(&e);
 }
 
-static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
+static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
+                                 const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_value *w = jinja_arg(a, 0, "width");
-  int first = bool_arg(jinja_arg(a, 1, "first"), 0), blank = bool_arg(jinja_arg(a, 2, "blank"), 0);
+  int first = jinja_arg_bool(jinja_arg(a, 1, "first"), 0),
+      blank = jinja_arg_bool(jinja_arg(a, 2, "blank"), 0);
   struct jinja_value pad;
   if (w && w->type == JINJA_STRING) {
     pad = *w;
   } else {
-    int64_t k = int_arg(ev, w, 4);
+    int64_t k = jinja_arg_int(ev, w, 4);
     if (k < 0)
       k = 0;
     if (k > 1000)
@@ -494,7 +204,12 @@ struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v
   jinja_buf_init(&b, ev->st, 0, JINJA_MAX_OUTPUT);
   for (size_t i = 0; i < v.u.s->len; i++) {
     char c = v.u.s->data[i];
-    const char *r = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&#34;" : c == '\'' ? "&#39;" : NULL;
+    const char *r = c == '&'    ? "&amp;"
+                    : c == '<'  ? "&lt;"
+                    : c == '>'  ? "&gt;"
+                    : c == '"'  ? "&#34;"
+                    : c == '\'' ? "&#39;"
+                                : NULL;
     if (r)
       jinja_buf_adds(&b, r);
     else
@@ -534,8 +249,9 @@ static int parse_float(const char *s, double *out) {
   return 1;
 }
 
-static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value v, const struct jinja_args *a) {
-  int64_t prec = int_arg(ev, jinja_arg(a, 0, "precision"), 0);
+static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value v,
+                                      const struct jinja_args *a) {
+  int64_t prec = jinja_arg_int(ev, jinja_arg(a, 0, "precision"), 0);
   const struct jinja_value *m = jinja_arg(a, 1, "method");
   const char *method = m && m->type == JINJA_STRING ? m->u.s->data : "common";
   if (!jinja_is_number(v))
@@ -544,7 +260,8 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
   if (!strcmp(method, "common")) {
     if (v.type != JINJA_FLOAT)
       return jinja_int(v.type == JINJA_BOOL ? v.u.b : v.u.i);
-    if (prec >= 0 && prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
+    if (prec >= 0 &&
+        prec < 300) { /* correctly rounded like Python's round(): printf rounds the exact binary value */
       char tmp[400];
       snprintf(tmp, sizeof tmp, "%.*f", (int)prec, x);
       r = strtod(tmp, NULL);
@@ -562,8 +279,8 @@ static struct jinja_value round_value(struct jinja_eval *ev, struct jinja_value 
 }
 
 /* select/reject/selectattr/rejectattr: keep items whose test result equals WANT. */
-static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a,
-                                       int by_attr, int want) {
+static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value seq,
+                                       const struct jinja_args *a, int by_attr, int want) {
   struct jinja_state *st = ev->st;
   size_t n = 0;
   /* Jinja2 iterates only a truthy sequence here, so none | selectattr(...) is empty. */
@@ -576,7 +293,7 @@ static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value
     attr = a->pos[0];
     first = 1;
   }
-  const char *test = a->n > first ? str_arg(ev, &a->pos[first], "test name") : NULL;
+  const char *test = a->n > first ? jinja_arg_str(ev, &a->pos[first], "test name") : NULL;
   struct jinja_args targs = {0};
   if (test && a->n > first + 1) {
     targs.pos = a->pos + first + 1;
@@ -594,7 +311,8 @@ static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value
   return out;
 }
 
-static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value seq,
+                                    const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   size_t n = 0;
   struct jinja_value *items = jinja_truthy(seq) ? jinja_eval_iterate(ev, seq, &n) : NULL;
@@ -612,17 +330,19 @@ static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value se
   }
   if (a->n < 1)
     jinja_fail(st, "map requires a filter argument");
-  const char *filter = str_arg(ev, &a->pos[0], "filter name");
-  struct jinja_args fargs = {.pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
+  const char *filter = jinja_arg_str(ev, &a->pos[0], "filter name");
+  struct jinja_args fargs = {
+      .pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
   for (size_t i = 0; i < n; i++)
     out.u.l->items[i] = jinja_filter_apply(ev, filter, items[i], &fargs);
   return out;
 }
 
-static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a, int want_max) {
+static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq,
+                                  const struct jinja_args *a, int want_max) {
   size_t n;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
-  int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
+  int cs = jinja_arg_bool(jinja_arg(a, 0, "case_sensitive"), 0);
   const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
   if (n == 0)
     return jinja_undefined("No aggregated item, sequence was empty.");
@@ -639,10 +359,11 @@ static struct jinja_value min_max(struct jinja_eval *ev, struct jinja_value seq,
   return items[best];
 }
 
-static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, const struct jinja_args *a) {
+static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq,
+                                 const struct jinja_args *a) {
   size_t n;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &n);
-  int cs = bool_arg(jinja_arg(a, 0, "case_sensitive"), 0);
+  int cs = jinja_arg_bool(jinja_arg(a, 0, "case_sensitive"), 0);
   const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
   struct jinja_value out = jinja_list_new(ev->st, n, 0);
   struct jinja_value *keys = jinja_alloc(ev->st, (n + 1) * sizeof(*keys));
@@ -661,107 +382,6 @@ static struct jinja_value unique(struct jinja_eval *ev, struct jinja_value seq, 
   }
   out.u.l->n = m;
   return out;
-}
-
-/* Python's printf-style str % args for the conversions templates use (s r d i f F e E g G x X o c %),
- * with flags, width and precision; a tuple supplies several arguments. */
-struct jinja_value jinja_percent_format(struct jinja_eval *ev, struct jinja_value fmt, struct jinja_value args) {
-  struct jinja_state *st = ev->st;
-  const struct jinja_value *argv = &args;
-  size_t argc = 1, next = 0;
-  if (args.type == JINJA_LIST && args.u.l->is_tuple) {
-    argv = args.u.l->items;
-    argc = args.u.l->n;
-  }
-  const char *s = fmt.u.s->data;
-  size_t n = fmt.u.s->len;
-  struct jinja_buf b;
-  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] != '%') {
-      jinja_buf_add(&b, s + i, 1);
-      continue;
-    }
-    char spec[32];
-    size_t k = 0;
-    spec[k++] = '%';
-    i++;
-    while (i < n && s[i] && strchr("-+ #0", s[i]) && k < 8)
-      spec[k++] = s[i++];
-    while (i < n && s[i] >= '0' && s[i] <= '9' && k < 16)
-      spec[k++] = s[i++];
-    if (i < n && s[i] == '.') {
-      spec[k++] = s[i++];
-      while (i < n && s[i] >= '0' && s[i] <= '9' && k < 24)
-        spec[k++] = s[i++];
-    }
-    if (i >= n)
-      jinja_fail(st, "incomplete format");
-    char conv = s[i];
-    if (conv == '%') {
-      jinja_buf_add(&b, "%", 1);
-      continue;
-    }
-    if (next >= argc)
-      jinja_fail(st, "not enough arguments for format string");
-    struct jinja_value v = argv[next++];
-    char out[512];
-    if (strchr("diouxXc", conv)) {
-      if (!jinja_is_number(v))
-        jinja_fail(st, "%%%c format: a real number is required, not %s", conv, jinja_type_name(v));
-      long long x = v.type == JINJA_FLOAT ? (long long)v.u.f : v.type == JINJA_BOOL ? v.u.b : (long long)v.u.i;
-      spec[k++] = 'l';
-      spec[k++] = 'l';
-      spec[k++] = conv == 'i' || conv == 'u' ? 'd' : conv == 'c' ? 'd' : conv;
-      spec[k] = 0;
-      if (conv == 'c') {
-        put_cp(&b, (int32_t)x);
-        continue;
-      }
-      snprintf(out, sizeof out, spec, x);
-      jinja_buf_adds(&b, out);
-    } else if (strchr("fFeEgG", conv)) {
-      if (!jinja_is_number(v))
-        jinja_fail(st, "must be real number, not %s", jinja_type_name(v));
-      spec[k++] = conv;
-      spec[k] = 0;
-      snprintf(out, sizeof out, spec, jinja_as_double(v));
-      jinja_buf_adds(&b, out);
-    } else if (conv == 's' || conv == 'r' || conv == 'a') {
-      struct jinja_buf t;
-      jinja_buf_init(&t, st, 0, JINJA_MAX_OUTPUT);
-      if (conv == 's')
-        jinja_write_str(&t, v);
-      else
-        jinja_write_repr(&t, v);
-      spec[k] = 0;
-      /* Width and precision count code points; '-' pads on the right. */
-      int left = strchr(spec, '-') != NULL;
-      const char *w = spec + 1;
-      while (*w && strchr("-+ #0", *w))
-        w++;
-      long width = strtol(w, NULL, 10);
-      const char *dot = strchr(spec, '.');
-      size_t len = t.len;
-      if (dot) {
-        long prec = strtol(dot + 1, NULL, 10);
-        len = jinja_utf8_offset(t.data ? t.data : "", t.len, (size_t)(prec < 0 ? 0 : prec));
-      }
-      long cps = (long)jinja_utf8_len(t.data ? t.data : "", len);
-      if (width > 100000)
-        jinja_fail(st, "format width is too large");
-      for (long p = cps; !left && p < width; p++)
-        jinja_buf_add(&b, " ", 1);
-      jinja_buf_add(&b, t.data ? t.data : "", len);
-      for (long p = cps; left && p < width; p++)
-        jinja_buf_add(&b, " ", 1);
-    } else {
-      jinja_fail(st, "unsupported format character '%c' (0x%x)", conv, (unsigned char)conv);
-    }
-  }
-  if (next < argc)
-    jinja_fail(st, "not all arguments converted during string formatting");
-  return jinja_buf_value(&b);
 }
 
 /* ---- filters ---- */
@@ -790,20 +410,20 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     r.markup = 1;
     return r;
   }
-  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple)
+  if (IS("list") && in.type == JINJA_LIST && !in.u.l->is_tuple && !in.u.l->view)
     return in;
   if (IS("tojson"))
     return tojson(ev, in, a);
   if (IS("trim"))
-    return strip(ev, in, jinja_arg(a, 0, "chars"), 3);
+    return jinja_string_strip(ev, in, jinja_arg(a, 0, "chars"), 3);
   if (IS("upper"))
-    return change_case(ev, in, CASE_UPPER);
+    return jinja_string_case(ev, in, JINJA_CASE_UPPER);
   if (IS("lower"))
-    return change_case(ev, in, CASE_LOWER);
+    return jinja_string_case(ev, in, JINJA_CASE_LOWER);
   if (IS("capitalize"))
-    return change_case(ev, in, CASE_CAPITALIZE);
+    return jinja_string_case(ev, in, JINJA_CASE_CAPITALIZE);
   if (IS("title"))
-    return change_case(ev, in, CASE_TITLE_WORDS);
+    return jinja_string_case(ev, in, JINJA_CASE_TITLE_WORDS);
   if (IS("string"))
     return str_of(ev, in);
   if (IS("length") || IS("count")) {
@@ -824,7 +444,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
   }
   if (IS("default") || IS("d")) {
     const struct jinja_value *def = jinja_arg(a, 0, "default_value");
-    int boolean = bool_arg(jinja_arg(a, 1, "boolean"), 0);
+    int boolean = jinja_arg_bool(jinja_arg(a, 1, "boolean"), 0);
     if (in.type == JINJA_UNDEFINED || (boolean && !jinja_truthy(in)))
       return def ? *def : jinja_str(st, "");
     return in;
@@ -833,7 +453,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
     if (n == 0)
-      return jinja_undefined(IS("first") ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+      return jinja_undefined(IS("first") ? "No first item, sequence was empty."
+                                         : "No last item, sequence was empty.");
     return IS("first") ? items[0] : items[n - 1];
   }
   if (IS("join")) {
@@ -842,19 +463,24 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     const struct jinja_value *attribute = jinja_arg(a, 1, "attribute");
     if (attribute && attribute->type == JINJA_NONE)
       attribute = NULL;
-    return join(ev, in, sep.u.s->data, sep.u.s->len, attribute);
+    return jinja_string_join(ev, in, sep.u.s->data, sep.u.s->len, attribute);
   }
   if (IS("items"))
-    return items_of(ev, in);
+    return jinja_filter_items(ev, in);
   if (IS("list")) {
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
-    return make_list(ev, items, n);
+    return jinja_list_from(ev->st, items, n);
   }
   if (IS("replace"))
-    return replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"), int_arg(ev, jinja_arg(a, 2, "count"), -1));
+    return jinja_string_replace(ev, in, jinja_arg(a, 0, "old"), jinja_arg(a, 1, "new"),
+                                jinja_arg_int(ev, jinja_arg(a, 2, "count"), -1));
+  /* Undefined's __int__, __float__, __abs__ and __round__ raise. */
+  if (IS("int") || IS("float") || IS("abs") || IS("round"))
+    jinja_check_defined(st, in);
   if (IS("int")) {
-    int64_t def = int_arg(ev, jinja_arg(a, 0, "default"), 0), base = int_arg(ev, jinja_arg(a, 1, "base"), 10), r;
+    int64_t def = jinja_arg_int(ev, jinja_arg(a, 0, "default"), 0),
+            base = jinja_arg_int(ev, jinja_arg(a, 1, "base"), 10), r;
     double f;
     if (in.type == JINJA_INT)
       return in;
@@ -901,7 +527,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
   if (IS("map"))
     return map_items(ev, in, a);
   if (IS("attr")) { /* Python attributes only: no fallback to dict keys */
-    const char *attr = str_arg(ev, jinja_arg(a, 0, "name"), "attribute name");
+    const char *attr = jinja_arg_str(ev, jinja_arg(a, 0, "name"), "attribute name");
     if (in.type == JINJA_DICT && !jinja_method_exists(in, attr))
       return jinja_undefined(NULL);
     return jinja_eval_getattr(ev, in, attr);
@@ -920,6 +546,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
         jinja_buf_add(&b, chars[i].u.s->data, chars[i].u.s->len);
       return jinja_buf_value(&b);
     }
+    if (in.type != JINJA_LIST && in.type != JINJA_DICT && in.type != JINJA_UNDEFINED)
+      jinja_fail(st, "argument must be iterable");
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
     struct jinja_value l = jinja_list_new(st, n, 0);
@@ -932,14 +560,15 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     size_t n;
     struct jinja_value *items;
     if (dict) {
-      struct jinja_value pairs = items_of(ev, in);
+      jinja_check_defined(st, in); /* dictsort calls value.items(), which an Undefined refuses */
+      struct jinja_value pairs = jinja_filter_items(ev, in);
       items = pairs.u.l->items;
       n = pairs.u.l->n;
     } else {
       items = jinja_eval_iterate(ev, in, &n);
     }
-    int reverse = bool_arg(jinja_arg(a, dict ? 2 : 0, "reverse"), 0);
-    int cs = bool_arg(jinja_arg(a, dict ? 0 : 1, "case_sensitive"), 0);
+    int reverse = jinja_arg_bool(jinja_arg(a, dict ? 2 : 0, "reverse"), 0);
+    int cs = jinja_arg_bool(jinja_arg(a, dict ? 0 : 1, "case_sensitive"), 0);
     const struct jinja_value *attribute = dict ? NULL : jinja_arg(a, 2, "attribute");
     const struct jinja_value *by = dict ? jinja_arg(a, 1, "by") : NULL;
     int by_value = by && by->type == JINJA_STRING && !strcmp(by->u.s->data, "value");
@@ -967,8 +596,10 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     struct jinja_value acc = start ? *start : jinja_int(0);
     for (size_t i = 0; i < n; i++) {
       struct jinja_value x = attribute ? get_path(ev, items[i], *attribute) : items[i];
+      jinja_check_defined(st, x);
       if (!jinja_is_number(acc) || !jinja_is_number(x))
-        jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc), jinja_type_name(x));
+        jinja_fail(st, "unsupported operand type(s) for +: '%s' and '%s'", jinja_type_name(acc),
+                   jinja_type_name(x));
       if (acc.type == JINJA_FLOAT || x.type == JINJA_FLOAT)
         acc = jinja_float(jinja_as_double(acc) + jinja_as_double(x));
       else
@@ -976,15 +607,17 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     }
     return acc;
   }
-  if (IS("indent"))
+  if (IS("indent")) {
+    jinja_check_defined(st, in); /* Jinja2 appends "\n" to the value first */
     return indent(ev, in, a);
+  }
   if (IS("wordcount")) {
     struct jinja_value s = str_of(ev, in);
     size_t i = 0, n = s.u.s->len;
     int64_t words = 0;
     int inword = 0;
     while (i < n) {
-      int32_t c = next_cp(s.u.s->data, n, &i);
+      int32_t c = jinja_string_next(s.u.s->data, n, &i);
       utf8proc_category_t k = utf8proc_category(c);
       int w = c == '_' || (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
               (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO) || k == UTF8PROC_CATEGORY_MN ||
@@ -1001,7 +634,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     return jinja_html_escape(ev, in);
   if (IS("center")) {
     struct jinja_value s = str_of(ev, in);
-    int64_t width = int_arg(ev, jinja_arg(a, 0, "width"), 80);
+    int64_t width = jinja_arg_int(ev, jinja_arg(a, 0, "width"), 80);
     int64_t len = (int64_t)jinja_utf8_len(s.u.s->data, s.u.s->len);
     if (width > JINJA_MAX_OUTPUT)
       jinja_fail(st, "center width is too large");
@@ -1020,7 +653,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
   if (IS("batch")) {
     size_t n;
     struct jinja_value *items = jinja_eval_iterate(ev, in, &n);
-    int64_t size = int_arg(ev, jinja_arg(a, 0, "linecount"), 1);
+    int64_t size = jinja_arg_int(ev, jinja_arg(a, 0, "linecount"), 1);
     const struct jinja_value *fill = jinja_arg(a, 1, "fill_with");
     if (size <= 0)
       jinja_fail(st, "batch size must be positive");
@@ -1041,7 +674,7 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     struct jinja_value args = jinja_list_new(st, a->n, 1);
     for (size_t i = 0; i < a->n; i++)
       args.u.l->items[i] = a->pos[i];
-    return jinja_percent_format(ev, in, args);
+    return jinja_string_percent(ev, in, args);
   }
   if (IS("pprint")) {
     struct jinja_buf b;
@@ -1055,7 +688,8 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
 
 /* ---- tests ---- */
 
-int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value v, const struct jinja_args *a) {
+int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value v,
+                     const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
   const struct jinja_value *arg = a->n ? &a->pos[0] : NULL;
 #define IS(x) (!strcmp(name, x))
@@ -1082,10 +716,12 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
   if (IS("mapping"))
     return v.type == JINJA_DICT;
   if (IS("iterable"))
-    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING ||
+           v.type == JINJA_UNDEFINED;
   /* An Undefined has __len__, __getitem__ and __call__, so Jinja2 finds it a callable sequence. */
   if (IS("sequence"))
-    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING || v.type == JINJA_UNDEFINED;
+    return v.type == JINJA_LIST || v.type == JINJA_DICT || v.type == JINJA_STRING ||
+           v.type == JINJA_UNDEFINED;
   if (IS("callable"))
     return v.type == JINJA_CALLABLE || v.type == JINJA_UNDEFINED;
   if (IS("escaped"))
@@ -1096,8 +732,8 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
     /* Python: at least one cased character and no cased character of the other case. */
     int cased = 0;
     for (size_t i = 0; i < v.u.s->len;) {
-      int32_t c = next_cp(v.u.s->data, v.u.s->len, &i);
-      if (!is_cased(c))
+      int32_t c = jinja_string_next(v.u.s->data, v.u.s->len, &i);
+      if (!jinja_string_is_cased(c))
         continue;
       int is_upper = utf8proc_tolower(c) != c;
       if (IS("lower") ? is_upper : !is_upper)
@@ -1105,6 +741,18 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
       cased = 1;
     }
     return cased;
+  }
+  if (IS("divisibleby") && arg)
+    jinja_check_defined(st, *arg);
+  if ((IS("even") || IS("odd") || IS("divisibleby")) &&
+      v.type == JINJA_FLOAT) { /* value % n as Python */
+    double d = IS("divisibleby") ? (arg ? jinja_as_double(*arg) : 1) : 2;
+    if (d == 0)
+      jinja_fail(st, "float modulo");
+    double m = fmod(v.u.f, d);
+    if (m != 0 && ((m < 0) != (d < 0)))
+      m += d;
+    return IS("odd") ? m == 1 : m == 0;
   }
   if (IS("even") || IS("odd") || IS("divisibleby")) {
     jinja_check_defined(st, v);
@@ -1115,7 +763,7 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
       return x % 2 == 0;
     if (IS("odd"))
       return x % 2 != 0;
-    int64_t d = int_arg(ev, arg, 1);
+    int64_t d = jinja_arg_int(ev, arg, 1);
     if (d == 0)
       jinja_fail(st, "integer division or modulo by zero");
     return x % d == 0;
@@ -1125,23 +773,26 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
       jinja_fail(st, "sameas needs an argument");
     if (v.type != arg->type)
       return 0;
-    return jinja_equal(v, *arg) && (v.type == JINJA_NONE || v.type == JINJA_BOOL || v.type == JINJA_INT ||
-                                    v.u.s == arg->u.s);
+    return jinja_equal(v, *arg) &&
+           (v.type == JINJA_NONE || v.type == JINJA_BOOL || v.type == JINJA_INT || v.u.s == arg->u.s);
   }
   if (IS("filter") || IS("test")) {
     if (v.type != JINJA_STRING)
       return 0;
-    static const char *filters[] = {"safe", "tojson", "trim", "upper", "lower", "capitalize", "title", "string",
-                                    "length", "count", "default", "d", "first", "last", "join", "items", "list",
-                                    "replace", "int", "float", "abs", "round", "select", "reject", "selectattr",
-                                    "rejectattr", "map", "attr", "unique", "min", "max", "reverse", "sort",
-                                    "dictsort", "sum", "indent", "wordcount", "escape", "e", "forceescape",
-                                    "center", "batch", "pprint", "format", NULL};
-    static const char *tests[] = {"defined", "undefined", "none", "boolean", "true", "false", "integer", "float",
-                                  "number", "string", "mapping", "iterable", "sequence", "callable", "escaped",
-                                  "lower", "upper", "even", "odd", "divisibleby", "sameas", "filter", "test",
-                                  "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt",
-                                  "greaterthan", ">", "ge", ">=", "in", NULL};
+    static const char *filters[] = {
+        "safe",   "tojson",    "trim",   "upper",      "lower",       "capitalize", "title",
+        "string", "length",    "count",  "default",    "d",           "first",      "last",
+        "join",   "items",     "list",   "replace",    "int",         "float",      "abs",
+        "round",  "select",    "reject", "selectattr", "rejectattr",  "map",        "attr",
+        "unique", "min",       "max",    "reverse",    "sort",        "dictsort",   "sum",
+        "indent", "wordcount", "escape", "e",          "forceescape", "center",     "batch",
+        "pprint", "format",    NULL};
+    static const char *tests[] = {
+        "defined", "undefined", "none",        "boolean",     "true",     "false",    "integer", "float",
+        "number",  "string",    "mapping",     "iterable",    "sequence", "callable", "escaped", "lower",
+        "upper",   "even",      "odd",         "divisibleby", "sameas",   "filter",   "test",    "eq",
+        "equalto", "==",        "ne",          "!=",          "lt",       "lessthan", "<",       "le",
+        "<=",      "gt",        "greaterthan", ">",           "ge",       ">=",       "in",      NULL};
     const char **list = IS("filter") ? filters : tests;
     for (int i = 0; list[i]; i++)
       if (!strcmp(list[i], v.u.s->data))
@@ -1193,229 +844,4 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
   }
 #undef IS
   jinja_fail(st, "No test named '%s'.", name);
-}
-
-/* ---- Python methods ---- */
-
-static const char *const str_methods[] = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "rsplit",
-                                          "startswith", "endswith", "replace", "title", "capitalize", "find",
-                                          "rfind", "count", "join", "splitlines", "isdigit", "isalpha",
-                                          "isalnum", "isspace", "isupper", "islower", "format", "index", NULL};
-static const char *const dict_methods[] = {"items", "keys", "values", "get", NULL};
-static const char *const list_methods[] = {"index", "count", NULL};
-
-static int in_list(const char *const *list, const char *name) {
-  for (int i = 0; list[i]; i++)
-    if (!strcmp(list[i], name))
-      return 1;
-  return 0;
-}
-
-const char *jinja_method_unsafe(struct jinja_value self, const char *name) {
-  static const char *const list_mutators[] = {"append", "extend", "insert", "pop", "remove", "clear", "sort",
-                                              "reverse", NULL};
-  static const char *const dict_mutators[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
-  if (self.type == JINJA_LIST && !self.u.l->is_tuple && in_list(list_mutators, name))
-    return "list";
-  if (self.type == JINJA_DICT && in_list(dict_mutators, name))
-    return "dict";
-  return NULL;
-}
-
-int jinja_method_exists(struct jinja_value self, const char *name) {
-  switch (self.type) {
-  case JINJA_STRING:
-    return in_list(str_methods, name);
-  case JINJA_DICT:
-    return in_list(dict_methods, name);
-  case JINJA_LIST:
-    return in_list(list_methods, name);
-  default:
-    return 0;
-  }
-}
-
-/* str.format with positional {} / {0} and named {name} fields (no format specs). */
-static struct jinja_value str_format(struct jinja_eval *ev, struct jinja_value self, const struct jinja_args *a) {
-  struct jinja_state *st = ev->st;
-  const char *s = self.u.s->data;
-  size_t n = self.u.s->len, auto_idx = 0;
-  struct jinja_buf b;
-  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
-  for (size_t i = 0; i < n; i++) {
-    if ((s[i] == '{' || s[i] == '}') && i + 1 < n && s[i + 1] == s[i]) {
-      jinja_buf_add(&b, s + i, 1);
-      i++;
-      continue;
-    }
-    if (s[i] != '{') {
-      jinja_buf_add(&b, s + i, 1);
-      continue;
-    }
-    const char *close = memchr(s + i, '}', n - i);
-    if (!close)
-      jinja_fail(st, "Single '{' encountered in format string");
-    size_t flen = (size_t)(close - (s + i + 1));
-    char field[128];
-    if (flen >= sizeof field)
-      jinja_fail(st, "format field is too long");
-    memcpy(field, s + i + 1, flen);
-    field[flen] = 0;
-    char *colon = strchr(field, ':');
-    if (colon)
-      *colon = 0;
-    const struct jinja_value *v;
-    if (field[0] == 0) {
-      v = auto_idx < a->n ? &a->pos[auto_idx] : NULL;
-      auto_idx++;
-    } else if (field[0] >= '0' && field[0] <= '9') {
-      size_t k = (size_t)atoi(field);
-      v = k < a->n ? &a->pos[k] : NULL;
-    } else {
-      v = jinja_arg(a, SIZE_MAX, field);
-    }
-    if (!v)
-      jinja_fail(st, "Replacement index %s out of range for positional args tuple", field[0] ? field : "0");
-    jinja_write_str(&b, *v);
-    i += flen + 1;
-  }
-  return jinja_buf_value(&b);
-}
-
-struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value self, const char *name,
-                                     const struct jinja_args *a) {
-  struct jinja_state *st = ev->st;
-  const struct jinja_value *a0 = jinja_arg(a, 0, NULL), *a1 = jinja_arg(a, 1, NULL);
-#define IS(x) (!strcmp(name, x))
-  if (self.type == JINJA_DICT) {
-    if (IS("items"))
-      return items_of(ev, self);
-    if (IS("keys") || IS("values")) {
-      struct jinja_value l = jinja_list_new(st, self.u.d->n, 0);
-      for (size_t i = 0; i < self.u.d->n; i++)
-        l.u.l->items[i] = IS("keys") ? self.u.d->keys[i] : self.u.d->vals[i];
-      return l;
-    }
-    if (IS("get")) {
-      if (!a0)
-        jinja_fail(st, "get expected at least 1 argument, got 0");
-      jinja_charge(st, self.u.d->n * 16);
-      struct jinja_value *v = jinja_dict_get(self.u.d, *a0);
-      return v ? *v : a1 ? *a1 : jinja_none();
-    }
-  } else if (self.type == JINJA_LIST) {
-    if (!a0)
-      jinja_fail(st, "%s() takes exactly one argument (0 given)", name);
-    jinja_charge(st, self.u.l->n * 16);
-    int64_t count = 0;
-    for (size_t i = 0; i < self.u.l->n; i++)
-      if (jinja_equal(self.u.l->items[i], *a0)) {
-        if (IS("index"))
-          return jinja_int((int64_t)i);
-        count++;
-      }
-    if (IS("index"))
-      jinja_fail(st, "list.index(x): x not in list");
-    return jinja_int(count);
-  } else if (self.type == JINJA_STRING) {
-    const char *s = self.u.s->data;
-    size_t n = self.u.s->len;
-    if (IS("upper"))
-      return change_case(ev, self, CASE_UPPER);
-    if (IS("lower"))
-      return change_case(ev, self, CASE_LOWER);
-    if (IS("title"))
-      return change_case(ev, self, CASE_PY_TITLE);
-    if (IS("capitalize"))
-      return change_case(ev, self, CASE_CAPITALIZE);
-    if (IS("strip"))
-      return strip(ev, self, a0, 3);
-    if (IS("lstrip"))
-      return strip(ev, self, a0, 1);
-    if (IS("rstrip"))
-      return strip(ev, self, a0, 2);
-    if (IS("split"))
-      return split(ev, self, jinja_arg(a, 0, "sep"), int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1));
-    if (IS("rsplit")) {
-      /* Only the unlimited form, which equals split. */
-      if (int_arg(ev, jinja_arg(a, 1, "maxsplit"), -1) >= 0)
-        jinja_fail(st, "rsplit with maxsplit is not supported");
-      return split(ev, self, jinja_arg(a, 0, "sep"), -1);
-    }
-    if (IS("startswith"))
-      return jinja_bool(starts_or_ends(ev, self, a0, 0));
-    if (IS("endswith"))
-      return jinja_bool(starts_or_ends(ev, self, a0, 1));
-    if (IS("replace"))
-      return replace(ev, self, a0, a1, int_arg(ev, jinja_arg(a, 2, "count"), -1));
-    if (IS("find") || IS("rfind") || IS("index") || IS("count")) {
-      if (!a0 || a0->type != JINJA_STRING)
-        jinja_fail(st, "must be str, not %s", a0 ? jinja_type_name(*a0) : "nothing");
-      const char *sub = a0->u.s->data;
-      size_t k = a0->u.s->len;
-      jinja_charge(st, n);
-      int64_t found = -1, count = 0;
-      if (k == 0) {
-        found = IS("rfind") ? (int64_t)n : 0;
-      } else {
-        size_t i = 0;
-        while (i + k <= n) {
-          const char *hit = memmem(s + i, n - i, sub, k);
-          if (!hit)
-            break;
-          size_t pos = (size_t)(hit - s);
-          if (found < 0 || IS("rfind"))
-            found = (int64_t)pos;
-          count++;
-          if (IS("find") || IS("index"))
-            break;
-          jinja_charge(st, k);
-          i = pos + (IS("count") ? k : 1);
-        }
-      }
-      if (IS("count"))
-        return jinja_int(k == 0 ? (int64_t)jinja_utf8_len(s, n) + 1 : count);
-      if (found < 0 && IS("index"))
-        jinja_fail(st, "substring not found");
-      return jinja_int(found < 0 ? -1 : (int64_t)jinja_utf8_len(s, (size_t)found));
-    }
-    if (IS("join")) {
-      if (!a0)
-        jinja_fail(st, "join() takes exactly one argument (0 given)");
-      return join(ev, *a0, s, n, NULL);
-    }
-    if (IS("splitlines")) {
-      struct jinja_value *parts = jinja_alloc(st, (n + 1) * sizeof(*parts));
-      size_t np = 0, i = 0;
-      while (i < n) {
-        size_t e = i;
-        while (e < n && s[e] != '\n' && s[e] != '\r')
-          e++;
-        parts[np++] = jinja_str_n(st, s + i, e - i);
-        i = e < n ? e + ((s[e] == '\r' && e + 1 < n && s[e + 1] == '\n') ? 2 : 1) : n;
-      }
-      return make_list(ev, parts, np);
-    }
-    if (IS("isdigit") || IS("isalpha") || IS("isalnum") || IS("isspace")) {
-      if (n == 0)
-        return jinja_bool(0);
-      for (size_t i = 0; i < n;) {
-        int32_t c = next_cp(s, n, &i);
-        utf8proc_category_t k = utf8proc_category(c);
-        int digit = k == UTF8PROC_CATEGORY_ND, alpha = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
-        int ok = IS("isdigit") ? digit : IS("isalpha") ? alpha : IS("isalnum") ? digit || alpha : py_space(c);
-        if (!ok)
-          return jinja_bool(0);
-      }
-      return jinja_bool(1);
-    }
-    if (IS("isupper") || IS("islower")) {
-      struct jinja_args none = {0};
-      return jinja_bool(jinja_test_apply(ev, IS("isupper") ? "upper" : "lower", self, &none));
-    }
-    if (IS("format"))
-      return str_format(ev, self, a);
-  }
-#undef IS
-  jinja_fail(st, "'%s' object has no attribute '%s'", jinja_type_name(self), name);
 }

@@ -187,11 +187,15 @@ static struct jinja_value jinja_unescape(struct jinja_lexer *lx, const char *s, 
       for (int k = 0; k < digits; k++) {
         int h = i + 1 + (size_t)k < n ? jinja_hexval(s[i + 1 + (size_t)k]) : -1;
         if (h < 0)
-          jinja_fail(lx->st, "(unicode error) 'unicodeescape' codec can't decode bytes: truncated \\%cXX escape", c);
+          jinja_fail(lx->st,
+                     "(unicode error) 'unicodeescape' codec can't decode bytes: truncated \\%cXX escape",
+                     c);
         v = v * 16 + (uint32_t)h;
       }
       if (v > 0x10FFFF)
-        jinja_fail(lx->st, "(unicode error) 'unicodeescape' codec can't decode bytes: illegal Unicode character");
+        jinja_fail(
+            lx->st,
+            "(unicode error) 'unicodeescape' codec can't decode bytes: illegal Unicode character");
       i += (size_t)digits;
       jinja_put_utf8(&b, v);
       continue;
@@ -297,7 +301,9 @@ static void jinja_lex_tag(struct jinja_lexer *lx, int is_block) {
     if (depth == 0) {
       char sign = 0;
       size_t q = p;
-      if ((c == '-' || c == '+') && q + 2 < lx->n + 0 && s[q + 1] == close0 && s[q + 2] == '}') {
+      /* "-%}" / "+%}" / "-}}"; a variable has no "+}}" form (that is the + operator). */
+      if ((c == '-' || (c == '+' && is_block)) && q + 2 < lx->n && s[q + 1] == close0 &&
+          s[q + 2] == '}') {
         sign = c;
         q++;
       }

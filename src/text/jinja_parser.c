@@ -91,8 +91,8 @@ static const char *describe(const struct jinja_token *t) {
 static _Noreturn void unexpected(struct jinja_parser *p, const char *expected) {
   const struct jinja_token *t = cur(p);
   if (expected)
-    jinja_fail(p->st, "expected token '%s', got '%s' (line %d)", expected, describe(t), t->line);
-  jinja_fail(p->st, "unexpected '%s' (line %d)", describe(t), t->line);
+    jinja_fail(p->st, "expected token '%s', got '%s'", expected, describe(t));
+  jinja_fail(p->st, "unexpected '%s'", describe(t));
 }
 
 static void expect_op(struct jinja_parser *p, const char *op) {
@@ -133,7 +133,8 @@ static struct jinja_node *parse_expression(struct jinja_parser *p, int with_cond
 static struct jinja_node *parse_unary(struct jinja_parser *p, int with_filter);
 static struct jinja_node *parse_primary(struct jinja_parser *p);
 static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_node *node);
-static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline);
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node,
+                                       int start_inline);
 
 static int is_tuple_end(struct jinja_parser *p, const char *extra_end) {
   const struct jinja_token *t = cur(p);
@@ -142,11 +143,10 @@ static int is_tuple_end(struct jinja_parser *p, const char *extra_end) {
   return extra_end && is_name(t, extra_end);
 }
 
-static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr,
-                                      const char *extra_end, int explicit_parens) {
+static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr, const char *extra_end,
+                                      int explicit_parens) {
   struct jinja_nodes items = {0};
   int is_tuple = 0;
-  int line = cur(p)->line;
   for (;;) {
     if (items.n)
       expect_op(p, ",");
@@ -162,7 +162,7 @@ static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr,
     if (items.n)
       return items.v[0];
     if (!explicit_parens)
-      jinja_fail(p->st, "Expected an expression, got '%s' (line %d)", describe(cur(p)), line);
+      jinja_fail(p->st, "Expected an expression, got '%s'", describe(cur(p)));
   }
   struct jinja_node *n = node_new(p, JINJA_N_TUPLE);
   n->args = items.v;
@@ -182,7 +182,7 @@ static void parse_call_args(struct jinja_parser *p, struct jinja_node *n) {
         break;
     }
     if (is_op(cur(p), "*") || is_op(cur(p), "**"))
-      jinja_fail(p->st, "*args and **kwargs in calls are not supported (line %d)", cur(p)->line);
+      jinja_fail(p->st, "*args and **kwargs in calls are not supported");
     if (cur(p)->type == JINJA_TOK_NAME && is_op(peek2(p), "=")) {
       jinja_names_push(p->st, &kwnames, cur(p)->text);
       advance(p);
@@ -190,7 +190,7 @@ static void parse_call_args(struct jinja_parser *p, struct jinja_node *n) {
       jinja_nodes_push(p->st, &kwargs, parse_expression(p, 1));
     } else {
       if (kwargs.n)
-        jinja_fail(p->st, "invalid syntax for function call expression (line %d)", cur(p)->line);
+        jinja_fail(p->st, "invalid syntax for function call expression");
       jinja_nodes_push(p->st, &args, parse_expression(p, 1));
     }
     need_comma = 1;
@@ -218,7 +218,8 @@ static const char *parse_dotted_name(struct jinja_parser *p) {
   return name;
 }
 
-static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node, int start_inline) {
+static struct jinja_node *parse_filter(struct jinja_parser *p, struct jinja_node *node,
+                                       int start_inline) {
   while (is_op(cur(p), "|") || start_inline) {
     if (!start_inline)
       advance(p);
@@ -249,7 +250,7 @@ static struct jinja_node *parse_test(struct jinja_parser *p, struct jinja_node *
               c->type == JINJA_TOK_FLOAT || is_op(c, "[") || is_op(c, "{")) &&
              !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and")) {
     if (is_name(c, "is"))
-      jinja_fail(p->st, "You cannot chain multiple tests with is (line %d)", c->line);
+      jinja_fail(p->st, "You cannot chain multiple tests with is");
     struct jinja_node *arg = parse_postfix(p, parse_primary(p));
     t->args = jinja_alloc(p->st, sizeof(struct jinja_node *));
     t->args[0] = arg;
@@ -304,7 +305,7 @@ static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_nod
         advance(p);
         node = g;
       } else {
-        jinja_fail(p->st, "expected name or number (line %d)", a->line);
+        jinja_fail(p->st, "expected name or number");
       }
     } else if (is_op(t, "[")) {
       advance(p);
@@ -315,8 +316,7 @@ static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_nod
         jinja_nodes_push(p->st, &args, parse_subscribed(p));
       }
       expect_op(p, "]");
-      if (args.n == 0)
-        jinja_fail(p->st, "expected subscript expression (line %d)", t->line);
+      /* x[] is accepted by Jinja2 as x[()] (an empty tuple key). */
       struct jinja_node *g = node_new(p, JINJA_N_GETITEM);
       g->a = node;
       if (args.n == 1) {
@@ -507,7 +507,8 @@ static struct jinja_node *parse_compare(struct jinja_parser *p) {
     int op = 0;
     if (t->type == JINJA_TOK_OP) {
       static const char *names[] = {"==", "!=", "<", "<=", ">", ">="};
-      static const int ops[] = {JINJA_OP_EQ, JINJA_OP_NE, JINJA_OP_LT, JINJA_OP_LE, JINJA_OP_GT, JINJA_OP_GE};
+      static const int ops[] = {JINJA_OP_EQ, JINJA_OP_NE, JINJA_OP_LT,
+                                JINJA_OP_LE, JINJA_OP_GT, JINJA_OP_GE};
       for (int i = 0; i < 6; i++)
         if (!strcmp(t->text, names[i]))
           op = ops[i];
@@ -570,7 +571,9 @@ static struct jinja_node *parse_condexpr(struct jinja_parser *p) {
     c->b = e1;
     if (is_name(cur(p), "else")) {
       advance(p);
+      enter(p);
       c->c = parse_condexpr(p);
+      leave(p);
     }
     e1 = c;
   }
@@ -585,7 +588,8 @@ static struct jinja_node *parse_expression(struct jinja_parser *p, int with_cond
 }
 
 /* Assignment targets: a name, ns.attr (WITH_NS), or a tuple of names. */
-static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_ns, const char *extra_end) {
+static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_ns,
+                                              const char *extra_end) {
   struct jinja_nodes items = {0};
   int is_tuple = 0;
   for (;;) {
@@ -673,7 +677,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
       n->c = parse_expression(p, 1);
     }
     if (is_name(cur(p), "recursive"))
-      jinja_fail(p->st, "recursive for loops are not supported (line %d)", cur(p)->line);
+      jinja_fail(p->st, "recursive for loops are not supported");
     expect_block_end(p);
     static const char *const ends1[] = {"endfor", "else", NULL};
     n->body = parse_body(p, ends1);
@@ -747,7 +751,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
       parse_signature(p, n);
     n->a = parse_expression(p, 1);
     if (n->a->kind != JINJA_N_CALL)
-      jinja_fail(p->st, "expected call (line %d)", n->line);
+      jinja_fail(p->st, "expected call");
     expect_block_end(p);
     static const char *const ends[] = {"endcall", NULL};
     n->body = parse_body(p, ends);
@@ -787,7 +791,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
     n = node_new(p, kw[0] == 'b' ? JINJA_N_BREAK : JINJA_N_CONTINUE);
     expect_block_end(p);
   } else {
-    jinja_fail(p->st, "Encountered unknown tag '%s' (line %d)", kw, t->line);
+    jinja_fail(p->st, "Encountered unknown tag '%s'", kw);
   }
   return n;
 }
@@ -803,7 +807,8 @@ static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *
         char tags[256] = "";
         for (size_t i = 0; ends[i]; i++)
           snprintf(tags + strlen(tags), sizeof tags - strlen(tags), "%s'%s'", i ? " or " : "", ends[i]);
-        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.", tags);
+        jinja_fail(p->st, "Unexpected end of template. Jinja was looking for the following tags: %s.",
+                   tags);
       }
       break;
     }

@@ -2,6 +2,7 @@
  * template inside one bounded arena. */
 #include "text/jinja_render.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,13 +12,28 @@
 #include "text/jinja_parser.h"
 #include "text/jinja_value.h"
 
-/* JSON -> value. Numbers without a fraction or exponent become ints, as json.loads makes them;
- * cJSON keeps only a double, so an integral value within +-2^53 is taken for an int. */
+/* A number literal kept as text by jinja_context_parse: json.loads's rule, a fraction or an
+ * exponent makes a float, anything else an int. */
+static struct jinja_value from_literal(const char *s) {
+  if (strpbrk(s, ".eE"))
+    return jinja_float(strtod(s, NULL));
+  errno = 0;
+  long long v = strtoll(s, NULL, 10);
+  if (errno == ERANGE) /* beyond 64 bits: Python would keep an exact big int */
+    return jinja_float(strtod(s, NULL));
+  return jinja_int(v);
+}
+
+/* JSON -> value. Numbers without a fraction or exponent become ints, as json.loads makes them.
+ * cJSON keeps only a double, so unless jinja_context_parse kept the literal, an integral value
+ * within +-2^53 is taken for an int. */
 static struct jinja_value from_json(struct jinja_state *st, const cJSON *j, int depth) {
   if (depth > JINJA_MAX_DEPTH)
     jinja_fail(st, "context JSON nests too deeply");
   if (cJSON_IsNull(j))
     return jinja_none();
+  if (cJSON_IsRaw(j) && j->valuestring)
+    return from_literal(j->valuestring);
   if (cJSON_IsBool(j))
     return jinja_bool(cJSON_IsTrue(j));
   if (cJSON_IsNumber(j)) {
@@ -82,14 +98,21 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
   struct jinja_frame *globals = jinja_alloc(&st, sizeof(*globals));
   memset(globals, 0, sizeof(*globals));
   if (context && cJSON_IsObject(context)) {
+    /* Later duplicates shadow earlier ones (lookups scan from the end), so no search is needed. */
     for (const cJSON *c = context->child; c; c = c->next)
       if (c->string)
-        jinja_frame_set(&st, globals, jinja_str(&st, c->string).u.s->data, from_json(&st, c, 0));
+        jinja_frame_push(&st, globals, jinja_str(&st, c->string).u.s->data, from_json(&st, c, 0));
   } else if (context && !cJSON_IsNull(context)) {
     jinja_fail(&st, "the template context must be a JSON object");
   }
 
-  struct jinja_eval ev = {.st = &st, .out = &out, .frame = globals, .filter_input = jinja_undefined(NULL)};
+  /* The context's own variables stay in this frame; template-level sets go to a child frame, so
+   * strftime_now reads the date_string the caller passed. */
+  struct jinja_frame *top = jinja_alloc(&st, sizeof(*top));
+  memset(top, 0, sizeof(*top));
+  top->parent = globals;
+  struct jinja_eval ev = {
+      .st = &st, .out = &out, .frame = top, .globals = globals, .filter_input = jinja_undefined(NULL)};
   jinja_eval_render(&ev, root);
 
   char *result = out.data ? out.data : calloc(1, 1);
@@ -98,4 +121,90 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
   if (!result)
     *err = strdup("out of memory");
   return result;
+}
+
+/* The number literals of TEXT in document order, as [start, end) offsets; strings are skipped. */
+struct number_spans {
+  size_t *start, *end; /* (n) */
+  size_t n, cap;
+};
+
+static int spans_push(struct number_spans *sp, size_t a, size_t b) {
+  if (sp->n == sp->cap) {
+    size_t cap = sp->cap ? sp->cap * 2 : 64;
+    size_t *s = realloc(sp->start, cap * sizeof(size_t));
+    if (!s)
+      return -1;
+    sp->start = s;
+    size_t *e = realloc(sp->end, cap * sizeof(size_t));
+    if (!e)
+      return -1;
+    sp->end = e;
+    sp->cap = cap;
+  }
+  sp->start[sp->n] = a;
+  sp->end[sp->n] = b;
+  sp->n++;
+  return 0;
+}
+
+/* Walks numbers in document order; keeps as raw text every literal whose int/float kind the
+ * double alone would get wrong (1.0, 1e3, -0, integers beyond 2^53). */
+static int keep_literals(cJSON *j, const char *text, const struct number_spans *sp, size_t *next) {
+  for (; j; j = j->next) {
+    if (cJSON_IsNumber(j)) {
+      if (*next >= sp->n)
+        return -1;
+      size_t a = sp->start[*next], b = sp->end[*next];
+      (*next)++;
+      int is_float_literal =
+          memchr(text + a, '.', b - a) || memchr(text + a, 'e', b - a) || memchr(text + a, 'E', b - a);
+      double d = j->valuedouble;
+      int heuristic_int = d == floor(d) && fabs(d) <= 9007199254740992.0 && !(d == 0 && signbit(d));
+      if (is_float_literal == heuristic_int) {
+        char *lit = malloc(b - a + 1);
+        if (!lit)
+          return -1;
+        memcpy(lit, text + a, b - a);
+        lit[b - a] = 0;
+        j->type = cJSON_Raw;
+        j->valuestring = lit;
+      }
+    }
+    if (j->child && keep_literals(j->child, text, sp, next) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+cJSON *jinja_context_parse(const char *text, size_t len) {
+  cJSON *root = cJSON_ParseWithLength(text, len);
+  if (!root)
+    return NULL;
+  struct number_spans sp = {0};
+  int ok = 1;
+  for (size_t i = 0; i < len && ok;) {
+    char c = text[i];
+    if (c == '"') {
+      for (i++; i < len && text[i] != '"'; i++)
+        if (text[i] == '\\')
+          i++;
+      i++;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      size_t a = i;
+      while (i < len && strchr("0123456789+-.eE", text[i]) && text[i])
+        i++;
+      ok = spans_push(&sp, a, i) == 0;
+    } else {
+      i++;
+    }
+  }
+  size_t next = 0;
+  /* cJSON visits numbers in the order they appear; should the scan disagree, values stay as
+   * cJSON gives them. */
+  if (ok)
+    keep_literals(root, text, &sp, &next);
+  free(sp.start);
+  free(sp.end);
+  return root;
 }

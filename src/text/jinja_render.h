@@ -17,4 +17,10 @@ struct jinja_limits {
 char *jinja_render(const char *template_src, const cJSON *context, const struct jinja_limits *limits,
                    size_t *out_len, char **err);
 
+/* Parses a context (TEXT, LEN bytes) with cJSON, keeping json.loads's int/float distinction that
+ * a double loses: literals such as 1.0, 2e3, -0 and integers beyond 2^53 stay as cJSON raw
+ * items holding their text, which the renderer reads back as Python would. Free with
+ * cJSON_Delete; NULL when TEXT is not JSON. */
+cJSON *jinja_context_parse(const char *text, size_t len);
+
 #endif

@@ -12,6 +12,8 @@
 #define JINJA_CHUNK_MIN (64u << 10)
 
 void *jinja_alloc(struct jinja_state *st, size_t size) {
+  if (size > JINJA_MAX_ARENA) /* also keeps the rounding below from wrapping */
+    jinja_fail(st, "template exceeded the memory limit of %zu MiB", JINJA_MAX_ARENA >> 20);
   size = (size + 15) & ~(size_t)15;
   struct jinja_chunk *c = st->chunks;
   if (!c || c->cap - c->used < size) {
@@ -131,7 +133,9 @@ struct jinja_value jinja_undefined(const char *why) {
   v.u.why = why;
   return v;
 }
-struct jinja_value jinja_none(void) { return (struct jinja_value){.type = JINJA_NONE}; }
+struct jinja_value jinja_none(void) {
+  return (struct jinja_value){.type = JINJA_NONE};
+}
 struct jinja_value jinja_bool(int b) {
   struct jinja_value v = {.type = JINJA_BOOL};
   v.u.b = b != 0;
@@ -165,16 +169,26 @@ struct jinja_value jinja_str(struct jinja_state *st, const char *s) {
 }
 
 struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple) {
+  if (n > JINJA_MAX_ARENA / sizeof(struct jinja_value))
+    jinja_fail(st, "template exceeded the memory limit of %zu MiB", JINJA_MAX_ARENA >> 20);
   jinja_charge(st, n * 16);
   struct jinja_list *l = jinja_alloc(st, sizeof(*l));
   l->n = n;
   l->is_tuple = is_tuple;
+  l->view = 0;
   l->items = n ? jinja_alloc(st, n * sizeof(struct jinja_value)) : NULL;
   for (size_t i = 0; i < n; i++)
     l->items[i] = jinja_none();
   struct jinja_value v = {.type = JINJA_LIST};
   v.u.l = l;
   return v;
+}
+
+struct jinja_value jinja_list_from(struct jinja_state *st, const struct jinja_value *items, size_t n) {
+  struct jinja_value l = jinja_list_new(st, n, 0);
+  for (size_t i = 0; i < n; i++)
+    l.u.l->items[i] = items[i];
+  return l;
 }
 
 struct jinja_value jinja_dict_new(struct jinja_state *st) {
@@ -294,7 +308,7 @@ static int equal_at(struct jinja_value a, struct jinja_value b, int depth) {
   case JINJA_STRING:
     return a.u.s->len == b.u.s->len && memcmp(a.u.s->data, b.u.s->data, a.u.s->len) == 0;
   case JINJA_LIST:
-    if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->n != b.u.l->n)
+    if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->view != b.u.l->view || a.u.l->n != b.u.l->n)
       return 0;
     for (size_t i = 0; i < a.u.l->n; i++)
       if (!equal_at(a.u.l->items[i], b.u.l->items[i], depth + 1))
@@ -329,6 +343,10 @@ const char *jinja_type_name(struct jinja_value v) {
   case JINJA_STRING:
     return "str";
   case JINJA_LIST:
+    if (v.u.l->view)
+      return v.u.l->view == JINJA_VIEW_KEYS     ? "dict_keys"
+             : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values"
+                                                : "dict_items";
     return v.u.l->is_tuple ? "tuple" : "list";
   case JINJA_DICT:
     return "dict";
@@ -466,7 +484,8 @@ static void jinja_write_str_repr(struct jinja_buf *b, const char *s, size_t n) {
   size_t i = 0;
   while (i < n) {
     utf8proc_int32_t cp;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
     if (k <= 0) { /* invalid byte: Python would hold a surrogate escape; show it as \x.. */
       jinja_buf_addf(b, "\\x%02x", (unsigned char)s[i]);
       i++;
@@ -514,13 +533,21 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     jinja_fail(b->st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
   switch (v.type) {
   case JINJA_STRING:
+    if (v.markup)
+      jinja_buf_adds(b, "Markup(");
     jinja_write_str_repr(b, v.u.s->data, v.u.s->len);
+    if (v.markup)
+      jinja_buf_adds(b, ")");
     break;
   case JINJA_UNDEFINED:
     jinja_buf_adds(b, "Undefined");
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
+    if (l->view) {
+      jinja_buf_adds(b, jinja_type_name(v));
+      jinja_buf_add(b, "(", 1);
+    }
     jinja_buf_add(b, l->is_tuple ? "(" : "[", 1);
     for (size_t i = 0; i < l->n; i++) {
       if (i)
@@ -530,6 +557,8 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     if (l->is_tuple && l->n == 1)
       jinja_buf_add(b, ",", 1);
     jinja_buf_add(b, l->is_tuple ? ")" : "]", 1);
+    if (l->view)
+      jinja_buf_add(b, ")", 1);
     break;
   }
   case JINJA_DICT:
@@ -568,8 +597,8 @@ void jinja_write_str(struct jinja_buf *b, struct jinja_value v) {
   case JINJA_CALLABLE:
     jinja_buf_adds(b, "<function>");
     return;
-  case JINJA_LOOP:
-    jinja_buf_adds(b, "<LoopContext>");
+  case JINJA_LOOP: /* LoopContext.__repr__ */
+    jinja_buf_addf(b, "<LoopContext %zu/%zu>", v.u.loop->index0 + 1, v.u.loop->length);
     return;
   default:
     jinja_write_repr(b, v);
@@ -627,8 +656,7 @@ static void jinja_json_newline(struct jinja_buf *b, const char *indent, int leve
 }
 
 static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const char *indent,
-                                const char *item_sep, const char *key_sep, int sort_keys,
-                                int level) {
+                                const char *item_sep, const char *key_sep, int sort_keys, int level) {
   struct jinja_state *st = b->st;
   jinja_step(st);
   if (++st->depth > JINJA_MAX_DEPTH)
@@ -656,6 +684,8 @@ static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
+    if (l->view)
+      jinja_fail(st, "Object of type %s is not JSON serializable", jinja_type_name(v));
     if (l->n == 0) {
       jinja_buf_adds(b, "[]");
       break;
@@ -684,7 +714,8 @@ static void jinja_write_json_at(struct jinja_buf *b, struct jinja_value v, const
       order[i] = i;
     if (sort_keys) /* insertion sort: dicts in templates are small */
       for (size_t i = 1; i < d->n; i++)
-        for (size_t j = i; j > 0 && jinja_compare(st, d->keys[order[j - 1]], d->keys[order[j]]) > 0; j--) {
+        for (size_t j = i; j > 0 && jinja_compare(st, d->keys[order[j - 1]], d->keys[order[j]]) > 0;
+             j--) {
           size_t t = order[j];
           order[j] = order[j - 1];
           order[j - 1] = t;

@@ -8,10 +8,10 @@
 #include <stdint.h>
 
 /* Limits that keep untrusted templates bounded (see docs/chat-templates.md). */
-#define JINJA_MAX_STEPS 10000000L          /* expression and statement evaluations per render */
-#define JINJA_MAX_OUTPUT (16u << 20)       /* bytes of rendered text */
+#define JINJA_MAX_STEPS 10000000L           /* expression and statement evaluations per render */
+#define JINJA_MAX_OUTPUT (16u << 20)        /* bytes of rendered text, and of any one string */
 #define JINJA_MAX_ARENA ((size_t)256 << 20) /* bytes of values and syntax tree per render */
-#define JINJA_MAX_DEPTH 400                /* nesting of parsing, evaluation and macro calls */
+#define JINJA_MAX_DEPTH 400                 /* nesting of parsing, evaluation and macro calls */
 
 enum jinja_type {
   JINJA_UNDEFINED,
@@ -60,13 +60,25 @@ struct jinja_str {
 struct jinja_list {
   size_t n;
   int is_tuple;
+  int view;                  /* 0, or the dict view this list stands for (d.keys() etc.): JINJA_VIEW_* */
   struct jinja_value *items; /* (n) */
 };
+
+enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS };
 
 struct jinja_dict {
   size_t n, cap;
   struct jinja_value *keys; /* (cap) insertion order, like Python dicts */
   struct jinja_value *vals; /* (cap) */
+};
+
+/* The state behind a for block's `loop` variable. */
+struct jinja_loop {
+  size_t index0, length;
+  const struct jinja_value *items; /* (length) the filtered sequence being iterated */
+  int depth;
+  struct jinja_value last_changed; /* argument of the previous loop.changed() call */
+  int changed_called;
 };
 
 /* One block of arena memory; chunks form a singly linked list freed at the end of a render. */
@@ -126,6 +138,8 @@ struct jinja_value jinja_float(double f);
 struct jinja_value jinja_str_n(struct jinja_state *st, const char *s, size_t n);
 struct jinja_value jinja_str(struct jinja_state *st, const char *s);
 struct jinja_value jinja_list_new(struct jinja_state *st, size_t n, int is_tuple);
+/* A list holding copies of ITEMS (n). */
+struct jinja_value jinja_list_from(struct jinja_state *st, const struct jinja_value *items, size_t n);
 struct jinja_value jinja_dict_new(struct jinja_state *st);
 /* Sets KEY (replacing an equal key in place, else appending). */
 void jinja_dict_set(struct jinja_state *st, struct jinja_dict *d, struct jinja_value key,
