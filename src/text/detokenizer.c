@@ -16,6 +16,7 @@ struct detokenizer {
   int skip_special;
   int index;        /* tokens decoded so far (after skipping): Metaspace treats the first apart */
   int strip_left;   /* leading Strip characters still to drop */
+  /* out: complete UTF-8 not yet handed to the caller (what did not fit in the last cap) */
   struct utf8_stream utf8;
   struct text_buf piece, tmp, out;
 };
@@ -200,23 +201,33 @@ void detokenizer_reset(struct detokenizer *d) {
   d->piece = a;
   d->tmp = b;
   d->out = c;
+  d->out.len = 0;
 }
 
+/* Moves the held text to OUT: all of it when it fits, else the longest prefix that ends on a
+ * character boundary; the rest stays for the next call (so deltas still concatenate to the
+ * full decode, whatever CAP is, as long as it holds one character). */
 static int take_output(struct detokenizer *d, char *out, size_t cap) {
+  if (!out || cap < 5)
+    return ERR("detokenizer output buffer too small (%zu bytes; at least 5)", cap);
   size_t n = d->out.len;
-  d->out.len = 0;
-  if (!out || cap < n + 1)
-    return ERR("detokenizer output buffer too small (%zu bytes needed)", n + 1);
+  if (n > cap - 1) {
+    n = cap - 1;
+    while (n > 0 && ((uint8_t)d->out.data[n] & 0xC0) == 0x80)
+      n--; /* d->out holds only complete characters: back up to a lead byte */
+  }
   if (n)
     memcpy(out, d->out.data, n);
   out[n] = 0;
+  if (d->out.len > n)
+    memmove(d->out.data, d->out.data + n, d->out.len - n);
+  d->out.len -= n;
   return (int)n;
 }
 
 int detokenizer_push(struct detokenizer *d, int32_t id, char *out, size_t cap) {
   if (!d)
     return ERR("detokenizer_push: no detokenizer");
-  d->out.len = 0;
   if (detok_push(d, id))
     return -1;
   return take_output(d, out, cap);
@@ -225,7 +236,6 @@ int detokenizer_push(struct detokenizer *d, int32_t id, char *out, size_t cap) {
 int detokenizer_flush(struct detokenizer *d, char *out, size_t cap) {
   if (!d)
     return ERR("detokenizer_flush: no detokenizer");
-  d->out.len = 0;
   if (detok_flush(d))
     return -1;
   return take_output(d, out, cap);

@@ -73,8 +73,13 @@ static int apply_step(const struct normalize_step *st, struct regex_ctx *rc, con
       i += (size_t)l;
       char enc[4];
       if (st->kind == NORMALIZE_LOWERCASE) {
+        if (cp == 0x130) { /* the one full (two-character) lowercase mapping: i + U+0307 */
+          if (text_buf_append(out, "i\xcc\x87", 3))
+            return ERR("out of memory");
+          continue;
+        }
         cp = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
-      } else if (unicode_is_mark_nonspacing(cp)) {
+      } else if (unicode_is_mark(cp)) {
         continue;
       }
       if (text_buf_append(out, enc, (size_t)unicode_utf8_encode(cp, enc)))

@@ -17,7 +17,7 @@ enum normalize_kind {
   NORMALIZE_PREPEND,      /* text = a + text (when text is not empty) */
   NORMALIZE_REPLACE,      /* every occurrence of a (or of regex re) -> b */
   NORMALIZE_STRIP,        /* strip whitespace on the left and/or right */
-  NORMALIZE_STRIP_ACCENTS /* drop non-spacing marks (Mn) */
+  NORMALIZE_STRIP_ACCENTS /* drop combining marks (M*) */
 };
 
 struct normalize_step {

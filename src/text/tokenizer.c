@@ -281,8 +281,18 @@ int tokenizer_finish(struct tokenizer *t) {
     t->added_start[(uint8_t)t->added[i].text[0] + 1]++;
   for (int b = 0; b < 256; b++)
     t->added_start[b + 1] += t->added_start[b];
+  memset(t->added_second, 0, sizeof t->added_second);
+  for (int i = 0; i < t->n_added; i++) {
+    const struct added_token *a = &t->added[i];
+    uint8_t b0 = (uint8_t)a->text[0];
+    if (a->len == 1)
+      memset(t->added_second[b0], 0xff, 32);
+    else
+      t->added_second[b0][(uint8_t)a->text[1] >> 3] |= (uint8_t)(1u << ((uint8_t)a->text[1] & 7));
+  }
 
-  t->ws_chunks = !t->byte_level;
+  /* (U+2581 itself must be a token, or unknown-character fusing could cross a boundary.) */
+  t->ws_chunks = !t->byte_level && vocab_find(&t->vocab, WS_MARK, 3) >= 0;
   for (int32_t id = 0; id < n && t->ws_chunks; id++) {
     size_t len;
     const char *s = vocab_text(&t->vocab, id, &len);
@@ -324,7 +334,7 @@ const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_
  * stays read-only and shareable between threads. */
 /* Direct-mapped cache of word -> ids: English text repeats its words, and a hit skips the
  * merge loop. Keyed by (tokenizer serial, word bytes); a collision just overwrites. */
-#define CACHE_SLOTS 4096
+#define CACHE_SLOTS 16384
 #define CACHE_WORD 46
 #define CACHE_IDS 14
 
@@ -657,11 +667,15 @@ static int find_added(const struct tokenizer *t, const char *s, size_t len, size
                       int normalized, size_t *ms, size_t *me) {
   for (size_t pos = from; pos < len; pos++) {
     uint8_t b = (uint8_t)s[pos];
+    if (t->added_start[b] == t->added_start[b + 1])
+      continue;
+    if (pos + 1 < len && !(t->added_second[b][(uint8_t)s[pos + 1] >> 3] & (1u << ((uint8_t)s[pos + 1] & 7))))
+      continue;
     for (int k = t->added_start[b]; k < t->added_start[b + 1]; k++) {
       const struct added_token *a = &t->added[t->added_index[k]];
       if ((a->special && !parse_special) || a->normalized != normalized)
         continue;
-      if (a->len > len - pos || memcmp(s + pos, a->text, a->len))
+      if (a->len > len - pos || (a->len > 1 && s[pos + 1] != a->text[1]) || memcmp(s + pos, a->text, a->len))
         continue;
       size_t e = pos + a->len, st = pos;
       if (a->single_word) {

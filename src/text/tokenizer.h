@@ -46,9 +46,12 @@ struct detokenizer *detokenizer_create(const struct tokenizer *t, int skip_speci
 void detokenizer_free(struct detokenizer *d);
 void detokenizer_reset(struct detokenizer *d);
 /* Appends the text made available by ID to OUT (cap bytes, NUL-terminated); returns the number
- * of bytes written, or -1 on error (id out of range, or cap too small: cap >= 256 always works). */
+ * of bytes written, or -1 on error (id out of range, or cap too small: cap >= 256 always works).
+ * Text that does not fit in CAP (a token longer than cap) is kept and comes first in the next
+ * push or flush, so the deltas still concatenate to the full decode (cap >= 5 suffices). */
 int detokenizer_push(struct detokenizer *d, int32_t id, char *out, size_t cap);
-/* Emits whatever is held back (an incomplete UTF-8 sequence becomes U+FFFD as HF does). */
+/* Emits whatever is held back (an incomplete UTF-8 sequence becomes U+FFFD as HF does); when
+ * that does not fit in CAP, call it again until it returns 0. */
 int detokenizer_flush(struct detokenizer *d, char *out, size_t cap);
 
 #endif

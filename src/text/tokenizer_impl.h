@@ -72,6 +72,8 @@ struct tokenizer {
   int n_added_normalized;     /* how many of them have `normalized` */
   int32_t *added_index;       /* (n_added) indices into added grouped by first byte, longest first */
   int32_t added_start[257];   /* added_index[added_start[b] .. added_start[b+1]) start with b */
+  uint8_t added_second[256][32]; /* bit c of [b]: some added token starts with bytes b, c (or
+                                    is the single byte b) - a quick "no match here" test */
 
   struct decode_step *dec;    /* (n_dec) owned */
   int n_dec;

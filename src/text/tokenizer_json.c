@@ -200,7 +200,10 @@ static int load_pretokenizer(struct tokenizer *t, const cJSON *p) {
     st.split = jbool(p, "split", 1);
   } else if (!strcmp(type, "Whitespace")) {
     st.kind = PRETOKENIZE_WHITESPACE;
-    static const char pat[] = "\\w+|[^\\w\\s]+";
+    /* \w+|[^\w\s]+ with Oniguruma's \w (Alphabetic, marks, decimal digits, connectors,
+     * joiners), which unlike PCRE2's \w leaves out other numbers such as superscripts. */
+    static const char pat[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
+                              "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\s]+";
     st.re = regex_compile(pat, sizeof pat - 1);
     if (!st.re)
       return -1;

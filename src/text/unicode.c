@@ -204,6 +204,7 @@ int unicode_is_alnum(uint32_t cp) {
          (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
 }
 
-int unicode_is_mark_nonspacing(uint32_t cp) {
-  return utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_MN;
+int unicode_is_mark(uint32_t cp) {
+  utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+  return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME;
 }

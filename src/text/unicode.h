@@ -41,6 +41,6 @@ int unicode_is_whitespace(uint32_t cp); /* White_Space */
 int unicode_is_numeric(uint32_t cp);    /* general category N* */
 int unicode_is_punct(uint32_t cp);      /* category P* or ASCII punctuation */
 int unicode_is_alnum(uint32_t cp);      /* L* or N* */
-int unicode_is_mark_nonspacing(uint32_t cp); /* Mn */
+int unicode_is_mark(uint32_t cp);      /* category M* (Mn, Mc, Me) */
 
 #endif

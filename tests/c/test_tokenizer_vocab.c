@@ -74,9 +74,34 @@ static int parse_line(const char *line, int32_t *ids, int max) {
   return n;
 }
 
+/* Streams IDS with a tiny output buffer (CAP bytes): what does not fit is carried to the next
+ * call, and repeated flushes drain it. */
+static void check_stream_small(const struct tokenizer *t, const int32_t *ids, int n, const char *full,
+                               size_t full_len, size_t cap, const char *what) {
+  struct detokenizer *d = detokenizer_create(t, 0);
+  char *acc = malloc(full_len + 64), delta[64];
+  size_t len = 0;
+  int ok = d && acc && cap <= sizeof delta;
+  for (int i = 0; ok && i <= n + 64; i++) {
+    int k = i < n ? detokenizer_push(d, ids[i], delta, cap) : detokenizer_flush(d, delta, cap);
+    if (k < 0 || len + (size_t)k > full_len) {
+      ok = 0;
+      break;
+    }
+    memcpy(acc + len, delta, (size_t)k);
+    len += (size_t)k;
+    if (i >= n && k == 0)
+      break;
+  }
+  CHECK(ok && len == full_len && !memcmp(acc, full, len), "%s: deltas through a %zu-byte buffer differ", what, cap);
+  free(acc);
+  detokenizer_free(d);
+}
+
 /* Streams IDS through a detokenizer and checks that the deltas concatenate to FULL. */
 static void check_stream(const struct tokenizer *t, const int32_t *ids, int n, const char *full, size_t full_len,
                          const char *what) {
+  check_stream_small(t, ids, n, full, full_len, 5, what);
   struct detokenizer *d = detokenizer_create(t, 0);
   CHECK(d != NULL, "%s: detokenizer_create: %s", what, err_last());
   if (!d)
