@@ -215,16 +215,21 @@ int beam_on_logits(const struct beam_env *env, struct sequence *seq, const float
     while (f < W && (b->live[f] || b->selected[f] == -1))
       f++;
     struct sequence *src = &r->seqs[par], *dst = &r->seqs[f];
-    kv_manager_fork(env->kv, &src->s.kv, &dst->s.kv);
     memcpy(dst->tokens, src->tokens, (size_t)src->s.num_tokens * sizeof(int32_t));
     dst->s.num_tokens = src->s.num_tokens;
-    dst->s.num_computed = src->s.num_computed;
     dst->s.num_cached_prompt = src->s.num_cached_prompt;
+    dst->s.admitted = 1;
     dst->score = src->score;
     dst->started = 1;
     b->live[f] = 1;
     b->selected[f] = -2; /* taken this round */
-    scheduler_add_running(env->sched, &dst->s, &src->s);
+    if (src->s.state == SCHED_RUNNING) { /* share the parent's blocks */
+      kv_manager_fork(env->kv, &src->s.kv, &dst->s.kv);
+      dst->s.num_computed = src->s.num_computed;
+      scheduler_add_running(env->sched, &dst->s, &src->s);
+    } else { /* the parent was preempted after proposing: its KV is gone, recompute */
+      scheduler_add(env->sched, &dst->s);
+    }
     target[j] = f;
   }
   int length_done = 0;

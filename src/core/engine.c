@@ -338,6 +338,13 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     max_tokens = 1; /* admission below reports the prompt as too long */
   if (scheduler_check_admission(&e->sched, n, max_tokens))
     return PAGODA_ERR_TOO_LONG;
+  if (sp.beam_width > 1) { /* beams can diverge at once: W whole sequences must fit together */
+    long blocks = (long)sp.beam_width * ((n + max_tokens + e->block_size - 1) / e->block_size);
+    if (blocks > kv_manager_capacity(&e->kv))
+      return ERR("beam search with %d beams over %d + %d tokens may need %ld KV blocks but the pool has %d: "
+                 "raise --pa-memory-mb or lower max_tokens", sp.beam_width, n, max_tokens, blocks,
+                 kv_manager_capacity(&e->kv)), PAGODA_ERR_TOO_LONG;
+  }
   if (sp.seed < 0) {
     uint64_t s;
     randombytes_buf(&s, sizeof s);
@@ -660,7 +667,7 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
         finish_seq(e, s);
     }
     account_waste(e);
-  } else if (scheduler_has_work(&e->sched) && e->n_dirty == 0) {
+  } else if (scheduler_has_work(&e->sched) && e->n_dirty == 0 && o->num_preempted == 0) {
     /* Nothing runnable and nothing to report: only possible when the sequences holding blocks
      * wait for one that cannot get any (beams of one request on a pool too small for them). */
     return ERR("no request can make progress: the KV pool is too small for the running requests "

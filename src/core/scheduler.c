@@ -82,9 +82,9 @@ void scheduler_add(struct scheduler *s, struct sched_seq *seq) {
 }
 
 void scheduler_add_running(struct scheduler *s, struct sched_seq *seq, struct sched_seq *after) {
-  seq->state = SCHED_RUNNING;
   seq->admitted = 1;
-  queue_insert_after(&s->running, seq, after ? after : s->running.tail);
+  queue_insert_after(&s->running, seq, after && after->state == SCHED_RUNNING ? after : s->running.tail);
+  seq->state = SCHED_RUNNING;
 }
 
 void scheduler_remove(struct scheduler *s, struct sched_seq *seq) {
@@ -200,6 +200,13 @@ int scheduler_schedule(struct scheduler *s, const struct scheduler_output **out)
     queue_push_back(&s->running, seq);
     emit(s, seq, n, &cp);
     budget -= n;
+  }
+  if (o->num_items == 0 && s->waiting.head && s->running.head && !o->num_preempted) {
+    /* Nothing could run: the running sequences all wait for others (beams waiting for a sibling
+     * that was preempted) while holding the blocks that sibling needs. Preempting the newest
+     * one frees blocks; the next step admits the head of the queue. */
+    if (preempt(s, s->running.tail))
+      return -1;
   }
   return 0;
 }
