@@ -776,15 +776,16 @@ int main(void) {
         test_paged(&kc);
         cases++;
       }
-  /* other head dims: Llama-3.1-8B's 128, stories260K's 8, and 96, which no specialised kernel
-   * covers (the generic one) */
+  /* other head dims: Llama-3.1-8B's 128 and stories260K's 8 (the grouped kernel); 3 query
+   * heads per KV head (the per-head kernel); head_dim 96 (the generic kernel) */
   for (int s = 0; s < SHAPE_COUNT; s++) {
     struct kv_case a = {16, 8, 2, 128, (enum shape)s}, b = {32, 8, 4, 8, (enum shape)s},
-                   c = {8, 6, 2, 96, (enum shape)s};
+                   c = {8, 6, 2, 96, (enum shape)s}, d = {16, 6, 2, 64, (enum shape)s};
     test_paged(&a);
     test_paged(&b);
     test_paged(&c);
-    cases += 3;
+    test_paged(&d);
+    cases += 4;
   }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);

@@ -1,14 +1,14 @@
 /* cuda_attention.cu - paged attention over the block-table KV cache, for any mix of decode tokens
  * and prompt chunks (varlen queries, causal, GQA), with an online softmax in f32.
  *
- * Part 1 kernels: one warp per (query token, query head), four warps (consecutive heads of one
- * token, so heads sharing a KV head read it together) per block. Query token t of sequence b
- * (query_start[b] <= t < query_start[b+1]) sees keys 0 .. ctx-1 with
- * ctx = seq_lens[b] - q_len + (t - query_start[b]) + 1, i.e. its own position and everything
+ * Query token t of sequence b (query_start[b] <= t < query_start[b+1]) sees keys 0 .. ctx-1
+ * with ctx = seq_lens[b] - q_len + (t - query_start[b]) + 1, i.e. its own position and everything
  * before it. The block size is a template parameter, so the logical -> physical slot split is a
- * shift and mask. paged_attention_lanes_kernel (head_dim 8..128, a template parameter) is the
- * one used for real models; paged_attention_kernel covers any other head_dim (a multiple of 8
- * up to 256). */
+ * shift and mask. Three part-1 kernels, chosen by shape:
+ * - paged_attention_group_kernel: one warp per (token, KV head) for all its query heads, for
+ *   n_heads / n_kv_heads in {1, 2, 4, 8} and head_dim in {8, 16, 32, 64, 128} (real models);
+ * - paged_attention_lanes_kernel: one warp per (token, query head), other group sizes;
+ * - paged_attention_kernel: any other head_dim (a multiple of 8 up to 256). */
 #include "backend/cuda/cuda_backend.h"
 
 typedef __nv_bfloat16 bf16;
@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   }
 }
 
-/* The main kernel, for head_dim HD in {8, 16, 32, 64, 128}: lanes own keys for the whole walk.
+/* One warp per (token, query head), for head_dim HD in {8, 16, 32, 64, 128} when the group size
+ * is not one the grouped kernel is compiled for: lanes own keys for the whole walk.
  * Lane i takes keys i, i + 32, ...: it computes q . k for its key, and adds p * v of its key
  * into its own full-length accumulator acc[HD] (registers), so a chunk's K and V rows are read
  * by 32 independent 16-byte loads with no per-key dependency chain. The running max is shared
@@ -217,6 +218,134 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   }
 }
 
+/* The main kernel, for G = n_heads / n_kv_heads in {1, 2, 4, 8} and head_dim HD in
+ * {8, 16, 32, 64, 128}: one warp per (query token, KV head) serves the G query heads that share
+ * the KV head, so each K/V row is read once for all of them. A key's row is split over
+ * LPR = HD / 8 lanes (16 bytes each, so a warp's loads of KPW = 32 / LPR consecutive rows are
+ * coalesced); lane group `sub` walks keys j = sub, sub + KPW, ... with its own online softmax
+ * (max m, sum l, and the 8 output dims of its slice in acc, per head), a dot product being LPR
+ * partial sums added by shuffles within the group. At the end the KPW groups' states are merged
+ * (rescaled to the larger max and added) by a butterfly over the warp. */
+template <int BS, int HD, int G>
+__global__ void __launch_bounds__(ATTN_WARPS * 32)
+    paged_attention_group_kernel(bf16 *out,                   /* (T, n_heads, HD) */
+                                 const bf16 *q,               /* (T, n_heads, HD) */
+                                 const bf16 *kc,              /* (num_blocks, n_kv, BS, HD) */
+                                 const bf16 *vc,              /* (num_blocks, n_kv, BS, HD) */
+                                 const int32_t *query_start,  /* (B+1) */
+                                 const int32_t *seq_lens,     /* (B) */
+                                 const int32_t *block_tables, /* (B, max_blocks) */
+                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale) {
+  constexpr int LPR = HD / 8;   /* lanes per key row */
+  constexpr int KPW = 32 / LPR; /* keys per warp step */
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t gw = (int64_t)blockIdx.x * ATTN_WARPS + warp;
+  if (gw >= (int64_t)T * n_kv)
+    return; /* whole warp leaves together; no block-wide barrier follows */
+  int t = (int)(gw / n_kv), kvh = (int)(gw % n_kv);
+  int lo = 0, hi = B - 1; /* sequence of token t: the largest b with query_start[b] <= t */
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  int b = lo;
+  int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
+  int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
+  int sub = lane / LPR, part = lane % LPR;
+
+  float qv[G][8];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    uint4 u = *(const uint4 *)(q + ((size_t)t * n_heads + kvh * G + g) * HD + part * 8);
+    const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k2 = 0; k2 < 4; k2++) {
+      float2 f = __bfloat1622float2(p2[k2]);
+      qv[g][2 * k2] = f.x * scale;
+      qv[g][2 * k2 + 1] = f.y * scale;
+    }
+  }
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < 8; d++)
+      acc[g][d] = 0.0f;
+  }
+  const int32_t *bt = block_tables + (size_t)b * max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD + (size_t)part * 8;
+  const size_t block_stride = (size_t)n_kv * BS * HD;
+  /* warp-uniform bounds (the shuffles need every lane); unrolled so that the loads of the next
+   * steps are issued before this step's arithmetic waits on its own */
+#pragma unroll 4
+  for (int j0 = 0; j0 < ctx; j0 += KPW) {
+    int j = j0 + sub;
+    bool valid = j < ctx;
+    uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
+    if (valid) {
+      size_t row = (size_t)bt[j / BS] * block_stride + head_off + (size_t)(j % BS) * HD;
+      ku = *(const uint4 *)(kc + row);
+      vu = *(const uint4 *)(vc + row);
+    }
+    float kf[8], vf[8];
+    const __nv_bfloat162 *k2p = (const __nv_bfloat162 *)&ku, *v2p = (const __nv_bfloat162 *)&vu;
+#pragma unroll
+    for (int k2 = 0; k2 < 4; k2++) {
+      float2 a = __bfloat1622float2(k2p[k2]), c = __bfloat1622float2(v2p[k2]);
+      kf[2 * k2] = a.x, kf[2 * k2 + 1] = a.y, vf[2 * k2] = c.x, vf[2 * k2 + 1] = c.y;
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float s = 0.0f;
+#pragma unroll
+      for (int d = 0; d < 8; d++)
+        s += qv[g][d] * kf[d];
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) /* within the aligned group of LPR lanes */
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (valid) {
+        float m_new = fmaxf(m[g], s);
+        float alpha = __expf(m[g] - m_new); /* m = -inf at the group's first key: alpha = 0 */
+        float p = __expf(s - m_new);
+        l[g] = l[g] * alpha + p;
+#pragma unroll
+        for (int d = 0; d < 8; d++)
+          acc[g][d] = acc[g][d] * alpha + p * vf[d];
+        m[g] = m_new;
+      }
+    }
+  }
+  /* merge the KPW groups: lanes with the same `part` hold the same dims */
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int o = LPR; o < 32; o <<= 1) {
+      float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+      float mm = fmaxf(m[g], m2);
+      float a1 = mm == -INFINITY ? 0.0f : __expf(m[g] - mm), a2 = mm == -INFINITY ? 0.0f : __expf(m2 - mm);
+      l[g] = l[g] * a1 + l2 * a2;
+#pragma unroll
+      for (int d = 0; d < 8; d++)
+        acc[g][d] = acc[g][d] * a1 + __shfl_xor_sync(0xffffffffu, acc[g][d], o) * a2;
+      m[g] = mm;
+    }
+    if (sub == 0) {
+      float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+      uint4 u;
+      __nv_bfloat162 *o2 = (__nv_bfloat162 *)&u;
+#pragma unroll
+      for (int k2 = 0; k2 < 4; k2++)
+        o2[k2] = __floats2bfloat162_rn(acc[g][2 * k2] * inv, acc[g][2 * k2 + 1] * inv);
+      *(uint4 *)(out + ((size_t)t * n_heads + kvh * G + g) * HD + part * 8) = u;
+    }
+  }
+}
+
 int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                       const struct batch *b, int n_heads, float scale) {
   if (be->act_dtype != DTYPE_BF16)
@@ -230,7 +359,12 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
     return ERR("cuda attention: %d query heads over %d kv heads", n_heads, kv->n_kv_heads);
   if (b->num_tokens <= 0 || b->num_seqs <= 0)
     return 0;
-  int64_t warps = (int64_t)b->num_tokens * n_heads;
+  int G = n_heads / kv->n_kv_heads;
+  int grouped = (G == 1 || G == 2 || G == 4 || G == 8) &&
+                (kv->head_dim == 8 || kv->head_dim == 16 || kv->head_dim == 32 || kv->head_dim == 64 ||
+                 kv->head_dim == 128);
+  /* warps: one per (token, KV head) for the grouped kernel, else one per (token, query head) */
+  int64_t warps = (int64_t)b->num_tokens * (grouped ? kv->n_kv_heads : n_heads);
   int64_t blocks = (warps + ATTN_WARPS - 1) / ATTN_WARPS;
   if (blocks > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d tokens)", b->num_tokens);
@@ -242,8 +376,30 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
   (bf16 *)out, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, b->query_start, b->seq_lens, \
       b->block_tables, b->num_tokens, b->num_seqs, b->max_blocks_per_seq, n_heads, kv->n_kv_heads
 #define ATTN_LANES(BS, HD) paged_attention_lanes_kernel<BS, HD><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale)
+#define ATTN_GROUP(BS, HD, G) paged_attention_group_kernel<BS, HD, G><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale)
+#define ATTN_GROUP_G(BS, HD)                                                                      \
+  do {                                                                                            \
+    if (G == 1)                                                                                   \
+      ATTN_GROUP(BS, HD, 1);                                                                      \
+    else if (G == 2)                                                                              \
+      ATTN_GROUP(BS, HD, 2);                                                                      \
+    else if (G == 4)                                                                              \
+      ATTN_GROUP(BS, HD, 4);                                                                      \
+    else                                                                                          \
+      ATTN_GROUP(BS, HD, 8);                                                                      \
+  } while (0)
 #define ATTN_BS(BS)                                                                               \
   do {                                                                                            \
+    if (grouped) {                                                                                \
+      switch (hd) {                                                                               \
+      case 8: ATTN_GROUP_G(BS, 8); break;                                                         \
+      case 16: ATTN_GROUP_G(BS, 16); break;                                                       \
+      case 32: ATTN_GROUP_G(BS, 32); break;                                                       \
+      case 64: ATTN_GROUP_G(BS, 64); break;                                                       \
+      default: ATTN_GROUP_G(BS, 128); break;                                                      \
+      }                                                                                           \
+      break;                                                                                      \
+    }                                                                                             \
     switch (hd) {                                                                                 \
     case 8: ATTN_LANES(BS, 8); break;                                                             \
     case 16: ATTN_LANES(BS, 16); break;                                                           \
@@ -261,6 +417,8 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
   else
     ATTN_BS(32);
 #undef ATTN_BS
+#undef ATTN_GROUP_G
+#undef ATTN_GROUP
 #undef ATTN_LANES
 #undef ATTN_ARGS
   CUDA_LAUNCH_CHECK();
