@@ -81,6 +81,11 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
   return before(probs, x, y) ? -1 : before(probs, y, x) ? 1 : 0;
 }
 
+static int cmp_id(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
 /* Reorders ids[0, n) so that its first k are the k first in the total order (unsorted). */
 static void select_top(const float *probs, int32_t *ids, int n, int k) {
   int lo = 0, hi = n - 1;
@@ -241,7 +246,19 @@ static int candidates_raw(struct sampler *s, const struct sampler_params *p, con
         n = p->top_k;
       }
     }
+    /* As HF's TopKLogitsWarper: every token tied with the k-th largest logit stays too. */
+    float kth = INFINITY;
+    for (int i = 0; i < n; i++)
+      kth = logits[s->order[i]] < kth ? logits[s->order[i]] : kth;
     int m = 0;
+    for (int i = 0; i < n; i++)
+      if (logits[s->order[i]] > kth)
+        s->order[m++] = s->order[i];
+    for (int i = 0; i < V && n > 0; i++)
+      if (logits[i] == kth)
+        s->order[m++] = i;
+    n = m;
+    m = 0;
     for (int i = 0; i < n; i++) {
       int32_t id = s->order[i];
       s->probs[id] = exp_nonpos((logits[id] - mx) * inv_t);
@@ -303,7 +320,7 @@ int sampler_candidates(struct sampler *s, const struct sampler_params *p, const 
 }
 
 int32_t sampler_pick(struct sampler *s, const struct sampler_params *p, const float *logits, struct rng *r) {
-  if (p->temperature <= 0) { /* the first index holding the maximum */
+  if (p->temperature <= 0 || p->top_k == 1) { /* the first index holding the maximum */
     float mx = max_of(logits, s->vocab);
     for (int i = 0; i < s->vocab; i++)
       if (logits[i] == mx)
@@ -343,14 +360,34 @@ int32_t sampler_pick(struct sampler *s, const struct sampler_params *p, const fl
   int n = candidates_raw(s, p, logits, &total);
   if (n == 0) /* every logit -inf: fall back to the argmax rule */
     return 0;
-  /* One draw: the first candidate whose cumulative (unnormalized) mass exceeds u * total. */
+  /* One draw: the first kept id, in id order, whose running (unnormalized) mass exceeds
+   * u * total -- the rule of the CUDA backend's sampler, so both pick the same token from the
+   * same draw. Small sets are sorted by id; large ones are marked and walked. */
   double target = rng_uniform(r) * total, cum = 0;
-  for (int i = 0; i < n; i++) {
-    cum += s->probs[s->order[i]];
-    if (target < cum)
-      return s->order[i];
+  if (n <= SAMPLER_SORT_MAX) {
+    qsort(s->order, (size_t)n, sizeof *s->order, cmp_id);
+    for (int i = 0; i < n; i++) {
+      cum += s->probs[s->order[i]];
+      if (target < cum)
+        return s->order[i];
+    }
+    return s->order[n - 1];
   }
-  return s->order[n - 1];
+  for (int i = 0; i < n; i++)
+    s->counts[s->order[i]] = 1;
+  int32_t pick = -1, last = 0;
+  for (int i = 0; i < s->vocab; i++) {
+    if (!s->counts[i])
+      continue;
+    s->counts[i] = 0; /* scratch back to zero as we go */
+    last = i;
+    if (pick < 0) {
+      cum += s->probs[i];
+      if (target < cum)
+        pick = i;
+    }
+  }
+  return pick >= 0 ? pick : last;
 }
 
 float sampler_logprob(const float *logits, int vocab, int32_t id) {

@@ -9,7 +9,7 @@
 
 struct sampler_params {
   float temperature;        /* <= 0: greedy, exactly the first index of the maximum */
-  int top_k;                /* <= 0: off */
+  int top_k;                /* <= 0: off; tokens tied with the k-th largest logit are kept (HF) */
   float top_p;              /* >= 1: off */
   float min_p;              /* <= 0: off */
   float repetition_penalty; /* 1: off. HF/CTRL: every token of prompt + output, l > 0 ? l / r : l * r */
@@ -55,7 +55,9 @@ void sampler_apply_processors(struct sampler *s, const struct sampler_params *p,
 int sampler_candidates(struct sampler *s, const struct sampler_params *p, const float *logits,
                        const int32_t **ids, const float **probs);
 
-/* Picks the next token from processed LOGITS: argmax when greedy, else one draw of R. */
+/* Picks the next token from processed LOGITS: the first index of the maximum when greedy
+ * (temperature <= 0, or top_k = 1); else one draw u of R and the first kept id, in id order,
+ * whose running mass exceeds u times the kept total (the CUDA sampler's rule). */
 int32_t sampler_pick(struct sampler *s, const struct sampler_params *p, const float *logits, struct rng *r);
 
 /* log softmax(logits)[id] of the raw logits (for beam search scores and logprobs). */

@@ -181,19 +181,26 @@ int main(void) {
   CHECK(sampler_pick(&s, &g, logits, &r) == 40, "strict max");
 
   int mask[V];
-  /* top-k with ties at the boundary keeps the lower ids. */
+  /* top-k keeps every token tied with the k-th largest logit (HF: scores < kth value removed). */
   memset(logits, 0, sizeof logits);
   logits[3] = 5;
   logits[9] = 4;
   logits[11] = 4;
   logits[20] = 4;
+  logits[30] = 3;
   struct sampler_params k = p;
+  k.top_k = 1;
+  mask_of(&k, logits, mask);
+  CHECK(mask_is(mask, (int[]){3}, 1), "top-k 1");
   k.top_k = 2;
   mask_of(&k, logits, mask);
-  CHECK(mask_is(mask, (int[]){3, 9}, 2), "top-k 2");
-  k.top_k = 4;
+  CHECK(mask_is(mask, (int[]){3, 9, 11, 20}, 4), "top-k 2 keeps the ties");
+  k.top_k = 5;
   mask_of(&k, logits, mask);
-  CHECK(mask_is(mask, (int[]){3, 9, 11, 20}, 4), "top-k 4");
+  CHECK(mask_is(mask, (int[]){3, 9, 11, 20, 30}, 5), "top-k 5");
+  k.top_k = 1;
+  k.temperature = 5;
+  CHECK(sampler_pick(&s, &k, logits, &r) == 3, "top-k 1 is greedy");
 
   /* top-p on probabilities 0.4 0.3 0.2 0.1. */
   double pr4[4] = {0.4, 0.3, 0.2, 0.1};
