@@ -41,11 +41,12 @@ def case_id(c):
 def test_fixture_covers_the_hard_cases():
     # The fixture must keep the inputs that found bugs or that the issue names.
     prompts = [c["prompt"] for c in cases()]
-    assert len(prompts) >= 40
+    assert len(prompts) >= 80
     assert any("\r\n" in p for p in prompts) and any("\t" in p for p in prompts)
     assert any(any(ord(ch) > 0xFFFF for ch in p) for p in prompts)  # emoji
     assert any("é" in p for p in prompts)
-    assert max(len(c["prompt_ids"]) for c in cases()) > 300
+    assert max(len(c["prompt_ids"]) for c in cases()) > 1000
+    assert "" in prompts and "\r" in prompts and "<s>" in prompts
 
 
 @needs_model
