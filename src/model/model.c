@@ -259,8 +259,8 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
     return ERR("KV cache: %d blocks, %d tokens, %d sequences, %d blocks per sequence: each must be "
                "positive (and blocks >= 2: block 0 is reserved)", num_blocks, max_tokens, max_seqs,
                max_blocks_per_seq);
-  if (m->host_mem && kv_dtype != DTYPE_F32)
-    return ERR("--pa-cache-type %s: the CPU backend keeps the KV cache in f32 (f8e4m3 is CUDA-only)",
+  if (m->host_mem && kv_dtype != DTYPE_F32 && kv_dtype != DTYPE_F16)
+    return ERR("--pa-cache-type %s: the CPU backend keeps the KV cache in f32 or f16 (f8e4m3 is CUDA-only)",
                dtype_name(kv_dtype));
   if (kv_dtype != DTYPE_F32 && kv_dtype != DTYPE_BF16 && kv_dtype != DTYPE_F16 && kv_dtype != DTYPE_F8E4M3)
     return ERR("KV cache dtype %s is not supported", dtype_name(kv_dtype));

@@ -204,6 +204,14 @@ void detokenizer_reset(struct detokenizer *d) {
   d->out.len = 0;
 }
 
+void detokenizer_set_continuation(struct detokenizer *d) {
+  if (!d)
+    return;
+  d->strip_left = 0;
+  if (d->index == 0)
+    d->index = 1;
+}
+
 /* Moves the held text to OUT: all of it when it fits, else the longest prefix that ends on a
  * character boundary; the rest stays for the next call (so deltas still concatenate to the
  * full decode, whatever CAP is, as long as it holds one character). */

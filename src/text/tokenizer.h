@@ -45,6 +45,12 @@ struct detokenizer;
 struct detokenizer *detokenizer_create(const struct tokenizer *t, int skip_special);
 void detokenizer_free(struct detokenizer *d);
 void detokenizer_reset(struct detokenizer *d);
+/* Marks D as decoding the middle of a text: the decoder steps that treat the start of a text
+ * apart (Strip's leading spaces, Metaspace's first replacement) no longer apply. Call it after
+ * priming D with the prompt, so that a continuation keeps its leading space even when the
+ * prompt decodes to nothing (a lone BOS), as llama.cpp prints it: [BOS] + "\u2581Once" gives
+ * " Once" (tokenizer_decode of the whole sequence still gives "Once", as HF does). */
+void detokenizer_set_continuation(struct detokenizer *d);
 /* Appends the text made available by ID to OUT (cap bytes, NUL-terminated); returns the number
  * of bytes written, or -1 on error (id out of range, or cap too small: cap >= 256 always works).
  * Text that does not fit in CAP (a token longer than cap) is kept and comes first in the next

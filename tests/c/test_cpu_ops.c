@@ -517,7 +517,7 @@ static int test_kv_misc(struct backend *be) {
   }
   dst[1] = NB;
   CHECK(be->ops->copy_blocks(be, layers, 2, src, dst, 2) != 0, "copy_blocks refuses block %d", NB);
-  /* the CPU keeps K/V in f32 only */
+  /* the CPU keeps K/V in f32 or f16 */
   layers[0].dtype = DTYPE_F8E4M3;
   CHECK(be->ops->kv_write(be, &layers[0], k, v, &b) != 0 && strstr(err_last(), "f8e4m3"),
         "f8 KV refused with a message: %s", err_last());
@@ -527,6 +527,104 @@ static int test_kv_misc(struct backend *be) {
     free(before[l]);
   }
   free(k), free(v);
+  return 0;
+}
+
+static float r16(float x) { return f16_to_f32(f32_to_f16(x)); }
+
+/* F16 cache: kv_write stores f32_to_f16 of K/V; attention follows llama.cpp's non-flash CPU
+ * attention (q, k, v and the normalized probabilities rounded to f16, sums in f32/double),
+ * checked against a dense double reference with those roundings; a decode step gives the
+ * prefill's row bit for bit; copy_blocks copies f16 blocks. */
+static int test_attention_f16(struct backend *be) {
+  const int N = 41, H = 4, KVH = 2, HD = 20, BS = 8, NB = 1 + (N + BS - 1) / BS + 1;
+  const size_t blk = (size_t)KVH * BS * HD;
+  uint16_t *kc = be->ops->alloc(be, 2 * NB * blk), *vc = be->ops->alloc(be, 2 * NB * blk);
+  REQUIRE(kc && vc, "alloc");
+  memset(kc, 0, 2 * NB * blk);
+  memset(vc, 0, 2 * NB * blk);
+  float *k = rand_floats((size_t)N * KVH * HD), *v = rand_floats((size_t)N * KVH * HD);
+  float *q = rand_floats((size_t)N * H * HD), *out = malloc(sizeof(float) * N * H * HD);
+  for (int i = 0; i < N * H * HD; i++)
+    q[i] *= 3; /* peaked softmax: probabilities spread over several binades */
+  int32_t table[8], pos[64], slots[64], qstart[2] = {0, N}, lens[1] = {N};
+  for (int i = 0; i < (N + BS - 1) / BS; i++)
+    table[i] = NB - 1 - i; /* reversed physical order */
+  for (int t = 0; t < N; t++) {
+    pos[t] = t;
+    slots[t] = table[t / BS] * BS + t % BS;
+  }
+  struct kv_layer kv = {kc, vc, NULL, NULL, DTYPE_F16, NB, BS, KVH, HD};
+  struct batch b = {0};
+  b.num_tokens = N;
+  b.num_seqs = 1;
+  b.max_blocks_per_seq = 8;
+  b.max_seq_len = N;
+  b.positions = pos;
+  b.slot_mapping = slots;
+  b.query_start = qstart;
+  b.seq_lens = lens;
+  b.block_tables = table;
+  const float scale = 1.0f / sqrtf((float)HD);
+  REQUIRE(be->ops->kv_write(be, &kv, k, v, &b) == 0, "kv_write f16: %s", err_last());
+  int bad = 0;
+  for (int t = 0; t < N; t++)
+    for (int h = 0; h < KVH; h++)
+      for (int i = 0; i < HD; i++) {
+        size_t c = (((size_t)table[t / BS] * KVH + h) * BS + t % BS) * HD + i, x = ((size_t)t * KVH + h) * HD + i;
+        bad += kc[c] != f32_to_f16(k[x]) || vc[c] != f32_to_f16(v[x]);
+      }
+  CHECK(!bad, "kv_write f16: %d elements differ from f32_to_f16", bad);
+  REQUIRE(be->ops->attention(be, out, q, &kv, &b, H, scale) == 0, "attention f16: %s", err_last());
+  float *ref = malloc(sizeof(float) * N * H * HD), *exact = malloc(sizeof(float) * N * H * HD);
+  double w[64], we[64];
+  for (int t = 0; t < N; t++)
+    for (int h = 0; h < H; h++) {
+      int kvh = h / (H / KVH);
+      double mx = -INFINITY, mxe = -INFINITY, sum = 0, sume = 0;
+      for (int j = 0; j <= t; j++) {
+        double d = 0, de = 0;
+        for (int i = 0; i < HD; i++) {
+          float qi = q[((size_t)t * H + h) * HD + i], ki = k[((size_t)j * KVH + kvh) * HD + i];
+          d += (double)r16(qi) * r16(ki);
+          de += (double)qi * ki;
+        }
+        w[j] = d * scale, we[j] = de * scale;
+        mx = fmax(mx, w[j]), mxe = fmax(mxe, we[j]);
+      }
+      for (int j = 0; j <= t; j++)
+        sum += (w[j] = exp(w[j] - mx)), sume += (we[j] = exp(we[j] - mxe));
+      for (int i = 0; i < HD; i++) {
+        double a = 0, ae = 0;
+        for (int j = 0; j <= t; j++) {
+          float vi = v[((size_t)j * KVH + kvh) * HD + i];
+          a += (double)r16((float)(w[j] / sum)) * r16(vi);
+          ae += we[j] / sume * vi;
+        }
+        ref[((size_t)t * H + h) * HD + i] = (float)a;
+        exact[((size_t)t * H + h) * HD + i] = (float)ae;
+      }
+    }
+  double e = test_rel_l2(out, ref, (size_t)N * H * HD), e_exact = test_rel_l2(out, exact, (size_t)N * H * HD);
+  CHECK(e < 1e-6, "attention f16 vs the f16-rounded reference: rel L2 %g", e);
+  /* the roundings are really there: f32 math would sit much closer to the exact result */
+  CHECK(e_exact > 1e-5 && e_exact < 1e-2, "attention f16 vs exact: rel L2 %g", e_exact);
+  /* the last token alone as a decode step over the cache: the same row, bit for bit */
+  float *one = malloc(sizeof(float) * H * HD);
+  b.num_tokens = 1;
+  b.positions = pos + N - 1;
+  b.slot_mapping = slots + N - 1;
+  qstart[1] = 1;
+  REQUIRE(be->ops->attention(be, one, q + (size_t)(N - 1) * H * HD, &kv, &b, H, scale) == 0, "decode f16");
+  CHECK(!memcmp(one, out + (size_t)(N - 1) * H * HD, sizeof(float) * H * HD), "f16 decode row == prefill row");
+  /* copy_blocks: whole f16 blocks */
+  int32_t src[1] = {table[0]}, dst[1] = {0};
+  REQUIRE(be->ops->copy_blocks(be, &kv, 1, src, dst, 1) == 0, "copy_blocks f16: %s", err_last());
+  CHECK(!memcmp(kc, kc + (size_t)table[0] * blk, 2 * blk) && !memcmp(vc, vc + (size_t)table[0] * blk, 2 * blk),
+        "copy_blocks f16");
+  be->ops->free(be, kc);
+  be->ops->free(be, vc);
+  free(k), free(v), free(q), free(out), free(ref), free(exact), free(one);
   return 0;
 }
 
@@ -541,6 +639,7 @@ int main(void) {
   test_small_ops(be);
   test_attention(be);
   test_kv_misc(be);
+  test_attention_f16(be);
   be->ops->destroy(be);
   return test_finish("test_cpu_ops");
 }

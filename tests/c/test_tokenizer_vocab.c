@@ -288,6 +288,42 @@ static void special_checks(void) {
   tokenizer_free(t);
 }
 
+/* A continuation after a prompt that decodes to nothing keeps its leading space once the
+ * detokenizer is marked as mid-text (llama.cpp prints " Once" after a lone BOS on stories260K;
+ * tests/fixtures/stories260K.llamacpp_greedy.jsonl, prompt ""), while the full decode strips
+ * it as HF does. Ids from llama.cpp: BOS 1, "\u2581Once" 403, "\u2581upon" 407. */
+static void continuation_check(void) {
+  const char *path = test_shared_path("models/stories260K.gguf");
+  if (!path)
+    return;
+  struct tokenizer *t = tokenizer_load(path);
+  CHECK(t != NULL, "stories260K: %s", err_last());
+  if (!t)
+    return;
+  const int32_t ids[3] = {1, 403, 407};
+  char full[64], a[64], b[64], c[64];
+  CHECK(tokenizer_decode(t, ids, 3, 1, full, sizeof full) == 9 && !strcmp(full, "Once upon"), "%s", full);
+  struct detokenizer *d = detokenizer_create(t, 1);
+  CHECK(d != NULL, "%s", err_last());
+  if (!d) {
+    tokenizer_free(t);
+    return;
+  }
+  int na = detokenizer_push(d, ids[0], a, sizeof a);
+  detokenizer_set_continuation(d);
+  int nb = detokenizer_push(d, ids[1], b, sizeof b);
+  int nc = detokenizer_push(d, ids[2], c, sizeof c);
+  CHECK(na == 0 && nb == 5 && !strcmp(b, " Once") && nc == 5 && !strcmp(c, " upon"), "'%s' '%s'", b, c);
+  /* Marking after text was decoded changes nothing. */
+  detokenizer_reset(d);
+  detokenizer_push(d, ids[1], b, sizeof b);
+  detokenizer_set_continuation(d);
+  nc = detokenizer_push(d, ids[2], c, sizeof c);
+  CHECK(!strcmp(b, "Once") && nc == 5 && !strcmp(c, " upon"), "'%s' '%s'", b, c);
+  detokenizer_free(d);
+  tokenizer_free(t);
+}
+
 int main(void) {
   if (!test_shared_path("vocab/ggml-vocab-gpt-2.gguf"))
     return test_skip("shared test data absent");
@@ -320,5 +356,6 @@ int main(void) {
 
   special_checks();
   byte_level_stream_check();
+  continuation_check();
   return test_finish("test_tokenizer_vocab");
 }

@@ -5,6 +5,11 @@
  * in position space, and no other token takes part, so a token's result
  * is bit-for-bit the same whatever the block size, the other sequences in the batch, or whether
  * it is computed inside a prefill chunk or alone in a decode step.
+ *
+ * An F16 cache computes as llama.cpp's CPU attention without flash attention does (its default
+ * KV type): K and V rounded to f16 when written, Q rounded to f16 for the scores, and the
+ * normalized probabilities rounded to f16 before they weight V (f32 sums). Greedy text then
+ * follows llama.cpp's through near ties that f32 would break the other way.
  */
 #include <math.h>
 
@@ -16,6 +21,7 @@
 #endif
 
 #include "backend/cpu/cpu_backend.h"
+#include "util/dtype.h"
 #include "util/log.h"
 
 #define ATT_CHUNK 32 /* key positions scored before one softmax rescale */
@@ -53,8 +59,8 @@ static inline void att_axpby(float *acc, float c, float e, const float *v, int n
 
 /* Rejects batches whose metadata would read outside the cache (request-path input). */
 static int att_check(const struct kv_layer *kv, const struct batch *b, int n_heads) {
-  if (kv->dtype != DTYPE_F32)
-    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32; "
+  if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16)
+    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32 or f16; "
                "f8e4m3 is CUDA-only)", dtype_name(kv->dtype));
   if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0)
     return ERR("attention: %d heads are not a multiple of %d KV heads", n_heads, kv->n_kv_heads);
@@ -134,6 +140,54 @@ static void att_heads(float *o, const float *qs, const float *kc, const float *v
   }
 }
 
+static inline float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
+
+/* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache). */
+static inline float att_score_f16(const float *q16, const uint16_t *kc, const struct kv_layer *kv,
+                                  const int32_t *table, int kvh, int j, float scale) {
+  const int hd = kv->head_dim, bs = kv->block_size;
+  const uint16_t *k = kc + (((size_t)table[j / bs] * kv->n_kv_heads + kvh) * bs + (size_t)(j % bs)) * hd;
+  float kf[CPU_MAX_HEAD_DIM];
+  for (int i = 0; i < hd; i++)
+    kf[i] = f16_to_f32(k[i]);
+  return att_dot(q16, kf, hd) * scale;
+}
+
+/* Head H of query token T of sequence SEQ over an F16 cache, in two passes over the keys in
+ * position order: the maximum score and the softmax denominator (in double, as ggml sums it),
+ * then the f16-rounded probabilities times V. */
+static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const uint16_t *vc,
+                         const struct kv_layer *kv, const struct batch *b, int n_heads, float scale, int t,
+                         int seq, int kvh, int h) {
+  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+  const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
+  const int pos = b->positions[t];
+  const float *q = qs + ((size_t)t * n_heads + h) * hd;
+  float q16[CPU_MAX_HEAD_DIM], acc[CPU_MAX_HEAD_DIM];
+  for (int i = 0; i < hd; i++) {
+    q16[i] = round_f16(q[i]);
+    acc[i] = 0;
+  }
+  float m = -INFINITY;
+  for (int j = 0; j <= pos; j++) {
+    float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale);
+    m = sc > m ? sc : m;
+  }
+  double sum = 0;
+  for (int j = 0; j <= pos; j++)
+    sum += expf(att_score_f16(q16, kc, kv, table, kvh, j, scale) - m);
+  const float inv = (float)(1.0 / sum);
+  for (int j = 0; j <= pos; j++) {
+    float p = round_f16(expf(att_score_f16(q16, kc, kv, table, kvh, j, scale) - m) * inv);
+    const uint16_t *v = vc + (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
+    for (int i = 0; i < hd; i++)
+      acc[i] += p * f16_to_f32(v[i]);
+  }
+  float *ov = o + ((size_t)t * n_heads + h) * hd;
+  for (int i = 0; i < hd; i++)
+    ov[i] = acc[i];
+}
+
 int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                   const struct batch *b, int n_heads, float scale) {
   if (att_check(kv, b, n_heads) != 0)
@@ -143,6 +197,23 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   const float *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
+  if (kv->dtype == DTYPE_F16) {
+    const int64_t n_items = (int64_t)T * n_heads;
+#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
+    for (int64_t item = 0; item < n_items; item++) {
+      int t = (int)(item / n_heads), h = (int)(item % n_heads);
+      int lo = 0, hi = b->num_seqs - 1; /* the sequence s with query_start[s] <= t < query_start[s+1] */
+      while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b->query_start[mid] <= t)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      att_head_f16(o, qs, kv->k, kv->v, kv, b, n_heads, scale, t, lo, h / group, h);
+    }
+    return 0;
+  }
   /* Heads sharing a KV head run together (one read of K/V for the group) when that still leaves
    * enough work items for the threads; else one head per item. Results are the same either way. */
   int gsz = (int64_t)T * nkv >= 2 * (int64_t)be->n_threads ? group : 1;
