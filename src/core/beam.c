@@ -92,6 +92,51 @@ static int cmp_pick(const void *x, const void *y) {
 }
 
 /* The request ends: every sequence leaves the scheduler and slot k gets hypothesis k. */
+/* Decodes the N generated ids after the prompt into s->text as the streaming path does: a
+ * detokenizer primed with the prompt's tail, so the text keeps a continuation's leading space. */
+static int continuation_text(const struct tokenizer *tok, const int32_t *ids, int n_prompt, int n,
+                             int skip_special, struct sequence *s) {
+  struct detokenizer *d = detokenizer_create(tok, skip_special);
+  size_t cap = (size_t)n * 64 + 256, len = 0;
+  char *text = malloc(cap), scratch[256];
+  if (!d || !text) {
+    detokenizer_free(d);
+    free(text);
+    return ERR("out of memory for beam text");
+  }
+  for (int k = n_prompt > 4 ? n_prompt - 4 : 0; k < n_prompt; k++)
+    detokenizer_push(d, ids[k], scratch, sizeof scratch);
+  detokenizer_set_continuation(d);
+  for (int k = 0; k <= n; k++) {
+    for (;;) { /* push the id (k < n), then drain held-back text; flush at the end */
+      int w = k < n ? detokenizer_push(d, ids[n_prompt + k], scratch, sizeof scratch)
+                    : detokenizer_flush(d, scratch, sizeof scratch);
+      if (w <= 0)
+        break;
+      if (len + (size_t)w + 1 > cap) {
+        char *nt = realloc(text, cap * 2 + (size_t)w);
+        if (!nt) {
+          detokenizer_free(d);
+          free(text);
+          return ERR("out of memory for beam text");
+        }
+        text = nt;
+        cap = cap * 2 + (size_t)w;
+      }
+      memcpy(text + len, scratch, (size_t)w);
+      len += (size_t)w;
+      if (k < n)
+        break;
+    }
+  }
+  detokenizer_free(d);
+  text[len] = 0;
+  free(s->text);
+  s->text = text;
+  s->text_len = s->text_cap = len;
+  return 0;
+}
+
 static int finalize(const struct beam_env *env, struct request *r) {
   struct beam_state *b = r->beam;
   for (int i = 0; i < r->n_seqs; i++)
@@ -119,18 +164,8 @@ static int finalize(const struct beam_env *env, struct request *r) {
     s->s.num_tokens = s->s.num_prompt + n;
     s->score = b->hyp_score[h];
     s->finish = b->hyp_finish[h];
-    int len = tokenizer_decode(env->tok, s->tokens + s->s.num_prompt, n, r->sp.skip_special_tokens, NULL, 0);
-    if (len < 0)
-      len = 0;
-    free(s->text);
-    s->text = malloc((size_t)len + 1);
-    if (!s->text)
-      return ERR("out of memory for beam text");
-    if (tokenizer_decode(env->tok, s->tokens + s->s.num_prompt, n, r->sp.skip_special_tokens, s->text,
-                         (size_t)len + 1) < 0)
-      len = 0;
-    s->text[len] = 0;
-    s->text_len = s->text_cap = (size_t)len;
+    if (continuation_text(env->tok, s->tokens, s->s.num_prompt, n, r->sp.skip_special_tokens, s) != 0)
+      return -1;
   }
   r->n_live = 0;
   return 1;

@@ -90,6 +90,8 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
     char scratch[512];
     for (int k = n_prompt > 4 ? n_prompt - 4 : 0; k < n_prompt; k++)
       detokenizer_push(s->detok, prompt[k], scratch, sizeof scratch);
+    /* Even when the prompt decodes to nothing (a lone BOS) the output continues a text. */
+    detokenizer_set_continuation(s->detok);
     s->s.tokens = s->tokens;
     s->s.num_tokens = s->s.num_prompt = n_prompt;
     /* Sample i draws from its own stream: seed and index only, never the batch. */

@@ -27,13 +27,6 @@ def cases():
     return [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-# The continuation after a prompt that decodes to nothing (a lone BOS): llama.cpp prints the
-# first token's leading space (" Once"); pagoda's request primes its detokenizer with the prompt,
-# which leaves it at the start of a text, so Strip drops the space (src/core/request.c: call
-# detokenizer_set_continuation after priming).
-EMPTY_TEXT_BUG = "src/core/request.c strips the leading space after a prompt that decodes to nothing"
-
-
 def case_id(c):
     return json.dumps(c["prompt"][:20], ensure_ascii=True)
 
@@ -58,13 +51,8 @@ def test_prompt_ids_match_llama_cpp(case):
     assert [int(t) for t in r.stdout.split()] == case["prompt_ids"]
 
 
-def greedy_params():
-    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=EMPTY_TEXT_BUG))
-            if c["prompt"] == "" else c for c in cases()]
-
-
 @needs_model
-@pytest.mark.parametrize("case", greedy_params(), ids=case_id)
+@pytest.mark.parametrize("case", cases(), ids=case_id)
 def test_greedy_text_matches_llama_cpp(case):
     r = subprocess.run([BIN, "run", "-m", str(MODEL), "--raw", "--temperature", "0",
                         "-n", str(case["max_tokens"]), "-p", case["prompt"]],
