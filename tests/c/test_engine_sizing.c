@@ -85,7 +85,8 @@ static int test_engine_budgets(void) {
   int got = create_blocks(&ep);
   double after = mem_available_bytes();
   double lo = fmin(before, after), hi = fmax(before, after), bb = (double)(kv_row_bytes * 16);
-  CHECK(got + 1 >= floor(2e-4 * lo / bb) * 0.9 && got + 1 <= ceil(2e-4 * hi / bb) * 1.1,
+  /* other processes move MemAvailable between the readings: a wide window */
+  CHECK(got + 1 >= floor(2e-4 * lo / bb) * 0.75 && got + 1 <= ceil(2e-4 * hi / bb) * 1.33,
         "--pa-memory-fraction 2e-4: %d blocks for MemAvailable %.0f..%.0f bytes (%s)", got, lo, hi,
         got < 0 ? pagoda_last_error() : "");
   return 0;
