@@ -223,12 +223,13 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   enum dtype kv_dtype = e->be->act_dtype;
   size_t block_bytes = model_kv_block_bytes(cfg, e->block_size, kv_dtype);
   /* Workspace first, then (on a device) one step at the largest batch, then the pool from what is
-   * left: the pool never squeezes what a step needs (docs/kv-cache.md, Sizing). */
+   * left: the pool never squeezes what a step needs (docs/kv-cache.md, Memory budget). */
   st = PAGODA_ERR_OUT_OF_MEMORY;
   if (model_alloc_workspace(e->model, p->max_num_batched_tokens, p->max_num_seqs, e->max_blocks_per_seq))
     goto fail;
   log_info("memory: weights %.1f MiB, step workspace %.1f MiB (%d tokens, %d sequences)",
-           (double)model_weight_bytes(e->model) / 1048576.0, (double)model_workspace_bytes(e->model) / 1048576.0, p->max_num_batched_tokens, p->max_num_seqs);
+           (double)model_weight_bytes(e->model) / 1048576.0, (double)model_workspace_bytes(e->model) / 1048576.0,
+           p->max_num_batched_tokens, p->max_num_seqs);
   size_t avail = 0;
   const char *after = "the weights and the workspace";
   if (budget_from_free_memory(p)) {
