@@ -41,7 +41,7 @@ test-gpu: build
 	ctest --test-dir $(BUILD) -L gpu --output-on-failure
 
 bench: build
-	@if [ -x bench/run.sh ]; then bench/run.sh $(BUILD); else echo "no benchmarks yet"; fi
+	bench/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
