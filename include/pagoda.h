@@ -44,7 +44,7 @@ enum pagoda_paged_attn {
 
 enum pagoda_cache_type {
   PAGODA_CACHE_TYPE_AUTO = 0,   /* the model's compute dtype */
-  PAGODA_CACHE_TYPE_F8E4M3 = 1,
+  PAGODA_CACHE_TYPE_F8E4M3 = 1, /* not implemented yet: pagoda_engine_create refuses it */
 };
 
 struct pagoda_engine_params {
@@ -53,10 +53,11 @@ struct pagoda_engine_params {
   int threads;                /* CPU threads; 0: all cores */
   enum pagoda_paged_attn paged_attn;
   int block_size;             /* 8, 16 or 32 (default 32) */
-  /* KV pool budget: at most one of these three set (> 0); none: 90% of the memory left after
-   * the weights, capped at what max_num_seqs sequences of max_model_len tokens can use. */
+  /* KV pool budget: at most one of these three set (> 0); none: 90% of the memory free after
+   * the weights, the step workspace and (on CUDA) a profiling step at the largest batch, capped
+   * at what max_num_seqs sequences of max_model_len tokens can use (docs/kv-cache.md). */
   double pa_memory_mb;        /* MiB for the pool */
-  double pa_memory_fraction;  /* fraction (0, 1] of the memory left after the weights */
+  double pa_memory_fraction;  /* fraction (0, 1] of that free memory */
   int pa_context_len;         /* room for max_num_seqs sequences of this many tokens */
   enum pagoda_cache_type cache_type;
   int prefix_cache_n;         /* default 16; 0 disables prefix caching */

@@ -81,15 +81,32 @@ void pagoda_sampling_params_default(struct pagoda_sampling_params *p) {
   p->skip_special_tokens = 1;
 }
 
-/* Sizes the pool from the one budget flag given. Returns blocks (null block included) or -1. */
-static int pool_blocks(const struct pagoda_engine *e, size_t block_bytes) {
-  const struct pagoda_engine_params *p = &e->p;
+/* The KV budget flags alone (before anything is loaded): at most one, each in range. */
+static int check_budget_flags(const struct pagoda_engine_params *p) {
   int set = (p->pa_memory_mb > 0) + (p->pa_memory_fraction > 0) + (p->pa_context_len > 0);
   if (set > 1)
     return ERR("--pa-memory-mb, --pa-memory-fraction and --pa-context-len are mutually exclusive; give one");
   if (p->pa_memory_mb < 0 || p->pa_memory_fraction < 0 || p->pa_memory_fraction > 1 || p->pa_context_len < 0)
     return ERR("invalid KV budget: --pa-memory-mb must be > 0, --pa-memory-fraction in (0, 1], "
                "--pa-context-len > 0");
+  return 0;
+}
+
+/* The budget is a fraction of the memory free after weights and workspace (no flag, or
+ * --pa-memory-fraction), rather than a fixed size. */
+static int budget_from_free_memory(const struct pagoda_engine_params *p) {
+  return !(p->pa_memory_mb > 0) && !(p->pa_context_len > 0);
+}
+
+/* Sizes the pool from the one budget flag given: floor(budget / block_bytes) blocks, the null
+ * block included, where budget is --pa-memory-mb MiB or the fraction (default 0.9) of AVAIL, the
+ * bytes free after the weights, the workspace and (on a device) the profiling pass;
+ * --pa-context-len N gives max_num_seqs * ceil(N / block_size) + 1 blocks. Without a flag the
+ * pool is capped at max_num_seqs full-length sequences. Writes which flag sized it, and how, to
+ * WHY (for the start-up log); returns blocks or -1. */
+static int pool_blocks(const struct pagoda_engine *e, size_t block_bytes, size_t avail, const char *after,
+                       char *why, size_t why_size) {
+  const struct pagoda_engine_params *p = &e->p;
   long long full = (long long)p->max_num_seqs * e->max_blocks_per_seq + 1;
   long long blocks;
   const char *flag;
@@ -98,17 +115,24 @@ static int pool_blocks(const struct pagoda_engine *e, size_t block_bytes) {
     blocks = (long long)p->max_num_seqs * ((p->pa_context_len + e->block_size - 1) / e->block_size) + 1;
     flag = "--pa-context-len";
     snprintf(given, sizeof given, "%d", p->pa_context_len);
+    snprintf(why, why_size, "--pa-context-len %d (%d sequences)", p->pa_context_len, p->max_num_seqs);
   } else if (p->pa_memory_mb > 0) {
     blocks = (long long)(p->pa_memory_mb * 1048576.0 / (double)block_bytes);
     flag = "--pa-memory-mb";
     snprintf(given, sizeof given, "%g", p->pa_memory_mb);
+    snprintf(why, why_size, "--pa-memory-mb %g", p->pa_memory_mb);
   } else {
     double frac = p->pa_memory_fraction > 0 ? p->pa_memory_fraction : 0.9;
-    blocks = (long long)(frac * (double)e->be->ops->mem_available(e->be) / (double)block_bytes);
-    if (p->pa_memory_fraction <= 0 && blocks > full)
-      blocks = full; /* no flag: never more than max_num_seqs full-length sequences can use */
+    blocks = (long long)(frac * (double)avail / (double)block_bytes);
     flag = "--pa-memory-fraction";
     snprintf(given, sizeof given, "%g", frac);
+    snprintf(why, why_size, "--pa-memory-fraction %g%s of %.2f GiB free after %s", frac,
+             p->pa_memory_fraction > 0 ? "" : " (default)", (double)avail / 1073741824.0, after);
+    if (p->pa_memory_fraction <= 0 && blocks > full) {
+      blocks = full; /* no flag: never more than max_num_seqs full-length sequences can use */
+      size_t n = strlen(why);
+      snprintf(why + n, why_size - n, ", capped at %d sequences of %d tokens", p->max_num_seqs, e->max_model_len);
+    }
   }
   if (blocks > 0x7fffffffLL - 1)
     blocks = 0x7fffffffLL - 1;
@@ -166,6 +190,14 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
         "--prefix-cache-n, --max-model-len and --threads not negative");
     goto fail;
   }
+  if (check_budget_flags(p))
+    goto fail;
+  if (p->cache_type != PAGODA_CACHE_TYPE_AUTO) {
+    /* the f8e4m3 layout exists (struct kv_layer scales) but no backend's kernels read it yet */
+    ERR("--pa-cache-type f8e4m3 is not implemented (the KV cache is kept in the compute dtype: bf16 on "
+        "CUDA, f32 on CPU); use --pa-cache-type auto");
+    goto fail;
+  }
   struct backend_params bp = {p->device, p->threads};
   st = PAGODA_ERR_BACKEND;
   if (!(e->be = backend_create(&bp)))
@@ -188,14 +220,37 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   e->block_size = p->block_size;
   e->max_blocks_per_seq = (e->max_model_len + e->block_size - 1) / e->block_size;
-  enum dtype kv_dtype = p->cache_type == PAGODA_CACHE_TYPE_F8E4M3 ? DTYPE_F8E4M3 : e->be->act_dtype;
+  enum dtype kv_dtype = e->be->act_dtype;
   size_t block_bytes = model_kv_block_bytes(cfg, e->block_size, kv_dtype);
-  int num_blocks = pool_blocks(e, block_bytes);
+  /* Workspace first, then (on a device) one step at the largest batch, then the pool from what is
+   * left: the pool never squeezes what a step needs (docs/kv-cache.md, Memory budget). */
+  st = PAGODA_ERR_OUT_OF_MEMORY;
+  if (model_alloc_workspace(e->model, p->max_num_batched_tokens, p->max_num_seqs, e->max_blocks_per_seq))
+    goto fail;
+  log_info("memory: weights %.1f MiB, step workspace %.1f MiB (%d tokens, %d sequences)",
+           (double)model_weight_bytes(e->model) / 1048576.0, (double)model_workspace_bytes(e->model) / 1048576.0,
+           p->max_num_batched_tokens, p->max_num_seqs);
+  size_t avail = 0;
+  const char *after = "the weights and the workspace";
+  if (budget_from_free_memory(p)) {
+    /* The CPU backend allocates nothing inside a step (its workspace was zeroed, so its pages
+     * already count against MemAvailable); a device may (lazy kernel loading, library handles). */
+    if (strcmp(e->be->ops->name, "cpu") != 0) {
+      if (model_profile(e->model, e->block_size, kv_dtype)) {
+        st = PAGODA_ERR_BACKEND;
+        goto fail;
+      }
+      after = "the weights, the workspace and a profiling step";
+    }
+    avail = e->be->ops->mem_available(e->be);
+  }
+  st = PAGODA_ERR_INVALID_ARG;
+  char why[256];
+  int num_blocks = pool_blocks(e, block_bytes, avail, after, why, sizeof why);
   if (num_blocks < 0)
     goto fail;
   st = PAGODA_ERR_OUT_OF_MEMORY;
-  if (model_alloc_cache(e->model, num_blocks, e->block_size, kv_dtype, p->max_num_batched_tokens, p->max_num_seqs,
-                        e->max_blocks_per_seq))
+  if (model_alloc_kv(e->model, num_blocks, e->block_size, kv_dtype))
     goto fail;
   int paged = p->paged_attn != PAGODA_PAGED_ATTN_OFF;
   struct kv_manager_params kp = {num_blocks, e->block_size, e->max_blocks_per_seq, paged && p->prefix_cache_n > 0,
@@ -222,8 +277,9 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   for (int i = 0; i < tv; i++)
     if (tokenizer_is_eog(e->tok, i))
       e->eog[e->n_eog++] = i;
-  log_info("KV pool: %d blocks of %d tokens (%.1f MiB, %s), max %d tokens per sequence", num_blocks - 1,
-           e->block_size, (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), e->max_model_len);
+  log_info("KV pool: %d blocks of %d tokens (%.2f GiB = %.1f MiB, %s, %zu bytes per block), max %d tokens per "
+           "sequence; sized by %s", num_blocks - 1, e->block_size, (double)block_bytes * num_blocks / 1073741824.0,
+           (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), block_bytes, e->max_model_len, why);
   if (p->prefix_cache_n > 0 && paged)
     log_info("Prefix caching enabled (block-level, PagedAttention).");
   else if (p->prefix_cache_n > 0)

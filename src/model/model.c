@@ -34,9 +34,11 @@ struct model {
   float *inv_freq;             /* (head_dim / 2) backend memory, scaling applied */
   struct rope_params rope;
 
-  /* Set by model_alloc_cache. */
+  /* Set by model_alloc_kv. */
   struct kv_layer *kv;         /* (n_layers) */
+  /* Set by model_alloc_workspace (max_tokens 0: none yet). */
   int max_tokens, max_seqs, max_blocks_per_seq;
+  size_t workspace_bytes;      /* backend bytes of the buffers below */
   void *x;     /* (max_tokens, dim) residual stream */
   void *xb;    /* (max_tokens, dim) normalized input of each sub-block; final hidden states */
   void *xb2;   /* (max_tokens, dim) attention / MLP output; gathered rows for the logits */
@@ -100,18 +102,22 @@ static void compute_inv_freq(float *out, const struct model_config *c, const flo
   }
 }
 
-static void free_cache(struct model *m) {
+static void free_kv(struct model *m) {
   struct backend *be = m->be;
-  if (m->kv) {
-    for (int l = 0; l < m->config.n_layers; l++) {
-      be->ops->free(be, m->kv[l].k);
-      be->ops->free(be, m->kv[l].v);
-      be->ops->free(be, m->kv[l].k_scale);
-      be->ops->free(be, m->kv[l].v_scale);
-    }
-    free(m->kv);
-    m->kv = NULL;
+  if (!m->kv)
+    return;
+  for (int l = 0; l < m->config.n_layers; l++) {
+    be->ops->free(be, m->kv[l].k);
+    be->ops->free(be, m->kv[l].v);
+    be->ops->free(be, m->kv[l].k_scale);
+    be->ops->free(be, m->kv[l].v_scale);
   }
+  free(m->kv);
+  m->kv = NULL;
+}
+
+static void free_workspace(struct model *m) {
+  struct backend *be = m->be;
   void **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->k, &m->v, &m->att, &m->gate, &m->up,
                    (void **)&m->logits_dev, (void **)&m->meta};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -119,12 +125,15 @@ static void free_cache(struct model *m) {
       be->ops->free(be, *bufs[i]);
     *bufs[i] = NULL;
   }
+  m->max_tokens = m->max_seqs = m->max_blocks_per_seq = 0;
+  m->workspace_bytes = 0;
 }
 
 void model_free(struct model *m) {
   if (!m)
     return;
-  free_cache(m);
+  free_kv(m);
+  free_workspace(m);
   if (m->layers) {
     for (int l = 0; l < m->config.n_layers; l++) {
       struct model_layer *L = &m->layers[l];
@@ -237,6 +246,25 @@ size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum d
   return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * per_head;
 }
 
+size_t model_weight_bytes(const struct model *m) {
+  size_t total = 0;
+  const struct weight *top[] = {&m->tok_embd, &m->out_norm, &m->lm_head};
+  for (size_t i = 0; i < 3; i++)
+    if (top[i]->data && (i < 2 || m->lm_head.data != m->tok_embd.data))
+      total += dtype_row_bytes(top[i]->dtype, top[i]->cols) * (size_t)top[i]->rows;
+  for (int l = 0; m->layers && l < m->config.n_layers; l++) {
+    const struct model_layer *L = &m->layers[l];
+    const struct weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                                 &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+      if (ws[i]->data)
+        total += dtype_row_bytes(ws[i]->dtype, ws[i]->cols) * (size_t)ws[i]->rows;
+  }
+  return total;
+}
+
+size_t model_workspace_bytes(const struct model *m) { return m->workspace_bytes; }
+
 /* Allocates and zeroes one buffer of the cache or workspace; names the flags to change on OOM. */
 static void *alloc0(struct model *m, size_t bytes, const char *what) {
   void *p = m->be->ops->alloc(m->be, bytes);
@@ -250,25 +278,59 @@ static void *alloc0(struct model *m, size_t bytes, const char *what) {
   return p;
 }
 
-int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
-                      int max_tokens, int max_seqs, int max_blocks_per_seq) {
+int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
   const struct model_config *c = &m->config;
-  if (block_size != 8 && block_size != 16 && block_size != 32)
-    return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
-  if (num_blocks < 2 || max_tokens < 1 || max_seqs < 1 || max_blocks_per_seq < 1)
-    return ERR("KV cache: %d blocks, %d tokens, %d sequences, %d blocks per sequence: each must be "
-               "positive (and blocks >= 2: block 0 is reserved)", num_blocks, max_tokens, max_seqs,
-               max_blocks_per_seq);
-  if (m->host_mem && kv_dtype != DTYPE_F32 && kv_dtype != DTYPE_F16)
-    return ERR("--pa-cache-type %s: the CPU backend keeps the KV cache in f32 or f16 (f8e4m3 is CUDA-only)",
-               dtype_name(kv_dtype));
-  if (kv_dtype != DTYPE_F32 && kv_dtype != DTYPE_BF16 && kv_dtype != DTYPE_F16 && kv_dtype != DTYPE_F8E4M3)
-    return ERR("KV cache dtype %s is not supported", dtype_name(kv_dtype));
-  free_cache(m);
+  if (max_tokens < 1 || max_seqs < 1 || max_blocks_per_seq < 1)
+    return ERR("workspace: %d tokens, %d sequences, %d blocks per sequence: each must be positive",
+               max_tokens, max_seqs, max_blocks_per_seq);
+  free_workspace(m);
   struct backend *be = m->be;
   size_t act = dtype_row_bytes(be->act_dtype, 1);
   size_t T = (size_t)max_tokens, qd = (size_t)c->n_heads * c->head_dim,
          kvd = (size_t)c->n_kv_heads * c->head_dim;
+  struct {
+    void **buf;
+    size_t bytes;
+  } bufs[] = {
+      {&m->x, T * c->dim * act},      {&m->xb, T * c->dim * act},       {&m->xb2, T * c->dim * act},
+      {&m->q, T * qd * act},          {&m->k, T * kvd * act},           {&m->v, T * kvd * act},
+      {&m->att, T * qd * act},        {&m->gate, T * c->ffn_dim * act}, {&m->up, T * c->ffn_dim * act},
+  };
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    if (!(*bufs[i].buf = alloc0(m, bufs[i].bytes, "activation workspace")))
+      goto fail;
+    m->workspace_bytes += bufs[i].bytes;
+  }
+  struct meta_layout *ml = &m->ml;
+  ml->ids = 0;
+  ml->positions = ml->ids + T;
+  ml->slots = ml->positions + T;
+  ml->query_start = ml->slots + T;
+  ml->seq_lens = ml->query_start + (size_t)max_seqs + 1;
+  ml->block_tables = ml->seq_lens + (size_t)max_seqs;
+  ml->logits_idx = ml->block_tables + (size_t)max_seqs * max_blocks_per_seq;
+  ml->total = ml->logits_idx + T;
+  if (!m->host_mem) {
+    size_t meta_b = ml->total * sizeof(int32_t), logits_b = (size_t)max_seqs * c->vocab_size * sizeof(float);
+    if (!(m->meta = alloc0(m, meta_b, "batch metadata")) ||
+        !(m->logits_dev = alloc0(m, logits_b, "logits buffer")))
+      goto fail;
+    m->workspace_bytes += meta_b + logits_b;
+  }
+  m->max_tokens = max_tokens;
+  m->max_seqs = max_seqs;
+  m->max_blocks_per_seq = max_blocks_per_seq;
+  return 0;
+fail:
+  free_workspace(m);
+  return -1;
+}
+
+/* Allocates n_layers K/V caches of num_blocks blocks (no lower bound: the profiling pass uses
+ * one block); frees any earlier pool first. */
+static int alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
+  const struct model_config *c = &m->config;
+  free_kv(m);
   m->kv = calloc((size_t)c->n_layers, sizeof *m->kv);
   if (!m->kv)
     return ERR("out of memory");
@@ -288,42 +350,105 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
         goto fail;
     }
   }
-  if (!(m->x = alloc0(m, T * c->dim * act, "activation workspace")) ||
-      !(m->xb = alloc0(m, T * c->dim * act, "activation workspace")) ||
-      !(m->xb2 = alloc0(m, T * c->dim * act, "activation workspace")) ||
-      !(m->q = alloc0(m, T * qd * act, "activation workspace")) ||
-      !(m->k = alloc0(m, T * kvd * act, "activation workspace")) ||
-      !(m->v = alloc0(m, T * kvd * act, "activation workspace")) ||
-      !(m->att = alloc0(m, T * qd * act, "activation workspace")) ||
-      !(m->gate = alloc0(m, T * c->ffn_dim * act, "activation workspace")) ||
-      !(m->up = alloc0(m, T * c->ffn_dim * act, "activation workspace")))
-    goto fail;
-  struct meta_layout *ml = &m->ml;
-  ml->ids = 0;
-  ml->positions = ml->ids + T;
-  ml->slots = ml->positions + T;
-  ml->query_start = ml->slots + T;
-  ml->seq_lens = ml->query_start + (size_t)max_seqs + 1;
-  ml->block_tables = ml->seq_lens + (size_t)max_seqs;
-  ml->logits_idx = ml->block_tables + (size_t)max_seqs * max_blocks_per_seq;
-  ml->total = ml->logits_idx + T;
-  if (!m->host_mem) {
-    if (!(m->meta = alloc0(m, ml->total * sizeof(int32_t), "batch metadata")) ||
-        !(m->logits_dev = alloc0(m, (size_t)max_seqs * c->vocab_size * sizeof(float), "logits buffer")))
-      goto fail;
-  }
-  m->max_tokens = max_tokens;
-  m->max_seqs = max_seqs;
-  m->max_blocks_per_seq = max_blocks_per_seq;
   return 0;
 fail:
-  free_cache(m);
+  free_kv(m);
   return -1;
+}
+
+/* The KV dtypes the backends' kernels implement: the activation dtype only (f32 on cpu, bf16 on
+ * cuda); the f8e4m3 layout (scales) exists in struct kv_layer but no kernel reads it yet. */
+static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dtype) {
+  if (block_size != 8 && block_size != 16 && block_size != 32)
+    return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
+  if (kv_dtype != m->be->act_dtype)
+    return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s (f8e4m3 KV is not implemented "
+               "on CPU or CUDA); use --pa-cache-type auto", dtype_name(kv_dtype), m->be->ops->name,
+               dtype_name(m->be->act_dtype));
+  return 0;
+}
+
+int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
+  if (check_kv_args(m, block_size, kv_dtype))
+    return -1;
+  if (num_blocks < 2)
+    return ERR("KV cache of %d blocks: at least 2 (block 0 is reserved)", num_blocks);
+  return alloc_kv(m, num_blocks, block_size, kv_dtype);
+}
+
+int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
+                      int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  if (check_kv_args(m, block_size, kv_dtype))
+    return -1;
+  if (num_blocks < 2)
+    return ERR("KV cache of %d blocks: at least 2 (block 0 is reserved)", num_blocks);
+  if (model_alloc_workspace(m, max_tokens, max_seqs, max_blocks_per_seq))
+    return -1;
+  if (model_alloc_kv(m, num_blocks, block_size, kv_dtype)) {
+    free_workspace(m);
+    return -1;
+  }
+  return 0;
+}
+
+int model_profile(struct model *m, int block_size, enum dtype kv_dtype) {
+  if (!m->max_tokens)
+    return ERR("model_profile before model_alloc_workspace");
+  if (m->kv)
+    return ERR("model_profile after model_alloc_kv (it runs before the pool exists)");
+  if (check_kv_args(m, block_size, kv_dtype))
+    return -1;
+  const int V = m->config.vocab_size;
+  int64_t cap = (int64_t)m->max_seqs * m->max_blocks_per_seq * block_size;
+  int T = cap < m->max_tokens ? (int)cap : m->max_tokens;
+  int B = m->max_seqs < T ? m->max_seqs : T;
+  int32_t *ints = calloc((size_t)4 * T + 2 * (size_t)B + 1 + (size_t)B * m->max_blocks_per_seq, sizeof(int32_t));
+  float *logits = malloc((size_t)B * V * sizeof(float));
+  int rc = -1;
+  if (!ints || !logits) {
+    ERR("out of memory for the profiling batch");
+    goto done;
+  }
+  int32_t *ids = ints, *pos = ids + T, *slots = pos + T, *lidx = slots + T, *qs = lidx + T, *lens = qs + B + 1;
+  int32_t *tables = lens + B; /* (B, max_blocks_per_seq) all 0: the null block */
+  qs[0] = 0;
+  for (int s = 0; s < B; s++) {
+    lens[s] = T / B + (s < T % B);
+    qs[s + 1] = qs[s] + lens[s];
+    for (int i = 0; i < lens[s]; i++) {
+      int t = qs[s] + i;
+      ids[t] = t % V;
+      pos[t] = i;
+      slots[t] = -1; /* written nowhere */
+    }
+    lidx[s] = qs[s + 1] - 1;
+  }
+  struct batch b = {0};
+  b.num_tokens = T;
+  b.num_seqs = B;
+  b.input_ids = ids;
+  b.positions = pos;
+  b.slot_mapping = slots;
+  b.query_start = qs;
+  b.seq_lens = lens;
+  b.block_tables = tables;
+  b.max_blocks_per_seq = m->max_blocks_per_seq;
+  b.logits_idx = lidx;
+  b.num_logits = B;
+  b.max_seq_len = b.max_query_len = T / B + (T % B != 0);
+  if (alloc_kv(m, 1, block_size, kv_dtype) == 0) {
+    rc = model_forward(m, &b, logits);
+    free_kv(m);
+  }
+done:
+  free(ints);
+  free(logits);
+  return rc;
 }
 
 int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
   if (!m->kv)
-    return ERR("model_copy_blocks before model_alloc_cache");
+    return ERR("model_copy_blocks before model_alloc_kv");
   return m->be->ops->copy_blocks(m->be, m->kv, m->config.n_layers, src, dst, n);
 }
 
@@ -398,8 +523,8 @@ static int stage_batch(struct model *m, const struct batch *hb, struct batch *db
 }
 
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
-  if (!m->kv)
-    return ERR("model_forward before model_alloc_cache");
+  if (!m->kv || !m->max_tokens)
+    return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
   if (check_batch(m, batch) != 0)
     return -1;
   struct backend *be = m->be;

@@ -41,9 +41,31 @@ const struct model_config *model_get_config(const struct model *m);
 /* Bytes one KV block takes over all layers (K and V, scales included). */
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype);
 
-/* Allocates the KV pool (num_blocks per layer, block 0 included) and the step workspace sized
- * for max_tokens tokens and max_seqs sequences of at most max_blocks_per_seq blocks. Once, at
- * start-up. Returns 0 or -1 with err_last() set (naming the --pa-* flag to lower on OOM). */
+/* Bytes of the weights on the backend (in the backend's dtypes; a tied lm_head counted once). */
+size_t model_weight_bytes(const struct model *m);
+
+/* Start-up, in this order (the engine's sizing, docs/kv-cache.md):
+ *   model_alloc_workspace  the step workspace: activations for max_tokens tokens; on a device
+ *                          also the batch metadata and logits for max_seqs sequences of at most
+ *                          max_blocks_per_seq blocks;
+ *   model_profile          (device backends) one forward pass at the largest batch, so that
+ *                          whatever a step allocates lazily (kernel modules, cuBLAS) is taken;
+ *   model_alloc_kv         the KV pool, sized by the caller from the memory left after both.
+ * Each replaces an earlier allocation of its kind and returns 0 or -1 with err_last() set (on
+ * OOM naming the --pa-* / --max-num-* flag to lower). model_alloc_cache = workspace then pool,
+ * for tests and benches. All are freed by model_free. */
+int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq);
+size_t model_workspace_bytes(const struct model *m); /* backend bytes; 0 before the allocation */
+
+/* Runs one forward pass of min(max_tokens, max_seqs * max_blocks_per_seq * block_size) tokens
+ * spread evenly over up to max_seqs sequences (logits for each), through a temporary pool of one
+ * block: every block-table entry is the null block 0 and every slot -1, so nothing is written and
+ * the output is meaningless. The pool is freed before it returns; call it before model_alloc_kv. */
+int model_profile(struct model *m, int block_size, enum dtype kv_dtype);
+
+/* The KV pool: num_blocks (>= 2, block 0 the null block) per layer of block_size tokens in
+ * kv_dtype, which must be the backend's activation dtype (f32 cpu, bf16 cuda; f8e4m3 refused). */
+int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype);
 int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq);
 
