@@ -130,8 +130,14 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
       p->cache_type = PAGODA_CACHE_TYPE_AUTO;
     else if (!strcmp(v, "f8e4m3"))
       p->cache_type = PAGODA_CACHE_TYPE_F8E4M3;
+    else if (!strcmp(v, "f32"))
+      p->cache_type = PAGODA_CACHE_TYPE_F32;
+    else if (!strcmp(v, "f16"))
+      p->cache_type = PAGODA_CACHE_TYPE_F16;
+    else if (!strcmp(v, "bf16"))
+      p->cache_type = PAGODA_CACHE_TYPE_BF16;
     else {
-      fprintf(stderr, "error: --pa-cache-type must be auto or f8e4m3, got '%s'\n", v);
+      fprintf(stderr, "error: --pa-cache-type must be auto, f32, f16, bf16 or f8e4m3, got '%s'\n", v);
       return -1;
     }
     return 1;
@@ -158,7 +164,8 @@ void engine_flags_usage(FILE *f) {
           "  --pa-memory-mb N              KV pool size in MiB            } at most one; default: 90%% of\n"
           "  --pa-memory-fraction F        fraction of free memory (0,1]  } the memory left after the\n"
           "  --pa-context-len N            room for max-num-seqs x N tokens } weights\n"
-          "  --pa-cache-type auto|f8e4m3   KV dtype (auto = model compute dtype)\n"
+          "  --pa-cache-type auto|f32|f16|bf16|f8e4m3\n"
+          "                                KV dtype (auto: f16 for GGUF on CPU, else compute dtype)\n"
           "  --prefix-cache-n N            prefix caching (default 16; 0 disables)\n"
           "  --max-num-seqs N              sequences per step (default 256)\n"
           "  --max-num-batched-tokens N    tokens per step (default 8192)\n"

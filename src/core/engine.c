@@ -164,6 +164,27 @@ static int alloc_batch(struct pagoda_engine *e) {
   return 0;
 }
 
+/* The KV dtype for --pa-cache-type. auto: a GGUF model on the CPU gets f16, the cache llama.cpp
+ * runs GGUF models with (its greedy outputs are the reference users compare with; half the
+ * memory); otherwise the compute dtype (f32 on CPU, bf16 on CUDA), as vLLM's auto. */
+static int kv_dtype_for(const struct pagoda_engine_params *p, const struct backend *be, enum dtype *out) {
+  int cpu = be->act_dtype == DTYPE_F32;
+  size_t n = strlen(p->model);
+  int gguf = n >= 5 && strcmp(p->model + n - 5, ".gguf") == 0;
+  switch (p->cache_type) {
+  case PAGODA_CACHE_TYPE_AUTO: *out = cpu && gguf ? DTYPE_F16 : be->act_dtype; break;
+  case PAGODA_CACHE_TYPE_F32: *out = DTYPE_F32; break;
+  case PAGODA_CACHE_TYPE_F16: *out = DTYPE_F16; break;
+  case PAGODA_CACHE_TYPE_BF16: *out = DTYPE_BF16; break;
+  default: return ERR("--pa-cache-type: unknown value %d", (int)p->cache_type);
+  }
+  if (*out != be->act_dtype && !(cpu && *out == DTYPE_F16))
+    return ERR("--pa-cache-type %s is not supported by the %s backend (it keeps the KV cache in %s%s); "
+               "use --pa-cache-type auto", dtype_name(*out), be->ops->name, dtype_name(be->act_dtype),
+               cpu ? " or f16" : "");
+  return 0;
+}
+
 int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engine_t **out) {
   *out = NULL;
   struct pagoda_engine *e = calloc(1, sizeof *e);
@@ -192,10 +213,10 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   if (check_budget_flags(p))
     goto fail;
-  if (p->cache_type != PAGODA_CACHE_TYPE_AUTO) {
+  if (p->cache_type == PAGODA_CACHE_TYPE_F8E4M3) {
     /* the f8e4m3 layout exists (struct kv_layer scales) but no backend's kernels read it yet */
     ERR("--pa-cache-type f8e4m3 is not implemented (the KV cache is kept in the compute dtype: bf16 on "
-        "CUDA, f32 on CPU); use --pa-cache-type auto");
+        "CUDA, f32 or f16 on CPU); use --pa-cache-type auto");
     goto fail;
   }
   struct backend_params bp = {p->device, p->threads};
@@ -220,7 +241,9 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   e->block_size = p->block_size;
   e->max_blocks_per_seq = (e->max_model_len + e->block_size - 1) / e->block_size;
-  enum dtype kv_dtype = e->be->act_dtype;
+  enum dtype kv_dtype = DTYPE_F32;
+  if (kv_dtype_for(p, e->be, &kv_dtype))
+    goto fail;
   size_t block_bytes = model_kv_block_bytes(cfg, e->block_size, kv_dtype);
   /* Workspace first, then (on a device) one step at the largest batch, then the pool from what is
    * left: the pool never squeezes what a step needs (docs/kv-cache.md, Memory budget). */

@@ -356,12 +356,13 @@ fail:
   return -1;
 }
 
-/* The KV dtypes the backends' kernels implement: the activation dtype only (f32 on cpu, bf16 on
- * cuda); the f8e4m3 layout (scales) exists in struct kv_layer but no kernel reads it yet. */
+/* The KV dtypes the backends' kernels implement: the activation dtype (f32 on cpu, bf16 on cuda)
+ * and f16 on cpu (llama.cpp's attention rounding); the f8e4m3 layout (scales) exists in struct
+ * kv_layer but no kernel reads it yet. */
 static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dtype) {
   if (block_size != 8 && block_size != 16 && block_size != 32)
     return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
-  if (kv_dtype != m->be->act_dtype)
+  if (kv_dtype != m->be->act_dtype && !(m->host_mem && kv_dtype == DTYPE_F16))
     return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s (f8e4m3 KV is not implemented "
                "on CPU or CUDA); use --pa-cache-type auto", dtype_name(kv_dtype), m->be->ops->name,
                dtype_name(m->be->act_dtype));

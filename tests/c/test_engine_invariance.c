@@ -102,6 +102,7 @@ int main(void) {
   base.max_num_seqs = 16;
   base.max_model_len = 512;
   base.pa_memory_mb = 16;
+  base.cache_type = PAGODA_CACHE_TYPE_F32; /* the pool sizes below count f32 blocks */
   static struct result ref, got;
   struct pagoda_engine_stats st;
   if (run(&base, 1, &ref, &st))
@@ -165,5 +166,17 @@ int main(void) {
   compare("paged-attn off, one region", &ref, &got);
   CHECK(st.num_blocks == 50 && st.kv_peak_usage < 0.7, "one region of 32 blocks: %d blocks, peak %.2f",
         st.num_blocks, st.kv_peak_usage);
+
+  /* The f16 cache (the default for GGUF on CPU) is batch-invariant too. */
+  static struct result ref16;
+  p = base;
+  p.cache_type = PAGODA_CACHE_TYPE_F16;
+  run(&p, 1, &ref16, &st);
+  run(&p, 0, &got, &st);
+  compare("f16 cache, all at once", &ref16, &got);
+  p.prefill_chunk_size = 7;
+  p.max_num_batched_tokens = 19;
+  run(&p, 0, &got, &st);
+  compare("f16 cache, chunk 7", &ref16, &got);
   return test_finish("test_engine_invariance");
 }

@@ -28,6 +28,7 @@ static void params(struct pagoda_engine_params *ep, int bs) {
   ep->max_num_seqs = 4;
   ep->max_model_len = 256;
   ep->max_num_batched_tokens = 512;
+  ep->cache_type = PAGODA_CACHE_TYPE_F32; /* kv_row_bytes counts f32 */
 }
 
 /* Creates an engine; returns its usable block count, or -status on failure. */
@@ -124,6 +125,18 @@ static int test_engine_refusals(void) {
   CHECK(got == -PAGODA_ERR_INVALID_ARG && strstr(pagoda_last_error(), "--pa-cache-type") &&
             strstr(pagoda_last_error(), "auto"),
         "f8e4m3 refused at creation: %d: %s", got, pagoda_last_error());
+  /* auto on a GGUF model on the CPU is an f16 cache (llama.cpp's default): twice the blocks */
+  params(&ep, 16);
+  ep.pa_memory_mb = 1;
+  ep.cache_type = PAGODA_CACHE_TYPE_AUTO;
+  got = create_blocks(&ep);
+  CHECK(got == (int)floor(1048576.0 / (double)(kv_row_bytes / 2 * 16)) - 1, "auto (f16), 1 MiB: %d blocks", got);
+  ep.cache_type = PAGODA_CACHE_TYPE_F16;
+  CHECK(create_blocks(&ep) == got, "--pa-cache-type f16 equals auto here");
+  ep.cache_type = PAGODA_CACHE_TYPE_BF16;
+  got = create_blocks(&ep);
+  CHECK(got < 0 && strstr(pagoda_last_error(), "--pa-cache-type bf16"), "bf16 refused on CPU: %d: %s", got,
+        pagoda_last_error());
   /* the paged-attention switch keeps its own pool rule: the same budget on a contiguous cache */
   params(&ep, 16);
   ep.pa_memory_mb = 1;
