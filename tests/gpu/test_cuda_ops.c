@@ -626,6 +626,8 @@ static int ref_sample(const float *x, int vocab, const struct backend_sample_par
   if (p->temperature <= 0 || p->top_k == 1)
     return it[0].id;
   int k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
+  while (k < vocab && it[k].logit == it[k - 1].logit) /* ties at the k-th logit are kept (as HF) */
+    k++;
   double mx = it[0].logit, z = 0;
   for (int i = 0; i < vocab; i++)
     w[i] = exp(((double)it[i].logit - mx) / p->temperature);
