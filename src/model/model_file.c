@@ -1,6 +1,7 @@
 /* model_file.c - opens HF safetensors directories and GGUF files as a struct model_file. */
 #include "model/model_file.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,84 +119,75 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
   return 0;
 }
 
-static int load_hf_tensors(struct model_file *mf) {
-  const struct model_config *c = &mf->config;
-  int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim,
-          kv = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
-  char n[160];
-  if (take(mf, &mf->tok_embd, "model.embed_tokens.weight", c->vocab_size, dim, 0, 0) ||
-      take(mf, &mf->out_norm, "model.norm.weight", 1, dim, 1, 0))
-    return -1;
-  /* transformers drops lm_head.weight from tied checkpoints and ties when asked to even if
-   * one was stored. */
-  if (!mf->config.tie_embeddings &&
-      take(mf, &mf->lm_head, "lm_head.weight", c->vocab_size, dim, 0, 1))
-    return -1;
-  if (!mf->lm_head.data) {
-    mf->lm_head = mf->tok_embd;
-    mf->config.tie_embeddings = 1;
+/* The per-layer tensors: where each goes, its name under both formats, and its shape. */
+enum dim_kind { DIM_ONE, DIM_MODEL, DIM_Q, DIM_KV, DIM_FFN };
+static const struct layer_tensor_spec {
+  size_t offset;       /* into struct layer_tensors */
+  const char *hf, *gguf; /* after "model.layers.N." / "blk.N." */
+  enum dim_kind rows, cols;
+  int bias;            /* present only when config.qkv_bias */
+} layer_specs[] = {
+    {offsetof(struct layer_tensors, attn_norm), "input_layernorm.weight", "attn_norm.weight", DIM_ONE, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, wq), "self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, wk), "self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, wv), "self_attn.v_proj.weight", "attn_v.weight", DIM_KV, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, wo), "self_attn.o_proj.weight", "attn_output.weight", DIM_MODEL, DIM_Q, 0},
+    {offsetof(struct layer_tensors, bq), "self_attn.q_proj.bias", "attn_q.bias", DIM_ONE, DIM_Q, 1},
+    {offsetof(struct layer_tensors, bk), "self_attn.k_proj.bias", "attn_k.bias", DIM_ONE, DIM_KV, 1},
+    {offsetof(struct layer_tensors, bv), "self_attn.v_proj.bias", "attn_v.bias", DIM_ONE, DIM_KV, 1},
+    {offsetof(struct layer_tensors, ffn_norm), "post_attention_layernorm.weight", "ffn_norm.weight", DIM_ONE, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, w_gate), "mlp.gate_proj.weight", "ffn_gate.weight", DIM_FFN, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, w_up), "mlp.up_proj.weight", "ffn_up.weight", DIM_FFN, DIM_MODEL, 0},
+    {offsetof(struct layer_tensors, w_down), "mlp.down_proj.weight", "ffn_down.weight", DIM_MODEL, DIM_FFN, 0},
+};
+
+static int64_t dim_of(const struct model_config *c, enum dim_kind k) {
+  switch (k) {
+  case DIM_ONE: return 1;
+  case DIM_MODEL: return c->dim;
+  case DIM_Q: return (int64_t)c->n_heads * c->head_dim;
+  case DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
+  default: return c->ffn_dim;
   }
-  for (int i = 0; i < c->n_layers; i++) {
-    struct layer_tensors *L = &mf->layers[i];
-#define T(field, suffix, r, cc, one_d, opt)                               \
-  snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                 \
-  if (take(mf, &L->field, n, r, cc, one_d, opt))                          \
-    return -1;
-    T(attn_norm, "input_layernorm.weight", 1, dim, 1, 0)
-    T(wq, "self_attn.q_proj.weight", q, dim, 0, 0)
-    T(wk, "self_attn.k_proj.weight", kv, dim, 0, 0)
-    T(wv, "self_attn.v_proj.weight", kv, dim, 0, 0)
-    T(wo, "self_attn.o_proj.weight", dim, q, 0, 0)
-    if (c->qkv_bias) {
-      T(bq, "self_attn.q_proj.bias", 1, q, 1, 0)
-      T(bk, "self_attn.k_proj.bias", 1, kv, 1, 0)
-      T(bv, "self_attn.v_proj.bias", 1, kv, 1, 0)
-    }
-    T(ffn_norm, "post_attention_layernorm.weight", 1, dim, 1, 0)
-    T(w_gate, "mlp.gate_proj.weight", ffn, dim, 0, 0)
-    T(w_up, "mlp.up_proj.weight", ffn, dim, 0, 0)
-    T(w_down, "mlp.down_proj.weight", dim, ffn, 0, 0)
-#undef T
-  }
-  return 0;
 }
 
-static int load_gguf_tensors(struct model_file *mf) {
+/* Top-level tensors by format, then every layer's through layer_specs. lm_head (HF:
+ * transformers drops it from tied checkpoints and ties when asked to even if one was stored;
+ * GGUF: absent output.weight) falls back to the embedding. */
+static int load_tensors(struct model_file *mf, int gguf) {
   const struct model_config *c = &mf->config;
-  int64_t dim = c->dim, q = (int64_t)c->n_heads * c->head_dim,
-          kv = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
-  char n[160];
-  if (take(mf, &mf->tok_embd, "token_embd.weight", c->vocab_size, dim, 0, 0) ||
-      take(mf, &mf->out_norm, "output_norm.weight", 1, dim, 1, 0) ||
-      take(mf, &mf->lm_head, "output.weight", c->vocab_size, dim, 0, 1) ||
-      take(mf, &mf->rope_freqs, "rope_freqs.weight", 1, c->head_dim / 2, 1, 1))
-    return -1;
+  int64_t dim = c->dim;
+  if (gguf) {
+    if (take(mf, &mf->tok_embd, "token_embd.weight", c->vocab_size, dim, 0, 0) ||
+        take(mf, &mf->out_norm, "output_norm.weight", 1, dim, 1, 0) ||
+        take(mf, &mf->lm_head, "output.weight", c->vocab_size, dim, 0, 1) ||
+        take(mf, &mf->rope_freqs, "rope_freqs.weight", 1, c->head_dim / 2, 1, 1))
+      return -1;
+  } else {
+    if (take(mf, &mf->tok_embd, "model.embed_tokens.weight", c->vocab_size, dim, 0, 0) ||
+        take(mf, &mf->out_norm, "model.norm.weight", 1, dim, 1, 0))
+      return -1;
+    if (!mf->config.tie_embeddings && take(mf, &mf->lm_head, "lm_head.weight", c->vocab_size, dim, 0, 1))
+      return -1;
+  }
   if (!mf->lm_head.data) {
     mf->lm_head = mf->tok_embd;
     mf->config.tie_embeddings = 1;
   }
-  for (int i = 0; i < c->n_layers; i++) {
-    struct layer_tensors *L = &mf->layers[i];
-#define T(field, suffix, r, cc, one_d, opt)                               \
-  snprintf(n, sizeof n, "blk.%d.%s", i, suffix);                          \
-  if (take(mf, &L->field, n, r, cc, one_d, opt))                          \
-    return -1;
-    T(attn_norm, "attn_norm.weight", 1, dim, 1, 0)
-    T(wq, "attn_q.weight", q, dim, 0, 0)
-    T(wk, "attn_k.weight", kv, dim, 0, 0)
-    T(wv, "attn_v.weight", kv, dim, 0, 0)
-    T(wo, "attn_output.weight", dim, q, 0, 0)
-    if (c->qkv_bias) {
-      T(bq, "attn_q.bias", 1, q, 1, 0)
-      T(bk, "attn_k.bias", 1, kv, 1, 0)
-      T(bv, "attn_v.bias", 1, kv, 1, 0)
+  char n[160];
+  for (int i = 0; i < c->n_layers; i++)
+    for (size_t s = 0; s < sizeof layer_specs / sizeof layer_specs[0]; s++) {
+      const struct layer_tensor_spec *sp = &layer_specs[s];
+      if (sp->bias && !c->qkv_bias)
+        continue;
+      if (gguf)
+        snprintf(n, sizeof n, "blk.%d.%s", i, sp->gguf);
+      else
+        snprintf(n, sizeof n, "model.layers.%d.%s", i, sp->hf);
+      struct host_tensor *t = (struct host_tensor *)((char *)&mf->layers[i] + sp->offset);
+      if (take(mf, t, n, dim_of(c, sp->rows), dim_of(c, sp->cols), sp->rows == DIM_ONE, 0))
+        return -1;
     }
-    T(ffn_norm, "ffn_norm.weight", 1, dim, 1, 0)
-    T(w_gate, "ffn_gate.weight", ffn, dim, 0, 0)
-    T(w_up, "ffn_up.weight", ffn, dim, 0, 0)
-    T(w_down, "ffn_down.weight", dim, ffn, 0, 0)
-#undef T
-  }
   return 0;
 }
 
@@ -262,7 +254,7 @@ struct model_file *model_file_open(const char *path) {
       rc = ERR("%s: out of memory", path);
   }
   if (rc == 0)
-    rc = p->gguf ? load_gguf_tensors(mf) : load_hf_tensors(mf);
+    rc = load_tensors(mf, p->gguf != NULL);
   if (rc) {
     model_file_close(mf);
     return NULL;
