@@ -140,7 +140,24 @@ static void att_heads(float *o, const float *qs, const float *kc, const float *v
   }
 }
 
-static inline float round_f16(float x) { return f16_to_f32(f32_to_f16(x)); }
+/* Exact conversions (F16C when the build has it; the values are the same either way). */
+static inline void f16_row(float *dst, const uint16_t *src, int n) {
+  int i = 0;
+#if defined(__F16C__) && ATT_SIMD
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+  for (; i < n; i++)
+    dst[i] = f16_to_f32(src[i]);
+}
+
+static inline float round_f16(float x) {
+#if defined(__F16C__) && ATT_SIMD
+  return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  return f16_to_f32(f32_to_f16(x));
+#endif
+}
 
 /* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache). */
 static inline float att_score_f16(const float *q16, const uint16_t *kc, const struct kv_layer *kv,
@@ -148,14 +165,16 @@ static inline float att_score_f16(const float *q16, const uint16_t *kc, const st
   const int hd = kv->head_dim, bs = kv->block_size;
   const uint16_t *k = kc + (((size_t)table[j / bs] * kv->n_kv_heads + kvh) * bs + (size_t)(j % bs)) * hd;
   float kf[CPU_MAX_HEAD_DIM];
-  for (int i = 0; i < hd; i++)
-    kf[i] = f16_to_f32(k[i]);
+  f16_row(kf, k, hd);
   return att_dot(q16, kf, hd) * scale;
 }
 
-/* Head H of query token T of sequence SEQ over an F16 cache, in two passes over the keys in
- * position order: the maximum score and the softmax denominator (in double, as ggml sums it),
- * then the f16-rounded probabilities times V. */
+/* Scores kept on the stack when the context fits (else recomputed per pass: same values). */
+#define ATT_F16_KEEP 4096
+
+/* Head H of query token T of sequence SEQ over an F16 cache, in three passes over the keys in
+ * position order: the maximum score, the softmax denominator (in double, as ggml sums it), then
+ * the f16-rounded probabilities times V. */
 static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const uint16_t *vc,
                          const struct kv_layer *kv, const struct batch *b, int n_heads, float scale, int t,
                          int seq, int kvh, int h) {
@@ -163,7 +182,9 @@ static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const ui
   const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
   const int pos = b->positions[t];
   const float *q = qs + ((size_t)t * n_heads + h) * hd;
-  float q16[CPU_MAX_HEAD_DIM], acc[CPU_MAX_HEAD_DIM];
+  float q16[CPU_MAX_HEAD_DIM], acc[CPU_MAX_HEAD_DIM], vf[CPU_MAX_HEAD_DIM];
+  float kept[ATT_F16_KEEP]; /* (pos + 1) scores when pos < ATT_F16_KEEP */
+  const int keep = pos < ATT_F16_KEEP;
   for (int i = 0; i < hd; i++) {
     q16[i] = round_f16(q[i]);
     acc[i] = 0;
@@ -171,17 +192,21 @@ static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const ui
   float m = -INFINITY;
   for (int j = 0; j <= pos; j++) {
     float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale);
+    if (keep)
+      kept[j] = sc;
     m = sc > m ? sc : m;
   }
   double sum = 0;
   for (int j = 0; j <= pos; j++)
-    sum += expf(att_score_f16(q16, kc, kv, table, kvh, j, scale) - m);
+    sum += expf((keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale)) - m);
   const float inv = (float)(1.0 / sum);
   for (int j = 0; j <= pos; j++) {
-    float p = round_f16(expf(att_score_f16(q16, kc, kv, table, kvh, j, scale) - m) * inv);
+    float sc = keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale);
+    float p = round_f16(expf(sc - m) * inv);
     const uint16_t *v = vc + (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
+    f16_row(vf, v, hd);
     for (int i = 0; i < hd; i++)
-      acc[i] += p * f16_to_f32(v[i]);
+      acc[i] += p * vf[i];
   }
   float *ov = o + ((size_t)t * n_heads + h) * hd;
   for (int i = 0; i < hd; i++)
