@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "backend/backend.h"
 #include "model/model.h"
 #include "util/log.h"
@@ -24,34 +25,6 @@
 #define HEAD_DIM 64
 #define FFN 8192
 #define VOCAB 128256
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double copy_gbps(int threads) {
-  size_t bytes = (size_t)512 << 20;
-  char *a = malloc(bytes), *b = malloc(bytes);
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  int reps = 0;
-  double t0 = now(), t;
-  do {
-#pragma omp parallel num_threads(threads)
-    {
-      int n = omp_get_num_threads(), i = omp_get_thread_num();
-      size_t part = bytes / (size_t)n;
-      memcpy(b + part * (size_t)i, a + part * (size_t)i, part);
-    }
-    reps++;
-    t = now() - t0;
-  } while (t < 1.0);
-  free(a);
-  free(b);
-  return 2.0 * (double)bytes * reps / t / 1e9;
-}
 
 struct tensor_spec {
   char name[96];
@@ -192,13 +165,13 @@ int main(int argc, char **argv) {
   len = P;
   li = P - 1;
   struct batch b = {P, 1, max_blocks, P, P, ids, pos, slots, qs, &len, table, 1, &li};
-  double t0 = now();
+  double t0 = bench_now();
   if (model_forward(m, &b, logits) != 0) {
     fprintf(stderr, "%s\n", err_last_where());
     return 1;
   }
-  double t_prefill = now() - t0;
-  t0 = now();
+  double t_prefill = bench_now() - t0;
+  t0 = bench_now();
   for (int g = 0; g < G; g++) {
     int p = P + g, id = (g * 31 + 5) % c->vocab_size, slot = table[p / bs] * bs + p % bs, one[2] = {0, 1};
     int l2 = p + 1, zero = 0;
@@ -208,12 +181,12 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  double t_decode = (now() - t0) / G;
+  double t_decode = (bench_now() - t0) / G;
   /* bytes of weights one decode step reads: every matrix once (the tied embedding as lm_head) */
   double es = bf16 ? 2 : 4;
   double per_layer = (double)DIM * (HEADS * HEAD_DIM) * 2 + (double)DIM * (KV_HEADS * HEAD_DIM) * 2 + 3.0 * DIM * FFN;
   double wbytes = es * (per_layer * c->n_layers + (double)VOCAB * DIM);
-  double copy = copy_gbps(be->n_threads);
+  double copy = bench_copy_gbps(be->n_threads, 1.0);
   printf("cpu_forward: Llama-3.2-1B shape, %d layers, %s weights, %d threads\n", c->n_layers,
          bf16 ? "bf16" : "f32", be->n_threads);
   printf("prefill %d tokens: %.2f s, %.1f tokens/s\n", P, t_prefill, P / t_prefill);

@@ -11,40 +11,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "backend/backend.h"
 #include "util/log.h"
 
 #define N 2048
 #define K 2048
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Copy bandwidth with all threads: bytes read + bytes written per second. */
-static double copy_gbps(int threads, double secs) {
-  size_t bytes = (size_t)512 << 20;
-  char *a = malloc(bytes), *b = malloc(bytes);
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  int reps = 0;
-  double t0 = now(), t;
-  do {
-#pragma omp parallel num_threads(threads)
-    {
-      int n = omp_get_num_threads(), i = omp_get_thread_num();
-      size_t part = bytes / (size_t)n;
-      memcpy(b + part * (size_t)i, a + part * (size_t)i, part);
-    }
-    reps++;
-    t = now() - t0;
-  } while (t < secs);
-  free(a);
-  free(b);
-  return 2.0 * (double)bytes * reps / t / 1e9;
-}
 
 int main(int argc, char **argv) {
   int threads = argc > 1 ? atoi(argv[1]) : 0;
@@ -55,7 +27,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   threads = be->n_threads;
-  double copy = copy_gbps(threads, secs);
+  double copy = bench_copy_gbps(threads, secs);
   printf("cpu_matmul: %d threads, weight %dx%d; copy bandwidth (read+write) %.1f GB/s\n", threads, N,
          K, copy);
   printf("%-6s %4s %10s %12s %16s\n", "dtype", "T", "ms/call", "GFLOP/s", "weight GB/s");
@@ -98,11 +70,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2; i++) {
       int T = Ts[i], reps = 0;
       be->ops->matmul(be, out, x, &w[0], NULL, T, 0); /* warm-up */
-      double t0 = now(), t;
+      double t0 = bench_now(), t;
       do {
         be->ops->matmul(be, out, x, &w[reps % copies], NULL, T, 0);
         reps++;
-        t = now() - t0;
+        t = bench_now() - t0;
       } while (t < secs);
       double per = t / reps;
       printf("%-6s %4d %10.3f %12.1f %16.1f\n", dtype_name(types[ti]), T, per * 1e3,

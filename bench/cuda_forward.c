@@ -15,15 +15,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "backend/backend.h"
 #include "model/model.h"
 #include "util/log.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- per-op timing: the backend's ops table wrapped, each call between two syncs ---- */
 enum { P_EMBED, P_RMSNORM, P_MATMUL, P_LOGITS, P_ROPE, P_SILU, P_KV_WRITE, P_ATTN, P_GATHER, P_UPLOAD,
@@ -33,11 +28,11 @@ static const char *p_name[P_COUNT] = {"embed", "rmsnorm", "matmul (layers)", "ma
 static const struct backend_ops *p_real;
 static double p_time[P_COUNT];
 
-#define P_BEGIN(be) double t0_ = (p_real->sync(be), now())
+#define P_BEGIN(be) double t0_ = (p_real->sync(be), bench_now())
 #define P_END(be, k, rc)      \
   do {                        \
     p_real->sync(be);         \
-    p_time[k] += now() - t0_; \
+    p_time[k] += bench_now() - t0_; \
     return rc;                \
   } while (0)
 
@@ -112,13 +107,13 @@ int main(int argc, char **argv) {
   }
   struct backend_params bp = {.device = "cuda"};
   struct backend *be = backend_create(&bp);
-  double t_load = now();
+  double t_load = bench_now();
   struct model *m = be ? model_load(dir, be) : NULL;
   if (!m) {
     fprintf(stderr, "%s\n", err_last_where());
     return 1;
   }
-  t_load = now() - t_load;
+  t_load = bench_now() - t_load;
   const struct model_config *c = model_get_config(m);
   int max_blocks = (I + O + bs - 1) / bs;
   int num_blocks = 1 + N * max_blocks;
@@ -139,7 +134,7 @@ int main(int argc, char **argv) {
   uint64_t r = 88172645463325252ull;
   /* prefill: whole prompts packed into steps of at most `budget` tokens */
   int steps_p = 0;
-  double t0 = now();
+  double t0 = bench_now();
   for (int s0 = 0; s0 < N;) {
     int B = 0, T = 0;
     while (s0 + B < N && T + I <= budget) {
@@ -164,9 +159,9 @@ int main(int argc, char **argv) {
     s0 += B;
     steps_p++;
   }
-  double t_prefill = now() - t0;
+  double t_prefill = bench_now() - t0;
   /* decode: every sequence one token per step (the first output token came from the prefill) */
-  t0 = now();
+  t0 = bench_now();
   for (int g = 1; g < O; g++) {
     int p = I + g - 1;
     for (int s = 0; s < N; s++) {
@@ -185,7 +180,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  double t_decode = now() - t0;
+  double t_decode = bench_now() - t0;
   /* where a decode step's time goes: a few more steps with every op timed on its own */
   static struct backend_ops timed;
   p_real = be->ops;
@@ -195,7 +190,7 @@ int main(int argc, char **argv) {
   timed.upload = p_upload, timed.download = p_download;
   be->ops = &timed;
   int prof_steps = 8, p = I + O - 1 - prof_steps; /* rewrite the last positions: same context lengths */
-  double t_prof = now();
+  double t_prof = bench_now();
   for (int g = 0; g < prof_steps; g++, p++) {
     for (int s = 0; s < N; s++) {
       ids[s] = (int32_t)(s % c->vocab_size);
@@ -212,7 +207,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  t_prof = now() - t_prof;
+  t_prof = bench_now() - t_prof;
   be->ops = p_real;
   int bad = 0;
   for (size_t i = 0; i < (size_t)N * c->vocab_size; i++)

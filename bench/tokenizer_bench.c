@@ -10,15 +10,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "text/tokenizer.h"
 #include "util/file.h"
 #include "util/log.h"
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
   const char *model = NULL, *file = NULL, *ids_out = NULL;
@@ -43,9 +38,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: tokenizer_bench -m TOKENIZER -f TEXT [-r REPEATS] [--lines] [--ids OUT]\n");
     return 2;
   }
-  double t0 = now();
+  double t0 = bench_now();
   struct tokenizer *t = tokenizer_load(model);
-  double load_s = now() - t0;
+  double load_s = bench_now() - t0;
   if (!t) {
     fprintf(stderr, "tokenizer_bench: %s\n", err_last());
     return 1;
@@ -84,11 +79,11 @@ int main(int argc, char **argv) {
     return 1;
   double best = 1e30;
   for (int r = 0; r < repeats; r++) {
-    double s = now();
+    double s = bench_now();
     int w = 0;
     for (size_t k = 0; k < n_spans; k++)
       w += tokenizer_encode(t, text + span_off[k], span_len[k], 0, 0, ids + w, n - w);
-    double e = now() - s;
+    double e = bench_now() - s;
     if (e < best)
       best = e;
   }
@@ -97,9 +92,9 @@ int main(int argc, char **argv) {
   char *dec = malloc((size_t)dl + 1);
   double dbest = 1e30;
   for (int r = 0; r < repeats && dec; r++) {
-    double s = now();
+    double s = bench_now();
     tokenizer_decode(t, ids, n, 0, dec, (size_t)dl + 1);
-    double e = now() - s;
+    double e = bench_now() - s;
     if (e < dbest)
       dbest = e;
   }

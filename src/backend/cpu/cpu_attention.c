@@ -213,6 +213,19 @@ static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const ui
     ov[i] = acc[i];
 }
 
+/* The sequence s of flattened token T: query_start[s] <= t < query_start[s+1]. */
+static int att_seq_of(const struct batch *b, int t) {
+  int lo = 0, hi = b->num_seqs - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (b->query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                   const struct batch *b, int n_heads, float scale) {
   if (att_check(kv, b, n_heads) != 0)
@@ -227,15 +240,7 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
 #pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; item++) {
       int t = (int)(item / n_heads), h = (int)(item % n_heads);
-      int lo = 0, hi = b->num_seqs - 1; /* the sequence s with query_start[s] <= t < query_start[s+1] */
-      while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (b->query_start[mid] <= t)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-      att_head_f16(o, qs, kv->k, kv->v, kv, b, n_heads, scale, t, lo, h / group, h);
+      att_head_f16(o, qs, kv->k, kv->v, kv, b, n_heads, scale, t, att_seq_of(b, t), h / group, h);
     }
     return 0;
   }
@@ -250,17 +255,9 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   for (int64_t item = 0; item < n_items; item++) {
     int t = (int)(item / (nkv * n_sub)), rest = (int)(item % (nkv * n_sub));
     int kvh = rest / n_sub, sub = rest % n_sub;
-    int lo = 0, hi = b->num_seqs - 1; /* the sequence s with query_start[s] <= t < query_start[s+1] */
-    while (lo < hi) {
-      int mid = (lo + hi + 1) / 2;
-      if (b->query_start[mid] <= t)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    int h0 = kvh * group + sub * gsz;
+    int seq = att_seq_of(b, t), h0 = kvh * group + sub * gsz;
     int nh = group - sub * gsz < gsz ? group - sub * gsz : gsz;
-    att_heads(o, qs, kc, vc, kv, b, n_heads, scale, t, lo, kvh, h0, nh);
+    att_heads(o, qs, kc, vc, kv, b, n_heads, scale, t, seq, kvh, h0, nh);
   }
   return 0;
 }

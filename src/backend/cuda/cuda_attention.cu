@@ -47,6 +47,19 @@ __device__ __forceinline__ float attn_dot(const float *qs, const bf16 *k, int hd
 /* The generic kernel (any head_dim, a multiple of 8 up to 256): the warp walks the keys in chunks
  * of 32, one key per lane for the scores (q . k, q scaled in shared memory), then folds the
  * chunk into the running max / sum / output, each lane owning head_dim/32 output dims. */
+/* The sequence of flattened token T: the largest b with query_start[b] <= t. */
+__device__ __forceinline__ int attn_seq_of(const int32_t *query_start, int B, int t) {
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 template <int BS>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
     paged_attention_kernel(bf16 *out,                  /* (T, n_heads, hd) */
@@ -63,16 +76,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   if (gw >= (int64_t)T * n_heads)
     return; /* whole warp leaves together; no block-wide barrier follows */
   int t = (int)(gw / n_heads), h = (int)(gw % n_heads);
-  /* sequence of token t: the largest b with query_start[b] <= t */
-  int lo = 0, hi = B - 1;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (query_start[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  int b = lo;
+  int b = attn_seq_of(query_start, B, t);
   int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
   int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
   int kvh = h / (n_heads / n_kv);
@@ -154,15 +158,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   if (gw >= (int64_t)T * n_heads)
     return; /* whole warp leaves together; no block-wide barrier follows */
   int t = (int)(gw / n_heads), h = (int)(gw % n_heads);
-  int lo = 0, hi = B - 1; /* sequence of token t: the largest b with query_start[b] <= t */
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (query_start[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  int b = lo;
+  int b = attn_seq_of(query_start, B, t);
   int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
   int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
   int kvh = h / (n_heads / n_kv);
@@ -243,15 +239,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   if (gw >= (int64_t)T * n_kv)
     return; /* whole warp leaves together; no block-wide barrier follows */
   int t = (int)(gw / n_kv), kvh = (int)(gw % n_kv);
-  int lo = 0, hi = B - 1; /* sequence of token t: the largest b with query_start[b] <= t */
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (query_start[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  int b = lo;
+  int b = attn_seq_of(query_start, B, t);
   int qs0 = query_start[b], q_len = query_start[b + 1] - qs0;
   int ctx = seq_lens[b] - q_len + (t - qs0) + 1;
   int sub = lane / LPR, part = lane % LPR;
