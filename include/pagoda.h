@@ -12,6 +12,10 @@ struct pagoda_output;
 extern "C" {
 #endif
 
+/* libpagoda.so is built with -fvisibility=hidden: what this header declares is all it exports
+ * (every name starts with pagoda_; tests/check_boundary.sh checks it). */
+#pragma GCC visibility push(default)
+
 #define PAGODA_VERSION "0.1.0"
 
 enum pagoda_status {
@@ -189,6 +193,54 @@ int pagoda_has_chat_template(const pagoda_engine_t *e);
  * free(). PAGODA_ERR_NOT_FOUND when the model has no chat template. */
 int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int add_generation_prompt,
                        char **out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokenizer and chat templates without a model: only the tokenizer files are read, no weights.
+ * A tokenizer is immutable after loading; any number of threads may use one at once.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct pagoda_tokenizer pagoda_tokenizer_t;
+
+/* PATH: a model directory (tokenizer.json [+ tokenizer_config.json]), a tokenizer.json file, or
+ * a .gguf file (its tokenizer.ggml.* metadata; the tensors are not read). *OUT: free with
+ * pagoda_tokenizer_free. PAGODA_ERR_IO when PATH does not exist, else PAGODA_ERR_FORMAT, with
+ * pagoda_last_error() naming the file and the problem. */
+int pagoda_tokenizer_load(const char *path, pagoda_tokenizer_t **out);
+void pagoda_tokenizer_free(pagoda_tokenizer_t *t);
+
+/* Encodes LEN bytes of TEXT. ADD_SPECIAL: add BOS/EOS as the tokenizer's configuration says.
+ * PARSE_SPECIAL: special tokens written in the text (e.g. <|im_end|>) become their ids.
+ * Writes at most MAX_IDS ids to IDS (may be NULL when MAX_IDS is 0) and returns how many the
+ * whole encoding has (call again with a larger buffer when that is > MAX_IDS), or -1 with
+ * pagoda_last_error() set. */
+int pagoda_tokenizer_encode(const pagoda_tokenizer_t *t, const char *text, size_t len, int add_special,
+                            int parse_special, int32_t *ids, int max_ids);
+
+/* Decodes N ids into OUT (CAP bytes, NUL-terminated when CAP > 0; OUT may be NULL when CAP is
+ * 0). Returns the full length in bytes (call again with CAP > that when it is >= CAP), or -1
+ * with pagoda_last_error() set (an id out of range). SKIP_SPECIAL: special tokens add no text. */
+int pagoda_tokenizer_decode(const pagoda_tokenizer_t *t, const int32_t *ids, int n, int skip_special,
+                            char *out, size_t cap);
+
+/* Vocabulary size; BOS / EOS ids (-1 when the tokenizer has none). */
+int pagoda_tokenizer_vocab_size(const pagoda_tokenizer_t *t);
+int pagoda_tokenizer_bos_id(const pagoda_tokenizer_t *t);
+int pagoda_tokenizer_eos_id(const pagoda_tokenizer_t *t);
+/* The chat template source (tokenizer_config.json's chat_template or the GGUF's
+ * tokenizer.chat_template), owned by T; NULL when there is none. */
+const char *pagoda_tokenizer_chat_template(const pagoda_tokenizer_t *t);
+
+/* Renders the Jinja chat template TEMPLATE_SRC (NUL-terminated) with the variables of
+ * CONTEXT_JSON (CONTEXT_LEN bytes: a JSON object such as {"messages": [...],
+ * "add_generation_prompt": true, "bos_token": "<s>"}), configured as HF transformers
+ * configures Jinja2. JSON numbers keep Python's int/float distinction (1.0 stays a float).
+ * *OUT: the rendering, malloc'd (free with free()), *OUT_LEN bytes plus a NUL (the rendering
+ * may itself contain NUL bytes). PAGODA_ERR_INVALID_ARG when the context is not a JSON object,
+ * PAGODA_ERR_FORMAT for a template error or raise_exception: pagoda_last_error() is then the
+ * template's message (raise_exception's own text), cut at 1023 bytes. */
+int pagoda_render_template(const char *template_src, const char *context_json, size_t context_len,
+                           char **out, size_t *out_len);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,8 @@ root=$(pwd)
 out=${OUT:-/tmp}
 what=${1:-all}
 export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# the tests and benches link libpagoda statically and load libpagoda-cuda.so from here
+export PAGODA_BACKEND_PATH="$root/.device/build"
 rc=0
 if [[ $what == tests || $what == all || $what == 8b ]]; then
   tools/device_run.sh gpu || rc=1

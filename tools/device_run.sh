@@ -7,6 +7,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# the tests and benches link libpagoda statically and load libpagoda-cuda.so from here
+export PAGODA_BACKEND_PATH="$root/.device/build"
 export PAGODA_SOURCE_DIR="$root" PAGODA_TESTDATA="$root/.device/testdata"
 export PAGODA_FIXTURES="$root/tests/fixtures" PAGODA_BIN="$root/.device/build/pagoda"
 out=${OUT:-/tmp}

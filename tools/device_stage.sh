@@ -13,6 +13,8 @@ cp -r tools "$dest/"
 cp -r .device/lib "$dest/.device/"
 [[ -d .device/testdata ]] && cp -r .device/testdata "$dest/.device/"
 cp .device/build/pagoda "$dest/.device/build/"
+# libpagoda.so and the CUDA backend module (dlopen'ed from beside the binary or PAGODA_BACKEND_PATH)
+cp .device/build/libpagoda*.so "$dest/.device/build/"
 for d in gpu_bin unit_bin; do
   [[ -d .device/build/tests/$d ]] && cp -r ".device/build/tests/$d" "$dest/.device/build/tests/"
 done

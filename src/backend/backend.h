@@ -14,10 +14,12 @@
 #ifndef PAGODA_BACKEND_H
 #define PAGODA_BACKEND_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "util/dtype.h"
+#include "util/log.h"
 
 struct backend;
 
@@ -142,12 +144,49 @@ struct backend_params {
   int n_threads;      /* cpu: 0 = all cores */
 };
 
-/* Creates the requested backend. NULL with err_last() set. Free with be->ops->destroy(be). */
+/* Creates the requested backend. NULL with err_last() set. Free with be->ops->destroy(be).
+ * "cuda" is a module (libpagoda-cuda.so) loaded with dlopen on first use, so that libpagoda and
+ * the CLI need no CUDA library; see "Backend modules" below. */
 struct backend *backend_create(const struct backend_params *p);
 struct backend *backend_cpu_create(int n_threads);
-#ifdef PAGODA_HAVE_CUDA
-struct backend *backend_cuda_create(void);
-int backend_cuda_available(void); /* 1 if a usable GPU is present */
-#endif
+/* 1 when DEVICE ("cpu", "cuda") can be created here: for cuda, the module loads and reports a
+ * usable GPU. 0 with err_last() saying why not (what was tried, or what the GPU lacks). */
+int backend_device_available(const char *device);
+
+/* ---- Backend modules ------------------------------------------------------------------------
+ * A module is a shared library that exports one symbol, BACKEND_MODULE_INIT, of type
+ * backend_module_init_fn; everything else in it is hidden. The host passes the services the
+ * module's code reaches through util/log.h (error and log calls go to the host's thread-local
+ * last error and log level, so err_last() after a failed cuda op names the failing CUDA call);
+ * the module links its own copy of the pure helpers (util/dtype.c). The structs of this header
+ * cross the boundary as they are: host and module come from the same build, checked by
+ * BACKEND_ABI_VERSION and the sizes in backend_host / backend_module.
+ *
+ * Search order for libpagoda-NAME.so: the directory of the running executable, the directory
+ * of libpagoda.so when the host is that library, then each directory (or file) of the
+ * colon-separated PAGODA_BACKEND_PATH. A failure names every path tried and why each failed. */
+#define BACKEND_ABI_VERSION 1
+#define BACKEND_MODULE_INIT "pagoda_backend_module_init"
+
+struct backend_host {
+  int abi_version;        /* BACKEND_ABI_VERSION */
+  size_t ops_size;        /* sizeof(struct backend_ops) */
+  int (*err_vset)(const char *file, int line, const char *fmt, va_list ap);
+  void (*log_vmsg)(enum log_level level, const char *fmt, va_list ap);
+  enum log_level (*log_get_level)(void);
+};
+
+struct backend_module {
+  int abi_version;        /* BACKEND_ABI_VERSION */
+  size_t ops_size;        /* sizeof(struct backend_ops) */
+  const char *name;       /* "cuda" */
+  /* 1 if a usable device is present; 0 with the reason in err_last() (no driver, driver too
+   * old for the runtime, no device, compute capability too low). */
+  int (*available)(void);
+  struct backend *(*create)(const struct backend_params *p);
+};
+
+/* The module's entry point: NULL with err_last() set when HOST does not match the module. */
+typedef const struct backend_module *(*backend_module_init_fn)(const struct backend_host *host);
 
 #endif

@@ -7,8 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_io.h"
-#include "text/tokenizer.h"
-#include "util/log.h"
+#include "pagoda.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -89,16 +88,16 @@ int cli_detokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  struct tokenizer *t = tokenizer_load(path);
-  if (!t) {
-    fprintf(stderr, "pagoda detokenize: %s\n", err_last());
+  pagoda_tokenizer_t *t;
+  if (pagoda_tokenizer_load(path, &t) != PAGODA_OK) {
+    fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
     return 1;
   }
   size_t len;
   char *text = cli_read_stdin(&len);
   if (!text) {
     fprintf(stderr, "pagoda detokenize: cannot read stdin\n");
-    tokenizer_free(t);
+    pagoda_tokenizer_free(t);
     return 1;
   }
   int rc = 1;
@@ -107,14 +106,14 @@ int cli_detokenize(int argc, char **argv) {
   if (n < 0 && strlen(text) != len)
     fprintf(stderr, "pagoda detokenize: NUL byte in the input\n");
   if (n >= 0) {
-    int need = tokenizer_decode(t, ids, n, skip_special, NULL, 0);
+    int need = pagoda_tokenizer_decode(t, ids, n, skip_special, NULL, 0);
     char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (need < 0) {
-      fprintf(stderr, "pagoda detokenize: %s\n", err_last());
+      fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
     } else if (!out) {
       fprintf(stderr, "pagoda detokenize: out of memory\n");
     } else {
-      tokenizer_decode(t, ids, n, skip_special, out, (size_t)need + 1);
+      pagoda_tokenizer_decode(t, ids, n, skip_special, out, (size_t)need + 1);
       fwrite(out, 1, (size_t)need, stdout);
       rc = fflush(stdout) ? 1 : 0;
     }
@@ -122,6 +121,6 @@ int cli_detokenize(int argc, char **argv) {
   }
   free(ids);
   free(text);
-  tokenizer_free(t);
+  pagoda_tokenizer_free(t);
   return rc;
 }

@@ -1,13 +1,11 @@
 /* cli_render_template.c - `pagoda render-template TEMPLATE.jinja CONTEXT.json`: prints the
  * rendering byte for byte (no newline added); a template error goes to stderr with exit 1. */
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "text/chat_template.h"
-#include "text/jinja_render.h"
+#include "pagoda.h"
 
 static char *read_text(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -40,9 +38,23 @@ static char *read_text(const char *path, size_t *len) {
   return buf;
 }
 
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n\n"
+          "Renders the Jinja chat template TEMPLATE.jinja with the variables of CONTEXT.json (a JSON\n"
+          "object: messages, tools, add_generation_prompt, bos_token, ...) as HF transformers does,\n"
+          "and prints the rendering byte for byte (no newline added). A template error or\n"
+          "raise_exception prints its message on stderr and exits 1.\n\n"
+          "  -h, --help       this help\n");
+}
+
 int cli_render_template(int argc, char **argv) {
-  if (argc != 3 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fprintf(stderr, "usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n");
+  if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc != 3) {
+    usage(stderr);
     return 2;
   }
   size_t tlen, clen;
@@ -62,22 +74,17 @@ int cli_render_template(int argc, char **argv) {
     free(tmpl);
     return 1;
   }
-  cJSON *ctx = jinja_context_parse(ctext, clen);
+  size_t len;
+  char *out;
+  int st = pagoda_render_template(tmpl, ctext, clen, &out, &len);
   free(ctext);
-  if (!ctx || !cJSON_IsObject(ctx)) {
+  free(tmpl);
+  if (st == PAGODA_ERR_INVALID_ARG) {
     fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);
-    cJSON_Delete(ctx);
-    free(tmpl);
     return 1;
   }
-  size_t len;
-  char *err = NULL;
-  char *out = chat_template_render(tmpl, ctx, &len, &err);
-  cJSON_Delete(ctx);
-  free(tmpl);
-  if (!out) {
-    fprintf(stderr, "%s\n", err ? err : "template error");
-    free(err);
+  if (st != PAGODA_OK) {
+    fprintf(stderr, "%s\n", pagoda_last_error());
     return 1;
   }
   int ok = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0;

@@ -6,8 +6,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_io.h"
-#include "text/tokenizer.h"
-#include "util/log.h"
+#include "pagoda.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -48,29 +47,29 @@ int cli_tokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  struct tokenizer *t = tokenizer_load(path);
-  if (!t) {
-    fprintf(stderr, "pagoda tokenize: %s\n", err_last());
+  pagoda_tokenizer_t *t;
+  if (pagoda_tokenizer_load(path, &t) != PAGODA_OK) {
+    fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
     return 1;
   }
   size_t len;
   char *text = cli_read_stdin(&len);
   if (!text) {
     fprintf(stderr, "pagoda tokenize: cannot read stdin\n");
-    tokenizer_free(t);
+    pagoda_tokenizer_free(t);
     return 1;
   }
   int rc = 1;
   int cap = len < (size_t)(1 << 28) ? (int)len + 16 : 1 << 28;
   int32_t *ids = malloc((size_t)cap * sizeof *ids);
-  int n = ids ? tokenizer_encode(t, text, len, add_special, parse_special, ids, cap) : -1;
+  int n = ids ? pagoda_tokenizer_encode(t, text, len, add_special, parse_special, ids, cap) : -1;
   if (n > cap) {
     int32_t *more = realloc(ids, (size_t)n * sizeof *ids);
     ids = more;
-    n = more ? tokenizer_encode(t, text, len, add_special, parse_special, ids, n) : -1;
+    n = more ? pagoda_tokenizer_encode(t, text, len, add_special, parse_special, ids, n) : -1;
   }
   if (n < 0) {
-    fprintf(stderr, "pagoda tokenize: %s\n", ids ? err_last() : "out of memory");
+    fprintf(stderr, "pagoda tokenize: %s\n", ids ? pagoda_last_error() : "out of memory");
   } else {
     for (int i = 0; i < n; i++)
       printf(i ? " %d" : "%d", (int)ids[i]);
@@ -79,6 +78,6 @@ int cli_tokenize(int argc, char **argv) {
   }
   free(ids);
   free(text);
-  tokenizer_free(t);
+  pagoda_tokenizer_free(t);
   return rc;
 }

@@ -28,28 +28,37 @@ enum log_level log_get_level(void) {
   return (enum log_level)g_level;
 }
 
-void log_msg(enum log_level level, const char *fmt, ...) {
+void log_vmsg(enum log_level level, const char *fmt, va_list ap) {
   if ((int)level < (int)log_get_level())
     return;
   static const char *names[] = {"debug", "info", "warn", "error"};
   char buf[2048];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  fprintf(stderr, "[pagoda %s] %s\n", names[level], buf);
+}
+
+void log_msg(enum log_level level, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  log_vmsg(level, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "[pagoda %s] %s\n", names[level], buf);
 }
 
 static _Thread_local char t_msg[1024];
 static _Thread_local char t_where[1280];
 
+int err_vset(const char *file, int line, const char *fmt, va_list ap) {
+  vsnprintf(t_msg, sizeof t_msg, fmt, ap);
+  const char *base = strrchr(file, '/');
+  snprintf(t_where, sizeof t_where, "%s:%d: %s", base ? base + 1 : file, line, t_msg);
+  return -1;
+}
+
 int err_set(const char *file, int line, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(t_msg, sizeof t_msg, fmt, ap);
+  err_vset(file, line, fmt, ap);
   va_end(ap);
-  const char *base = strrchr(file, '/');
-  snprintf(t_where, sizeof t_where, "%s:%d: %s", base ? base + 1 : file, line, t_msg);
   return -1;
 }
 

@@ -11,6 +11,7 @@ void log_set_level(enum log_level level);
 enum log_level log_get_level(void);
 
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_vmsg(enum log_level level, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 #define log_debug(...) log_msg(LOG_LEVEL_DEBUG, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_LEVEL_INFO, __VA_ARGS__)
@@ -20,6 +21,7 @@ void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(p
 /* Records a human-readable error for this thread (prefixed by file:line) and returns -1, so
  * request-path code can `return ERR("bad token id %d", id);`. err_last() reads it back. */
 int err_set(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int err_vset(const char *file, int line, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 #define ERR(...) err_set(__FILE__, __LINE__, __VA_ARGS__)
 /* The message without the file:line prefix (for users), and with it (for logs). */
 const char *err_last(void);

@@ -34,10 +34,12 @@ static inline void pair_seed(void) {
 
 /* 1 when both backends were made; 0 after a message when there is no GPU (test skips). */
 static inline int pair_open(void) {
-  if (!backend_cuda_available())
+  if (!backend_device_available("cuda")) {
+    printf("skipped: %s\n", err_last());
     return 0;
+  }
   pair_be[0] = backend_cpu_create(0);
-  pair_be[1] = backend_cuda_create();
+  pair_be[1] = backend_create(&(struct backend_params){.device = "cuda"}); /* the dlopen'ed module */
   if (!pair_be[0] || !pair_be[1]) {
     fprintf(stderr, "backend create failed: %s\n", err_last_where());
     exit(1);

@@ -238,13 +238,43 @@ static const struct backend_ops cuda_ops = {
     /* .sample = */ cuda_op_sample,
 };
 
-extern "C" int backend_cuda_available(void) {
+/* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
+ * no device, or a device without bf16. */
+extern "C" int cuda_backend_available(void) {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
     cudaGetLastError();
+    int drv = 0, rt = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    if (e == cudaErrorInsufficientDriver && drv == 0)
+      ERR("no NVIDIA driver is installed on this machine");
+    else if (e == cudaErrorInsufficientDriver)
+      ERR("the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d runtime pagoda was built with; "
+          "update the driver", drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    else if (e == cudaErrorNoDevice)
+      ERR("no NVIDIA GPU was found");
+    else
+      ERR("the GPU cannot be used: %s", cudaGetErrorString(e));
     return 0;
   }
-  return n > 0;
+  if (n <= 0) {
+    ERR("no NVIDIA GPU was found");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    cudaGetLastError();
+    ERR("the properties of GPU 0 cannot be read");
+    return 0;
+  }
+  if (prop.major < 8) {
+    ERR("%s has compute capability %d.%d; pagoda's CUDA backend needs 8.0 or newer (bf16)", prop.name,
+        prop.major, prop.minor);
+    return 0;
+  }
+  return 1;
 }
 
 static int cuda_init(struct cuda_backend *cb) {
@@ -279,7 +309,8 @@ static int cuda_init(struct cuda_backend *cb) {
   return 0;
 }
 
-extern "C" struct backend *backend_cuda_create(void) {
+extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
+  (void)p;
   struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
   if (!cb) {
     ERR("out of memory");

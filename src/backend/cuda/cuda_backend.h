@@ -54,6 +54,10 @@ struct cuda_backend {
   char name[256];            /* device name, for logs */
 };
 
+/* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
+extern "C" int cuda_backend_available(void);
+extern "C" struct backend *cuda_backend_create(const struct backend_params *p);
+
 static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
 
 /* Launchers (cuda_ops.cu, cuda_attention.cu, cuda_sample.cu): each checks its arguments,
