@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$root/.device/lib:$root/.device/build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 # the tests and benches link libpagoda statically and load libpagoda-cuda.so from here
 export PAGODA_BACKEND_PATH="$root/.device/build"
 export PAGODA_SOURCE_DIR="$root" PAGODA_TESTDATA="$root/.device/testdata"

@@ -67,7 +67,7 @@ static int try_module(const char *file, const struct backend_module **mod, char 
 
 /* Finds and loads libpagoda-NAME.so (search order in backend.h). NULL with err_last() set. */
 static const struct backend_module *load_module(const char *name) {
-  char file[PATH_MAX + 64], dir[PATH_MAX], tried[900] = "";
+  char file[PATH_MAX + 128], dir[PATH_MAX], tried[900] = "";
   const struct backend_module *m = NULL;
   char base[64];
   snprintf(base, sizeof base, "libpagoda-%s.so", name);
@@ -95,7 +95,13 @@ static const struct backend_module *load_module(const char *name) {
       }
     }
   }
-  /* 3. PAGODA_BACKEND_PATH: directories or files, colon-separated */
+  /* 3. the install layout: PREFIX/bin/pagoda with PREFIX/lib/libpagoda-NAME.so */
+  if (exe_dir[0]) {
+    snprintf(file, sizeof file, "%s/../lib/%s", exe_dir, base);
+    if (try_module(file, &m, tried, sizeof tried) == 0)
+      return m;
+  }
+  /* 4. PAGODA_BACKEND_PATH: directories or files, colon-separated */
   const char *env = getenv("PAGODA_BACKEND_PATH");
   for (const char *p = env; p && *p;) {
     const char *end = strchr(p, ':');

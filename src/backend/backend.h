@@ -163,8 +163,9 @@ int backend_device_available(const char *device);
  * BACKEND_ABI_VERSION and the sizes in backend_host / backend_module.
  *
  * Search order for libpagoda-NAME.so: the directory of the running executable, the directory
- * of libpagoda.so when the host is that library, then each directory (or file) of the
- * colon-separated PAGODA_BACKEND_PATH. A failure names every path tried and why each failed. */
+ * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
+ * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
+ * tried and why each failed. */
 #define BACKEND_ABI_VERSION 1
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
