@@ -90,3 +90,35 @@ def test_render_template_help_is_not_a_usage_error(flag):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(b"usage: pagoda render-template TEMPLATE.jinja CONTEXT.json")
     assert r.stderr == b""
+
+
+def _cudart():
+    r = subprocess.run(["ldd", str(MODULE_BESIDE)], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if "libcudart.so" in line and "=> /" in line:
+            return line.split("=>")[1].split()[0]
+    return None
+
+
+@needs_model
+@pytest.mark.skipif(not MODULE_BESIDE.exists(), reason="this build made no CUDA module")
+def test_runs_without_the_cuda_runtime():
+    """A machine without the CUDA libraries, simulated in a private mount namespace (needs root):
+    the CUDA runtime the module links is replaced by an empty file there."""
+    cudart = _cudart()
+    if not cudart:
+        pytest.skip("the module's libcudart is not found")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unshare -m is not permitted here")
+    script = (f'mount --bind /dev/null {cudart} || exit 99; '
+              f'"{BIN}" run -m "{MODEL}" -p "Once upon a time" -n 4 --temperature 0 >/dev/null 2>&1 || exit 10; '
+              f'echo Hello | "{BIN}" tokenize -m "{MODEL}" >/dev/null 2>&1 || exit 11; '
+              f'"{BIN}" run -m "{MODEL}" --device cuda -p hi')
+    r = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, timeout=120)
+    if r.returncode == 99:
+        pytest.skip("bind mounts are not permitted here")
+    assert r.returncode not in (10, 11), r.stderr  # the CPU path and tokenize work without CUDA
+    err = assert_plain_device_error(r)
+    assert "the CUDA backend cannot be loaded" in err and "libcudart" in err
+    assert "the CUDA runtime libraries are not installed" in err
