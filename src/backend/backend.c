@@ -23,7 +23,7 @@ static const struct backend_host g_host = {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static const struct backend_module *g_cuda; /* loaded once, never unloaded */
 
-/* Appends "; " + the formatted text to BUF (SIZE bytes), cutting it when full. */
+/* Appends FMT (two string arguments) to the NUL-terminated BUF of SIZE bytes, cut when full. */
 static void append(char *buf, size_t size, const char *fmt, const char *a, const char *b) {
   size_t n = strlen(buf);
   if (n + 1 < size)
