@@ -82,7 +82,7 @@ static int mkdirs_for(const char *path) {
       continue;
     *p = 0;
     if (mkdir(d, 0755) && errno != EEXIST) {
-      int rc = ERR("cannot create %s: %s", d, strerror(errno));
+      int rc = ERR("cannot create %s: %s (set HF_HUB_CACHE to a writable directory)", d, strerror(errno));
       free(d);
       return rc;
     }
@@ -694,7 +694,7 @@ static int obtain(struct hub *h, const char *snap, const char *name) {
   int st = 0;
   if (h->offline) {
     if (!file_exists(pointer)) {
-      ERR("%s is not in the cache (%s) and HF_HUB_OFFLINE is set: run once online to download it", name, snap);
+      ERR("%s is not in the cached snapshot %s", name, snap);
       st = PAGODA_ERR_NOT_FOUND;
     }
     free(pointer);
@@ -886,6 +886,8 @@ static char *cached_sha(struct hub *h) {
   return sha;
 }
 
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 /* Resolution from the cache alone (offline, or the network down). */
 static int resolve_cached(struct hub *h, char **out) {
   char *sha = cached_sha(h);
@@ -915,6 +917,8 @@ static int resolve_cached(struct hub *h, char **out) {
   }
   if (d)
     closedir(d);
+  if (h->n_names > 1) /* readdir order is arbitrary: sorted, for stable choices and messages */
+    qsort(h->names, (size_t)h->n_names, sizeof *h->names, cmp_names);
   h->offline = 1;
   if (h->file && !have_name(h, h->file) && file_exists(snap)) { /* a FILE in a subdirectory */
     char *p = xasprintf("%s/%s", snap, h->file);
@@ -1005,9 +1009,9 @@ int hub_resolve(const char *model, const char *revision, const char *file, char 
     h.endpoint[--n] = 0;
   if (env_true("HF_HUB_OFFLINE")) {
     st = resolve_cached(&h, out);
-    if (st && !strstr(err_last(), "HF_HUB_OFFLINE")) {
+    if (st == PAGODA_ERR_NOT_FOUND && !strstr(err_last(), "HF_HUB_OFFLINE")) {
       char *msg = strdup(err_last()); /* err_set overwrites what err_last points at */
-      ERR("%s (HF_HUB_OFFLINE is set: nothing is downloaded)", msg ? msg : "not in the cache");
+      ERR("%s (HF_HUB_OFFLINE is set: nothing is downloaded; unset it to download)", msg ? msg : "not in the cache");
       free(msg);
     }
     goto out;
