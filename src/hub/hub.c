@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -470,7 +471,7 @@ static int fetch_info(struct hub *h) {
   snprintf(what, sizeof what, "repository %s", h->repo);
   if (rc != CURLE_OK || x.code != 200) {
     st = http_error(h, &x, rc, what, url);
-    if (rc != CURLE_OK && is_network_error(rc))
+    if ((rc != CURLE_OK && is_network_error(rc)) || x.code >= 500) /* the cache may stand in */
       st = -2;
     goto out;
   }
@@ -537,22 +538,109 @@ static struct sibling *find_sibling(struct hub *h, const char *name) {
 /* ------------------------------------------------------------------------------------------- */
 /* blobs and snapshot links */
 
-static int sha256_file(const char *path, char hex[65]) {
+/* SHA-1, only to check plain files against their git blob id (sha1 of "blob <size>\0" + bytes);
+ * libsodium has no SHA-1. FIPS 180-4. */
+struct sha1 {
+  uint32_t h[5];
+  uint64_t len;
+  unsigned char buf[64];
+  size_t n;
+};
+
+static uint32_t rol32(uint32_t x, int k) { return x << k | x >> (32 - k); }
+
+static void sha1_block(struct sha1 *c, const unsigned char *p) {
+  uint32_t w[80], a = c->h[0], b = c->h[1], cc = c->h[2], d = c->h[3], e = c->h[4];
+  for (int i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+  for (int i = 16; i < 80; i++)
+    w[i] = rol32(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
+  for (int i = 0; i < 80; i++) {
+    uint32_t f, k;
+    if (i < 20)
+      f = (b & cc) | (~b & d), k = 0x5A827999;
+    else if (i < 40)
+      f = b ^ cc ^ d, k = 0x6ED9EBA1;
+    else if (i < 60)
+      f = (b & cc) | (b & d) | (cc & d), k = 0x8F1BBCDC;
+    else
+      f = b ^ cc ^ d, k = 0xCA62C1D6;
+    uint32_t t = rol32(a, 5) + f + e + k + w[i];
+    e = d, d = cc, cc = rol32(b, 30), b = a, a = t;
+  }
+  c->h[0] += a, c->h[1] += b, c->h[2] += cc, c->h[3] += d, c->h[4] += e;
+}
+
+static void sha1_init(struct sha1 *c) {
+  static const uint32_t h0[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
+  memcpy(c->h, h0, sizeof h0);
+  c->len = 0;
+  c->n = 0;
+}
+
+static void sha1_update(struct sha1 *c, const unsigned char *p, size_t n) {
+  c->len += n;
+  while (n) {
+    size_t k = 64 - c->n < n ? 64 - c->n : n;
+    memcpy(c->buf + c->n, p, k);
+    c->n += k, p += k, n -= k;
+    if (c->n == 64) {
+      sha1_block(c, c->buf);
+      c->n = 0;
+    }
+  }
+}
+
+static void sha1_final(struct sha1 *c, unsigned char out[20]) {
+  uint64_t bits = c->len * 8;
+  unsigned char pad = 0x80, zero = 0, be[8];
+  sha1_update(c, &pad, 1);
+  while (c->n != 56)
+    sha1_update(c, &zero, 1);
+  for (int i = 0; i < 8; i++)
+    be[i] = (unsigned char)(bits >> (56 - 8 * i));
+  sha1_update(c, be, 8);
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 4; j++)
+      out[4 * i + j] = (unsigned char)(c->h[i] >> (24 - 8 * j));
+}
+
+/* HEX: the file's etag as the hub names it: sha256 of the bytes (LFS) or the git blob id. */
+static int file_etag(const char *path, int lfs, char hex[65]) {
   int fd = open(path, O_RDONLY);
-  if (fd < 0)
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb)) {
+    if (fd >= 0)
+      close(fd);
     return ERR("cannot read %s: %s", path, strerror(errno));
-  crypto_hash_sha256_state st;
-  crypto_hash_sha256_init(&st);
-  static unsigned char buf[1 << 16];
-  ssize_t r;
-  while ((r = read(fd, buf, sizeof buf)) > 0)
-    crypto_hash_sha256_update(&st, buf, (unsigned long long)r);
+  }
+  crypto_hash_sha256_state s256;
+  struct sha1 s1;
+  crypto_hash_sha256_init(&s256);
+  sha1_init(&s1);
+  char head[64];
+  int hn = snprintf(head, sizeof head, "blob %lld", (long long)sb.st_size);
+  sha1_update(&s1, (const unsigned char *)head, (size_t)hn + 1); /* with the NUL */
+  unsigned char *buf = malloc(1 << 16);
+  ssize_t r = -1;
+  while (buf && (r = read(fd, buf, 1 << 16)) > 0) {
+    if (lfs)
+      crypto_hash_sha256_update(&s256, buf, (unsigned long long)r);
+    else
+      sha1_update(&s1, buf, (size_t)r);
+  }
   close(fd);
+  free(buf);
   if (r < 0)
-    return ERR("cannot read %s: %s", path, strerror(errno));
+    return ERR("cannot read %s: %s", path, buf ? strerror(errno) : "out of memory");
   unsigned char d[32];
-  crypto_hash_sha256_final(&st, d);
-  sodium_bin2hex(hex, 65, d, 32);
+  if (lfs) {
+    crypto_hash_sha256_final(&s256, d);
+    sodium_bin2hex(hex, 65, d, 32);
+  } else {
+    sha1_final(&s1, d);
+    sodium_bin2hex(hex, 65, d, 20);
+  }
   return 0;
 }
 
@@ -638,19 +726,17 @@ static int download_blob(struct hub *h, const struct sibling *s, const char *blo
         (long long)sb.st_size, s->size);
     goto out;
   }
-  if (s->lfs) {
-    char hex[65];
-    if (sha256_file(part, hex)) {
-      st = PAGODA_ERR_IO;
-      goto out;
-    }
-    if (strcmp(hex, s->etag)) {
-      unlink(part);
-      st = PAGODA_ERR_IO;
-      ERR("%s: sha256 %s does not match the hub's %s; the download was removed, run the command again", label,
-          hex, s->etag);
-      goto out;
-    }
+  char hex[65];
+  if (file_etag(part, s->lfs, hex)) {
+    st = PAGODA_ERR_IO;
+    goto out;
+  }
+  if (strcmp(hex, s->etag)) {
+    unlink(part);
+    st = PAGODA_ERR_IO;
+    ERR("%s: %s %s does not match the hub's %s; the download was removed, run the command again", label,
+        s->lfs ? "sha256" : "git blob id", hex, s->etag);
+    goto out;
   }
   if (rename(part, blob)) {
     st = PAGODA_ERR_IO;

@@ -41,6 +41,7 @@ class Hub:
         self.repos = {}
         self.log = []        # (method, path, headers dict)
         self.drops = {}      # file name -> [bytes to send before dropping, times left]
+        self.corrupt = set() # file names served with their last byte changed
         self.lock = threading.Lock()
         hub = self
 
@@ -170,6 +171,8 @@ class Hub:
             start = int(rng[6:-1])
             if start >= len(data):
                 return self.send(h, 416, b"", [("Content-Range", "bytes */%d" % len(data))], head)
+        if name in self.corrupt:
+            data = data[:-1] + bytes([data[-1] ^ 1])
         part = data[start:]
         h.send_response(206 if start else 200)
         for k, v in headers:

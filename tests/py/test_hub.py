@@ -309,3 +309,23 @@ def test_local_path_wins(hub, tmp_path):
                stdin=b"hello")
     assert r.returncode == 0, r.stderr.decode()
     assert len(hub.requests()) == n
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors"])
+def test_corrupt_download_is_refused(hub, tmp_path, name):
+    """A plain file is checked against its git blob id, an LFS file against its sha256."""
+    hub.corrupt.add(name)
+    try:
+        r = tokenize("tester/llama", env_for(tmp_path, hub))
+    finally:
+        hub.corrupt.discard(name)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "does not match the hub's" in err
+    assert ("sha256" if name.endswith(".safetensors") else "git blob id") in err
+    blobs = repo_dir(tmp_path, "tester/llama") / "blobs"
+    data = hub.repos["tester/llama"].commits[hub.llama_main][name]
+    etag = hashlib.sha256(data).hexdigest() if name.endswith(".safetensors") else git_blob_id(data)
+    assert not (blobs / etag).exists() and not (blobs / (etag + ".incomplete")).exists()
+    assert not (repo_dir(tmp_path, "tester/llama") / "snapshots" / hub.llama_main / name).exists()
+    r = tokenize("tester/llama", env_for(tmp_path, hub))
+    assert r.returncode == 0 and (blobs / etag).read_bytes() == data
