@@ -722,6 +722,8 @@ static int download_blob(struct hub *h, const struct sibling *s, const char *blo
   struct stat sb;
   if (fstat(fd, &sb) || (s->size >= 0 && sb.st_size != s->size)) {
     st = PAGODA_ERR_IO;
+    if (s->size >= 0 && sb.st_size > s->size) /* not a prefix of this file: start over next time */
+      unlink(part);
     ERR("%s: downloaded %lld bytes, the hub says %lld; run the command again to resume", label,
         (long long)sb.st_size, s->size);
     goto out;
