@@ -34,7 +34,7 @@ int cli_tokenize(int argc, char **argv) {
       path = argv[i];
     } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
       if (++i >= argc) {
-        fprintf(stderr, "error: %s needs a value\n", argv[i - 1]);
+        fprintf(stderr, "pagoda tokenize: %s needs a value\n", argv[i - 1]);
         return 2;
       }
       *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
@@ -58,7 +58,7 @@ int cli_tokenize(int argc, char **argv) {
   }
   char *resolved = NULL;
   if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
-    fprintf(stderr, "error: %s\n", pagoda_last_error());
+    fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
     return 1;
   }
   struct tokenizer *t = tokenizer_load(resolved);

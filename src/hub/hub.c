@@ -1071,7 +1071,7 @@ int hub_resolve(const char *model, const char *revision, const char *file, char 
     return *out ? 0 : (ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY);
   }
   if (!hub_is_repo_id(model))
-    return ERR("%s: no such model file or directory (nor a Hugging Face repo id org/name)", model),
+    return ERR("%s: no such file or directory (nor a Hugging Face repo id org/name)", model),
            PAGODA_ERR_NOT_FOUND;
   if (revision && (!*revision || revision[0] == '/' || strstr(revision, "..")))
     return ERR("--revision '%s' is not a branch, tag or commit", revision), PAGODA_ERR_INVALID_ARG;

@@ -147,7 +147,7 @@ int main(void) {
   CHECK(pagoda_resolve_model("org/gg", NULL, "f.gguf", &path) == PAGODA_OK && path && !strcmp(path, "org/gg/f.gguf"),
         "local org/gg + file: %s", path ? path : pagoda_last_error());
   free(path);
-  fails_with("no/such/dir", NULL, NULL, PAGODA_ERR_NOT_FOUND, "no such model file or directory");
+  fails_with("no/such/dir", NULL, NULL, PAGODA_ERR_NOT_FOUND, "no such file or directory");
   CHECK(chdir(cwd) == 0, "chdir back");
 
   char cmd[600];
