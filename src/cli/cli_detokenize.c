@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_io.h"
+#include "pagoda.h"
 #include "text/tokenizer.h"
 #include "util/log.h"
 
@@ -15,7 +16,8 @@ static void usage(FILE *f) {
           "usage: pagoda detokenize -m PATH [--skip-special] < ids\n\n"
           "Reads token ids (decimal, separated by spaces, commas or newlines) from stdin and\n"
           "prints exactly the decoded text.\n\n"
-          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, or a .gguf\n"
+          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, a .gguf, or a\n"
+          "                   Hugging Face repo id org/name (with --revision REV, --hf-file FILE)\n"
           "  --skip-special   leave out special tokens (BOS, EOS, <|im_end|>, ...)\n"
           "  -h, --help       this help\n");
 }
@@ -64,7 +66,7 @@ static int parse_ids(const char *text, int32_t **ids_out) {
 }
 
 int cli_detokenize(int argc, char **argv) {
-  const char *path = NULL;
+  const char *path = NULL, *revision = NULL, *hf_file = NULL;
   int skip_special = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
@@ -73,6 +75,12 @@ int cli_detokenize(int argc, char **argv) {
         return 2;
       }
       path = argv[i];
+    } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
+      if (++i >= argc) {
+        fprintf(stderr, "pagoda detokenize: %s needs a value\n", argv[i - 1]);
+        return 2;
+      }
+      *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
     } else if (!strcmp(argv[i], "--skip-special")) {
       skip_special = 1;
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -89,7 +97,13 @@ int cli_detokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  struct tokenizer *t = tokenizer_load(path);
+  char *resolved = NULL;
+  if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
+    fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
+    return 1;
+  }
+  struct tokenizer *t = tokenizer_load(resolved);
+  free(resolved);
   if (!t) {
     fprintf(stderr, "pagoda detokenize: %s\n", err_last());
     return 1;

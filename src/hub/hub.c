@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sodium.h>
@@ -1046,13 +1047,15 @@ static int write_ref(struct hub *h) {
   return rc;
 }
 
+static CURLcode curl_init_rc;
+static void curl_init_once(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+/* libcurl's global init once per process (pthread_once: callers may be on any thread). */
 static int curl_ready(void) {
-  static int done;
-  if (!done) {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT))
-      return ERR("libcurl failed to initialize");
-    done = 1;
-  }
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, curl_init_once);
+  if (curl_init_rc != CURLE_OK)
+    return ERR("libcurl failed to initialize: %s", curl_easy_strerror(curl_init_rc));
   return sodium_init() < 0 ? ERR("libsodium failed to initialize") : 0;
 }
 

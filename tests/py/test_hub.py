@@ -172,6 +172,8 @@ def test_revision(hub, tmp_path):
     ref = tokenize(PHI3 / "tokenizer.json", env_for(tmp_path))
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == ref.stdout
+    d = pagoda("detokenize", "-m", "tester/llama", "--revision", "v1", env=env, stdin=r.stdout)
+    assert d.returncode == 0 and d.stdout.decode() == TEXT, d.stderr.decode()
     assert r.stdout != tokenize(PHI2 / "tokenizer.json", env_for(tmp_path)).stdout
     rd = repo_dir(tmp_path, "tester/llama")
     assert (rd / "refs" / "v1").read_text() == hub.llama_v1
