@@ -42,6 +42,7 @@ class Hub:
         self.log = []        # (method, path, headers dict)
         self.drops = {}      # file name -> [bytes to send before dropping, times left]
         self.corrupt = set() # file names served with their last byte changed
+        self.digests = {}    # (repo, sha, name) -> (git blob id, sha256)
         self.lock = threading.Lock()
         hub = self
 
@@ -133,9 +134,13 @@ class Hub:
             return
         sib = []
         for name, data in sorted(repo.commits[sha].items()):
-            s = {"rfilename": name, "size": len(data), "blobId": git_blob_id(data)}
+            key = (repo_id, sha, name)
+            if key not in self.digests:  # hashed once per file, not per request
+                self.digests[key] = (git_blob_id(data), hashlib.sha256(data).hexdigest())
+            blob_id, digest = self.digests[key]
+            s = {"rfilename": name, "size": len(data), "blobId": blob_id}
             if name.endswith(LFS_SUFFIXES):
-                s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                s["lfs"] = {"sha256": digest, "size": len(data), "pointerSize": 134}
             sib.append(s)
         body = json.dumps({"id": repo_id, "sha": sha, "siblings": sib}).encode()
         self.send(h, 200, body, [("Content-Type", "application/json")], head)
