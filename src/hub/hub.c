@@ -441,6 +441,7 @@ static CURLcode http_get(struct hub *h, struct http *x, const char *url) {
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L); /* stalled for 60 s: give up (resumable) */
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
   curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, x->fd >= 0 ? "identity" : "");
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10); /* fewer, larger writes and digest updates */
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, x);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
