@@ -141,18 +141,38 @@ struct hub {
   CURL *curl;
 };
 
+/* $NAME + SUFFIX with a leading "~/" expanded (as Python's expanduser), or NULL when unset. */
+static char *env_path(const char *name, const char *suffix) {
+  const char *v = env_nonempty(name), *home = env_nonempty("HOME");
+  if (!v)
+    return NULL;
+  if (v[0] == '~' && (v[1] == '/' || !v[1]) && home)
+    return xasprintf("%s%s%s", home, v + 1, suffix);
+  return xasprintf("%s%s", v, suffix);
+}
+
+/* $HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface; + SUFFIX. */
+static char *hf_home(const char *suffix) {
+  char *p = env_path("HF_HOME", suffix);
+  if (!p && env_nonempty("XDG_CACHE_HOME")) {
+    char *s = xasprintf("/huggingface%s", suffix);
+    p = s ? env_path("XDG_CACHE_HOME", s) : NULL;
+    free(s);
+  }
+  if (!p && env_nonempty("HOME"))
+    p = xasprintf("%s/.cache/huggingface%s", getenv("HOME"), suffix);
+  return p;
+}
+
 static char *cache_dir(void) {
-  const char *v;
-  if ((v = env_nonempty("HF_HUB_CACHE")) || (v = env_nonempty("HUGGINGFACE_HUB_CACHE")))
-    return xasprintf("%s", v);
-  if ((v = env_nonempty("HF_HOME")))
-    return xasprintf("%s/hub", v);
-  if ((v = env_nonempty("XDG_CACHE_HOME")))
-    return xasprintf("%s/huggingface/hub", v);
-  if ((v = env_nonempty("HOME")))
-    return xasprintf("%s/.cache/huggingface/hub", v);
-  ERR("no Hugging Face cache directory: set HF_HUB_CACHE or HOME");
-  return NULL;
+  char *p = env_path("HF_HUB_CACHE", "");
+  if (!p)
+    p = env_path("HUGGINGFACE_HUB_CACHE", "");
+  if (!p)
+    p = hf_home("/hub");
+  if (!p)
+    ERR("no Hugging Face cache directory: set HF_HUB_CACHE or HOME");
+  return p;
 }
 
 /* $HF_TOKEN, else the token file huggingface_hub's login writes ($HF_TOKEN_PATH, else
@@ -165,15 +185,9 @@ static char *read_token(void) {
   if (v) {
     t = strdup(v);
   } else {
-    char *path = NULL;
-    if ((v = env_nonempty("HF_TOKEN_PATH")))
-      path = strdup(v);
-    else if ((v = env_nonempty("HF_HOME")))
-      path = xasprintf("%s/token", v);
-    else if ((v = env_nonempty("XDG_CACHE_HOME")))
-      path = xasprintf("%s/huggingface/token", v);
-    else if ((v = env_nonempty("HOME")))
-      path = xasprintf("%s/.cache/huggingface/token", v);
+    char *path = env_path("HF_TOKEN_PATH", "");
+    if (!path)
+      path = hf_home("/token");
     if (path && file_exists(path))
       t = file_read_all(path, NULL);
     free(path);

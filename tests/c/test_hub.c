@@ -95,6 +95,9 @@ int main(void) {
   char cache[512], d[600];
   snprintf(cache, sizeof cache, "%s/hub", root);
   mkdir_p(cache);
+  unsetenv("HF_HOME");
+  unsetenv("XDG_CACHE_HOME");
+  unsetenv("HUGGINGFACE_HUB_CACHE");
   setenv("HF_HUB_CACHE", cache, 1);
   setenv("HF_HUB_OFFLINE", "1", 1);
   setenv("HF_ENDPOINT", "http://127.0.0.1:1", 1); /* never contacted */
@@ -133,6 +136,20 @@ int main(void) {
   resolves_to("org/gg", NULL, "m-Q4_K_M.gguf", "hub/models--org--gg/snapshots/" SHA1 "/m-Q4_K_M.gguf");
   fails_with("org/gg", NULL, "m-f16.gguf", PAGODA_ERR_NOT_FOUND, "m-f16.gguf is not a file of org/gg");
   fails_with("org/gg", NULL, "../../x.gguf", PAGODA_ERR_INVALID_ARG, "--hf-file");
+
+  /* the cache directory as huggingface_hub finds it: ~ expanded; HF_HOME/hub; XDG_CACHE_HOME */
+  setenv("HOME", root, 1);
+  setenv("HF_HUB_CACHE", "~/hub", 1);
+  resolves_to("org/gg", NULL, "m-Q8_0.gguf", "hub/models--org--gg/snapshots/" SHA1 "/m-Q8_0.gguf");
+  unsetenv("HF_HUB_CACHE");
+  setenv("HF_HOME", root, 1);
+  resolves_to("org/gg", NULL, "m-Q8_0.gguf", "hub/models--org--gg/snapshots/" SHA1 "/m-Q8_0.gguf");
+  unsetenv("HF_HOME");
+  setenv("XDG_CACHE_HOME", root, 1); /* -> root/huggingface/hub: not there */
+  fails_with("org/gg", NULL, NULL, PAGODA_ERR_NOT_FOUND, "/huggingface/hub)");
+  unsetenv("XDG_CACHE_HOME");
+  fails_with("org/gg", NULL, NULL, PAGODA_ERR_NOT_FOUND, "/.cache/huggingface/hub)");
+  setenv("HF_HUB_CACHE", cache, 1);
 
   /* a local path wins, even one shaped like a repo id */
   char cwd[512];
