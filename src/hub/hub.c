@@ -758,10 +758,18 @@ static int link_pointer(const char *pointer, const char *etag, const char *name)
   snprintf(rel + o, sizeof rel - o, "blobs/%s", etag);
   if (mkdirs_for(pointer))
     return -1;
-  unlink(pointer);
-  if (symlink(rel, pointer))
-    return ERR("cannot create the link %s: %s", pointer, strerror(errno));
-  return 0;
+  /* a link under a private name, renamed over the pointer: atomic when processes race */
+  char *tmp = xasprintf("%s.%d.tmp", pointer, (int)getpid());
+  if (!tmp)
+    return -1;
+  unlink(tmp);
+  int rc = 0;
+  if (symlink(rel, tmp) || rename(tmp, pointer)) {
+    rc = ERR("cannot create the link %s: %s", pointer, strerror(errno));
+    unlink(tmp);
+  }
+  free(tmp);
+  return rc;
 }
 
 /* Has NAME in the snapshot: online, fetched when missing; offline, present or an error. */

@@ -331,3 +331,20 @@ def test_corrupt_download_is_refused(hub, tmp_path, name):
     assert not (repo_dir(tmp_path, "tester/llama") / "snapshots" / hub.llama_main / name).exists()
     r = tokenize("tester/llama", env_for(tmp_path, hub))
     assert r.returncode == 0 and (blobs / etag).read_bytes() == data
+
+
+def test_concurrent_downloads_share_one_blob(hub, tmp_path):
+    """Two processes fetching the same file: the .locks/ flock lets one download it, the other
+    waits and links the finished blob."""
+    env = env_for(tmp_path, hub)
+    n = len(hub.requests("/cdn/"))
+    procs = [subprocess.Popen([BIN, "tokenize", "-m", "tester/stories-one"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(3)]
+    outs = [p.communicate(b"hi", timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert len({o[0] for o in outs}) == 1
+    assert len(hub.requests("/cdn/")) - n == 1
+    rd = repo_dir(tmp_path, "tester/stories-one")
+    data = GGUF.read_bytes()
+    assert (rd / "blobs" / hashlib.sha256(data).hexdigest()).read_bytes() == data
+    assert (tmp_path / "cache" / ".locks" / "models--tester--stories-one").is_dir()
