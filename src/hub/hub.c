@@ -681,9 +681,9 @@ static int download_blob(struct hub *h, const struct sibling *s, const char *blo
     if (s->size >= 0 && x.off >= s->size) /* complete already: check it below */
       break;
     if (x.off > 0)
-      fprintf(stderr, "pagoda: resuming %s at %.1f of %.1f MiB\n", label, x.off / 1048576.0, s->size / 1048576.0);
+      log_info("resuming %s at %.1f of %.1f MiB", label, x.off / 1048576.0, s->size / 1048576.0);
     else
-      fprintf(stderr, "pagoda: downloading %s (%.1f MiB)\n", label, s->size / 1048576.0);
+      log_info("downloading %s (%.1f MiB)", label, s->size / 1048576.0);
     CURLcode rc = http_get(h, &x, url);
     if (rc == CURLE_OK && x.code == 416 && x.off > 0) { /* the Range starts at the end: nothing left */
       break;
@@ -695,7 +695,7 @@ static int download_blob(struct hub *h, const struct sibling *s, const char *blo
     if (x.written)
       print_progress(&x, 1);
     if (rc != CURLE_OK && is_network_error(rc) && attempt < HUB_ATTEMPTS) {
-      fprintf(stderr, "pagoda: %s: %s; retrying\n", label, curl_easy_strerror(rc));
+      log_warn("%s: %s; retrying", label, curl_easy_strerror(rc));
       sleep(1);
       continue;
     }
@@ -1129,7 +1129,7 @@ int hub_resolve(const char *model, const char *revision, const char *file, char 
     char *msg = strdup(err_last());
     st = resolve_cached(&h, out);
     if (!st)
-      fprintf(stderr, "pagoda: %s; using the cached snapshot\n", msg ? msg : "the hub is unreachable");
+      log_warn("%s; using the cached snapshot", msg ? msg : "the hub is unreachable");
     else if (msg) {
       char *cached = strdup(err_last());
       ERR("%s; %s", msg, cached ? cached : "nor is it cached");
