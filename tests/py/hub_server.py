@@ -17,10 +17,11 @@ def git_blob_id(data: bytes) -> str:
 
 
 class Repo:
-    def __init__(self, token=None):
+    def __init__(self, token=None, gated=False):
         self.commits = {}   # sha -> {name: bytes}
         self.refs = {}      # branch/tag -> sha
         self.token = token  # required Bearer token, or None
+        self.gated = gated  # files refused with 403 GatedRepo (the listing stays public, as on the hub)
 
     def add_commit(self, files, refs=("main",)):
         h = hashlib.sha1(json.dumps(sorted((k, hashlib.sha256(v).hexdigest()) for k, v in files.items()))
@@ -149,6 +150,9 @@ class Hub:
         repo, sha = self.find(h, repo_id, rev, head)
         if repo is None:
             return
+        if repo.gated:
+            return self.error(h, 403, "GatedRepo", "Access to model %s is restricted. You must have access to it "
+                              "and be authenticated to access it. Please log in." % repo_id, head)
         data = repo.commits[sha].get(name)
         if data is None:
             return self.error(h, 404, "EntryNotFound", "Entry not found", head)

@@ -58,6 +58,9 @@ def hub():
         resume = Repo()
         resume.add_commit({"stories260K.gguf": GGUF.read_bytes()})
         h.repos["tester/resume"] = resume
+        gated = Repo(gated=True)
+        gated.add_commit({"stories260K.gguf": GGUF.read_bytes()})
+        h.repos["tester/gated"] = gated
         private = Repo(token=TOKEN)
         private.add_commit({"stories260K.gguf": GGUF.read_bytes()})
         h.repos["tester/private"] = private
@@ -348,3 +351,10 @@ def test_concurrent_downloads_share_one_blob(hub, tmp_path):
     data = GGUF.read_bytes()
     assert (rd / "blobs" / hashlib.sha256(data).hexdigest()).read_bytes() == data
     assert (tmp_path / "cache" / ".locks" / "models--tester--stories-one").is_dir()
+
+
+def test_gated_repo_403(hub, tmp_path):
+    r = tokenize("tester/gated", env_for(tmp_path, hub))
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "tester/gated is gated (HTTP 403" in err and "set HF_TOKEN" in err
+    assert "accept its conditions" in err and hub.url + "/tester/gated" in err
