@@ -80,7 +80,9 @@ def env_for(tmp, hub=None, **extra):
 
 
 def pagoda(*args, env, cwd=None, stdin=b"", timeout=120):
-    return subprocess.run([BIN, *args], input=stdin, capture_output=True, env=env, cwd=cwd, timeout=timeout)
+    r = subprocess.run([BIN, *args], input=stdin, capture_output=True, env=env, cwd=cwd, timeout=timeout)
+    assert b"Sanitizer" not in r.stderr, r.stderr.decode()  # an ASan build as PAGODA_BIN: no leak on any path
+    return r
 
 
 def tokenize(model, env, *extra):
