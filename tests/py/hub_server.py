@@ -44,6 +44,7 @@ class Hub:
         self.drops = {}      # file name -> [bytes to send before dropping, times left]
         self.corrupt = set() # file names served with their last byte changed
         self.digests = {}    # (repo, sha, name) -> (git blob id, sha256)
+        self.api_body = None # bytes: the API answers this (200) instead of the model description
         self.lock = threading.Lock()
         hub = self
 
@@ -133,6 +134,8 @@ class Hub:
         repo, sha = self.find(h, repo_id, rev, head)
         if repo is None:
             return
+        if self.api_body is not None:
+            return self.send(h, 200, self.api_body, [("Content-Type", "text/html")], head)
         sib = []
         for name, data in sorted(repo.commits[sha].items()):
             key = (repo_id, sha, name)

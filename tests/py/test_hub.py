@@ -360,3 +360,16 @@ def test_gated_repo_403(hub, tmp_path):
     err = r.stderr.decode()
     assert r.returncode == 1 and "tester/gated is gated (HTTP 403" in err and "set HF_TOKEN" in err
     assert "accept its conditions" in err and hub.url + "/tester/gated" in err
+
+
+@pytest.mark.parametrize("body", [b"<html>captive portal</html>", b'{"sha": "main", "siblings": []}',
+                                  b'{"sha": "' + b"a" * 40 + b'"}'])
+def test_malformed_api_answer(hub, tmp_path, body):
+    hub.api_body = body
+    try:
+        r = tokenize("tester/llama", env_for(tmp_path, hub))
+    finally:
+        hub.api_body = None
+    assert r.returncode == 1
+    assert b"the answer is not a model description with a commit sha and siblings" in r.stderr
+    assert not any((tmp_path / "cache").rglob("snapshots/*/*"))
