@@ -404,20 +404,24 @@ static void print_progress(struct http *x, int final) {
   int pct = x->total > 0 ? (int)(100.0 * have / x->total) : 0;
   if (x->tty)
     fprintf(stderr, "\r  %s: %.1f / %.1f MiB (%d%%)%s", x->label, mib, tot, pct, final ? "\n" : "");
-  else if (final)
+  else
     fprintf(stderr, "  %s: %.1f / %.1f MiB (%d%%)\n", x->label, mib, tot, pct);
   fflush(stderr);
 }
 
+/* A terminal gets one line redrawn 4 times a second; a log, a line every 10 s of a long download
+ * and one at the end. */
 static int on_progress(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
   (void)dltotal, (void)dlnow, (void)ultotal, (void)ulnow;
   struct http *x = u;
-  if (x->label && x->tty) {
-    double t = now_s();
-    if (t - x->last_print >= 0.25) {
-      x->last_print = t;
-      print_progress(x, 0);
-    }
+  if (!x->label)
+    return 0;
+  double t = now_s();
+  if (x->last_print == 0)
+    x->last_print = t;
+  if (t - x->last_print >= (x->tty ? 0.25 : 10.0)) {
+    x->last_print = t;
+    print_progress(x, 0);
   }
   return 0;
 }

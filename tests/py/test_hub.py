@@ -112,6 +112,7 @@ def test_download_safetensors_layout_read_by_huggingface_hub(hub, tmp_path):
     ref = tokenize(PHI2 / "tokenizer.json", env_for(tmp_path))
     assert ref.returncode == 0 and r.stdout == ref.stdout
     assert b"downloading tester/llama/model.safetensors" in r.stderr
+    assert b"  tester/llama/model.safetensors: 0.4 / 0.4 MiB (100%)\n" in r.stderr  # progress, not a tty
     rd = repo_dir(tmp_path, "tester/llama")
     assert (rd / "refs" / "main").read_text() == hub.llama_main
     snap = rd / "snapshots" / hub.llama_main
