@@ -506,8 +506,9 @@ static int http_error(struct hub *h, struct http *x, CURLcode rc, const char *wh
   }
   const char *ec = x->err_code, *em = x->err_msg[0] ? x->err_msg : "no message";
   if (!strcmp(ec, "RepoNotFound") || (x->code == 404 && !ec[0])) {
-    ERR("repository %s not found on %s (HTTP %ld: %s); it may be private or gated: %s", h->repo, h->endpoint,
-        x->code, em, h->token ? "check that HF_TOKEN can read it" : "set HF_TOKEN to a token that can read it");
+    ERR("repository %s not found on %s (HTTP %ld: %s), and no local file or directory has that name; if the "
+        "repository is private or gated, %s", h->repo, h->endpoint, x->code, em,
+        h->token ? "check that HF_TOKEN can read it" : "set HF_TOKEN to a token that can read it");
     return PAGODA_ERR_NOT_FOUND;
   }
   if (!strcmp(ec, "RevisionNotFound")) {
