@@ -26,7 +26,7 @@ enum pagoda_status {
   PAGODA_ERR_UNSUPPORTED = 4,   /* valid but not supported (dtype, architecture) */
   PAGODA_ERR_OUT_OF_MEMORY = 5, /* host or device memory */
   PAGODA_ERR_TOO_LONG = 6,      /* a request can never fit (context or pool) */
-  PAGODA_ERR_NOT_FOUND = 7,     /* unknown request id */
+  PAGODA_ERR_NOT_FOUND = 7,     /* unknown request id; a model, repo, revision or file that is absent */
   PAGODA_ERR_BACKEND = 8,       /* a device call failed */
 };
 
@@ -56,7 +56,11 @@ enum pagoda_cache_type {
 };
 
 struct pagoda_engine_params {
-  const char *model;          /* HF directory or .gguf file */
+  const char *model;          /* HF directory, .gguf file, or a Hugging Face repo id org/name
+                                 (pagoda_resolve_model; a local path that exists wins) */
+  const char *revision;       /* repo id only: branch, tag or commit (NULL: "main") */
+  const char *hf_file;        /* repo id only: the one file to use (a .gguf); NULL: the
+                                 safetensors weights, else the repo's single .gguf */
   const char *device;         /* "cpu" or "cuda"; NULL: cuda when a GPU is present */
   int threads;                /* CPU threads; 0: all cores */
   enum pagoda_paged_attn paged_attn;
@@ -80,6 +84,19 @@ struct pagoda_engine_params {
 
 /* Fills P with the defaults above. */
 void pagoda_engine_params_default(struct pagoda_engine_params *p);
+
+/* Resolves MODEL to a local path, *PATH (malloc'd; free with free()). A local file or directory
+ * that exists is used as it is (FILE, when given, names a file inside that directory).
+ * Otherwise MODEL is a Hugging Face repo id (org/name), looked up in the huggingface_hub cache
+ * ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub) at REVISION (NULL: "main";
+ * branch, tag or commit sha) and, when absent there, downloaded from the hub ($HF_ENDPOINT,
+ * $HF_TOKEN; resumable; progress on stderr) into that cache in huggingface_hub's layout.
+ * $HF_HUB_OFFLINE=1: the cache only. The files: FILE alone when given (*PATH is that file);
+ * else config.json, the tokenizer files and the safetensors weights (*PATH is the snapshot
+ * directory); else the repo's only .gguf (*PATH is that file). pagoda_engine_create calls it.
+ * Returns PAGODA_OK, or PAGODA_ERR_NOT_FOUND (repo, revision or file absent), PAGODA_ERR_IO
+ * (network, HTTP 401/403 and the like, disk), PAGODA_ERR_INVALID_ARG, with pagoda_last_error(). */
+int pagoda_resolve_model(const char *model, const char *revision, const char *file, char **path);
 
 struct pagoda_sampling_params {
   int n;                      /* independent samples of one prompt (default 1); they share its KV */

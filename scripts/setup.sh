@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config libcjson-dev libpcre2-dev libsodium-dev
-      libutf8proc-dev libmicrohttpd-dev python3 python3-venv)
+      libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev python3 python3-venv)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -14,7 +14,8 @@ static void usage(FILE *f) {
           "usage: pagoda detokenize -m PATH [--skip-special] < ids\n\n"
           "Reads token ids (decimal, separated by spaces, commas or newlines) from stdin and\n"
           "prints exactly the decoded text.\n\n"
-          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, or a .gguf\n"
+          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, a .gguf, or a\n"
+          "                   Hugging Face repo id org/name (with --revision REV, --hf-file FILE)\n"
           "  --skip-special   leave out special tokens (BOS, EOS, <|im_end|>, ...)\n"
           "  -h, --help       this help\n");
 }
@@ -63,7 +64,7 @@ static int parse_ids(const char *text, int32_t **ids_out) {
 }
 
 int cli_detokenize(int argc, char **argv) {
-  const char *path = NULL;
+  const char *path = NULL, *revision = NULL, *hf_file = NULL;
   int skip_special = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
@@ -72,6 +73,12 @@ int cli_detokenize(int argc, char **argv) {
         return 2;
       }
       path = argv[i];
+    } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
+      if (++i >= argc) {
+        fprintf(stderr, "pagoda detokenize: %s needs a value\n", argv[i - 1]);
+        return 2;
+      }
+      *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
     } else if (!strcmp(argv[i], "--skip-special")) {
       skip_special = 1;
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -88,8 +95,15 @@ int cli_detokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  char *resolved = NULL;
+  if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
+    fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
+    return 1;
+  }
   pagoda_tokenizer_t *t;
-  if (pagoda_tokenizer_load(path, &t) != PAGODA_OK) {
+  int load_rc = pagoda_tokenizer_load(resolved, &t);
+  free(resolved);
+  if (load_rc != PAGODA_OK) {
     fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
     return 1;
   }

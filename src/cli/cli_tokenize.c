@@ -13,14 +13,15 @@ static void usage(FILE *f) {
           "usage: pagoda tokenize -m PATH [--add-special] [--parse-special] < text\n\n"
           "Reads all of stdin as one text and prints its token ids, separated by single spaces,\n"
           "on one line.\n\n"
-          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, or a .gguf\n"
+          "  -m PATH          model directory (tokenizer.json), a tokenizer.json, a .gguf, or a\n"
+          "                   Hugging Face repo id org/name (with --revision REV, --hf-file FILE)\n"
           "  --add-special    add BOS/EOS as the tokenizer's configuration says\n"
           "  --parse-special  special tokens written in the text (e.g. <|im_end|>) become their ids\n"
           "  -h, --help       this help\n");
 }
 
 int cli_tokenize(int argc, char **argv) {
-  const char *path = NULL;
+  const char *path = NULL, *revision = NULL, *hf_file = NULL;
   int add_special = 0, parse_special = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
@@ -29,6 +30,12 @@ int cli_tokenize(int argc, char **argv) {
         return 2;
       }
       path = argv[i];
+    } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
+      if (++i >= argc) {
+        fprintf(stderr, "pagoda tokenize: %s needs a value\n", argv[i - 1]);
+        return 2;
+      }
+      *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
     } else if (!strcmp(argv[i], "--add-special")) {
       add_special = 1;
     } else if (!strcmp(argv[i], "--parse-special")) {
@@ -47,8 +54,15 @@ int cli_tokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  char *resolved = NULL;
+  if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
+    fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
+    return 1;
+  }
   pagoda_tokenizer_t *t;
-  if (pagoda_tokenizer_load(path, &t) != PAGODA_OK) {
+  int load_rc = pagoda_tokenizer_load(resolved, &t);
+  free(resolved);
+  if (load_rc != PAGODA_OK) {
     fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
     return 1;
   }

@@ -74,6 +74,18 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->model = v;
     return 1;
   }
+  TRY("--revision") {
+    if (r < 0)
+      return -1;
+    p->revision = v;
+    return 1;
+  }
+  TRY("--hf-file") {
+    if (r < 0)
+      return -1;
+    p->hf_file = v;
+    return 1;
+  }
   TRY("--device") {
     if (r < 0)
       return -1;
@@ -156,7 +168,10 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
 void engine_flags_usage(FILE *f) {
   fprintf(f,
           "engine options:\n"
-          "  -m, --model PATH              model: HF directory (config.json + safetensors) or .gguf file\n"
+          "  -m, --model PATH|ORG/NAME     model: HF directory (config.json + safetensors), .gguf file, or a\n"
+          "                                Hugging Face repo id (cache, else download; docs/model-formats.md)\n"
+          "  --revision REV                repo id: branch, tag or commit (default main)\n"
+          "  --hf-file FILE                repo id: use this file of the repo (e.g. model-Q8_0.gguf)\n"
           "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
           "  -t, --threads N               CPU threads (default 0 = all cores)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"

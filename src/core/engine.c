@@ -26,7 +26,8 @@
 #include "util/log.h"
 
 struct pagoda_engine {
-  struct pagoda_engine_params p;
+  struct pagoda_engine_params p; /* p.model: the resolved local path (model_path) */
+  char *model_path;              /* pagoda_resolve_model's answer for the model given */
   struct backend *be;
   struct model *model;
   struct tokenizer *tok;
@@ -201,6 +202,10 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
     ERR("no model given (-m MODEL)");
     goto fail;
   }
+  if ((st = pagoda_resolve_model(p->model, p->revision, p->hf_file, &e->model_path)) != PAGODA_OK)
+    goto fail;
+  p->model = e->model_path;
+  st = PAGODA_ERR_INVALID_ARG;
   if (p->block_size != 8 && p->block_size != 16 && p->block_size != 32) {
     ERR("--pa-block-size must be 8, 16 or 32 (got %d)", p->block_size);
     goto fail;
@@ -358,6 +363,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
     model_free(e->model);
   if (e->be)
     e->be->ops->destroy(e->be);
+  free(e->model_path);
   free(e);
 }
 
