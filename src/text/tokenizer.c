@@ -681,9 +681,9 @@ static int find_added(const struct tokenizer *t, const char *s, size_t len, size
       if (a->single_word) {
         size_t dummy;
         uint32_t cp;
-        if (pos > 0 && unicode_is_alnum(cp_before(s, pos, 0, &dummy)))
+        if (pos > 0 && unicode_is_word(cp_before(s, pos, 0, &dummy)))
           continue;
-        if (e < len && unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp) && unicode_is_alnum(cp))
+        if (e < len && unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp) && unicode_is_word(cp))
           continue;
       }
       if (a->lstrip) {
