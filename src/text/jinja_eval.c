@@ -650,15 +650,18 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
       case JINJA_OP_POW:
         if (y < 0)
           return jinja_float(pow((double)x, (double)y));
+        /* by squaring; past int64 is an error (Python would make a big int) */
         r = 1;
-        for (int64_t i = 0; i < y && !overflow; i++) {
-          jinja_step(st);
-          overflow = __builtin_mul_overflow(r, x, &r);
+        for (int64_t base = x, e = y; e > 0 && !overflow; e >>= 1) {
+          if (e & 1)
+            overflow = __builtin_mul_overflow(r, base, &r);
+          if (e > 1 && !overflow)
+            overflow = __builtin_mul_overflow(base, base, &base);
         }
         break;
       }
       if (overflow)
-        jinja_fail(st, "integer overflow in '%s'", names[op]);
+        jinja_fail(st, "integer overflow in '%s': the result is beyond 64-bit integers (pagoda's templates have no big ints)", names[op]);
       return jinja_int(r);
     }
     double x = jinja_as_double(a), y = jinja_as_double(b);

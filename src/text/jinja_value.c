@@ -346,7 +346,8 @@ const char *jinja_type_name(struct jinja_value v) {
     if (v.u.l->view)
       return v.u.l->view == JINJA_VIEW_KEYS     ? "dict_keys"
              : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values"
-                                                : "dict_items";
+             : v.u.l->view == JINJA_VIEW_ITEMS  ? "dict_items"
+                                                : "generator";
     return v.u.l->is_tuple ? "tuple" : "list";
   case JINJA_DICT:
     return "dict";
@@ -544,7 +545,8 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
-    if (l->view) {
+    int wrap = l->view && l->view != JINJA_VIEW_GENERATOR;
+    if (wrap) {
       jinja_buf_adds(b, jinja_type_name(v));
       jinja_buf_add(b, "(", 1);
     }
@@ -557,7 +559,7 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     if (l->is_tuple && l->n == 1)
       jinja_buf_add(b, ",", 1);
     jinja_buf_add(b, l->is_tuple ? ")" : "]", 1);
-    if (l->view)
+    if (wrap)
       jinja_buf_add(b, ")", 1);
     break;
   }

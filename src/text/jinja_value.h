@@ -64,7 +64,10 @@ struct jinja_list {
   struct jinja_value *items; /* (n) */
 };
 
-enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS };
+/* JINJA_VIEW_GENERATOR: the result of map/select/reject/selectattr/rejectattr, a generator in
+ * Jinja2: it prints and iterates as its list, but tojson and subscripts refuse it as Python
+ * does (it is not re-run lazily, so a second iteration still sees the items). */
+enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS, JINJA_VIEW_GENERATOR };
 
 struct jinja_dict {
   size_t n, cap;

@@ -695,3 +695,42 @@ def test_random_templates_match_jinja2(tmp_path, seed):
             assert r.returncode == 1 and r.stderr.decode() == expected_err + "\n", (template, r.stdout.decode())
         compared += 1
     assert compared >= 40
+
+
+# ---- fidelity fixes found by differential fuzzing (issue 8, item 11) ----
+
+FIDELITY = [
+    ("{{ 'a\\n' | indent(2) }}|", {}),
+    ("{{ 'a\\nb\\n\\n' | indent(2) }}|{{ 'x\\n\\ny' | indent(2, blank=true) }}|{{ '' | indent }}|", {}),
+    ("{{ s | indent(2, true) }}|{{ s.splitlines() }}", {"s": "a\fb\x85c\u2028d\u2029e\x1cf\x1dg\x1eh\x0bi\r\nj\rk"}),
+    ("{{ s | length }}:{{ s }}:{{ t }}:{{ s | tojson }}", {"s": "a\u0000b\u0000", "t": "\\u0000 \U0001f999"}),
+    ("{{ n }} {{ n + 1 }} {{ m }} {{ -m }} {{ k }}", {"n": 9007199254740992, "m": 9007199254740993, "k": 2**53 - 1}),
+    ("{{ 2**62 }} {{ (-2)**63 }} {{ 3**39 }} {{ 0**0 }} {{ 1**1000000000000 }}", {}),
+    ("{{ 1.5e18|int }} {{ -2.5|int }} {{ '7.9'|int }}", {}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(FIDELITY)))
+def test_fidelity_matches_jinja2(tmp_path, i):
+    template, context = FIDELITY[i]
+    expected, err = render_jinja2(template, context)
+    assert err is None
+    r = render_cli(tmp_path, template, context)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == expected
+
+
+@pytest.mark.parametrize("template,message", [
+    ("{{ 2**64 }}", "beyond 64-bit integers"),
+    ("{{ 2**63 }}", "beyond 64-bit integers"),
+    ("{{ 1.5e20|int }}", "int() of 1.5e+20 is beyond 64-bit integers"),
+    ("{{ '-1e19'|int }}", "beyond 64-bit integers"),
+    ("{{ [1, 2]|map('string')|tojson }}", "Object of type generator is not JSON serializable"),
+    ("{{ [1, 2]|select|tojson }}", "Object of type generator is not JSON serializable"),
+])
+def test_documented_errors_where_python_differs(tmp_path, template, message):
+    """Python's big ints are not modelled: results past int64 are an error, never a wrapped value;
+    tojson of a generator raises (TypeError in Jinja2)."""
+    r = render_cli(tmp_path, template, {})
+    assert r.returncode == 1 and r.stdout == b""
+    assert message in r.stderr.decode()
