@@ -9,6 +9,7 @@
 
 #include "text/jinja_methods.h"
 #include "text/jinja_string.h"
+#include "text/jinja_wrap.h"
 
 /* ---- helpers ---- */
 
@@ -640,6 +641,10 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     return in;
   if (IS("escape") || IS("e") || IS("forceescape"))
     return jinja_html_escape(ev, in);
+  if (IS("truncate"))
+    return jinja_truncate(ev, in, a);
+  if (IS("wordwrap"))
+    return jinja_wordwrap(ev, in, a);
   if (IS("center")) {
     struct jinja_value s = str_of(ev, in);
     int64_t width = jinja_arg_int(ev, jinja_arg(a, 0, "width"), 80);
@@ -794,7 +799,7 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
         "round",  "select",    "reject", "selectattr", "rejectattr",  "map",        "attr",
         "unique", "min",       "max",    "reverse",    "sort",        "dictsort",   "sum",
         "indent", "wordcount", "escape", "e",          "forceescape", "center",     "batch",
-        "pprint", "format",    NULL};
+        "pprint", "format",    "truncate", "wordwrap", NULL};
     static const char *tests[] = {
         "defined", "undefined", "none",        "boolean",     "true",     "false",    "integer", "float",
         "number",  "string",    "mapping",     "iterable",    "sequence", "callable", "escaped", "lower",

@@ -734,3 +734,26 @@ def test_documented_errors_where_python_differs(tmp_path, template, message):
     r = render_cli(tmp_path, template, {})
     assert r.returncode == 1 and r.stdout == b""
     assert message in r.stderr.decode()
+
+
+def test_wordwrap_and_truncate_match_jinja2(tmp_path):
+    """wordwrap (textwrap.wrap per line: hyphens, em-dashes, long words, whitespace kinds) and
+    truncate (killwords, end, leeway and their defaults) on random strings, against Jinja2."""
+    import random
+    r = random.Random(5)
+    alph = ["a", "b", "ab", "word", "long-hyphenated-word", "x--y", "--", "-", " ", "  ", "\t", "\n", "é", "中",
+            ".", "!", "aaaaaaaaaaaaaa", "1-2", "re-do", "\u3000", "\r\n", "1", "\u2028"]
+    tm = ("{{ s|wordwrap(W) }}|{{ s|wordwrap(W, false) }}|{{ s|wordwrap(W, true, '<br>') }}|"
+          "{{ s|wordwrap(W, break_on_hyphens=false) }}|{{ s|truncate(T) }}|{{ s|truncate(T, true) }}|"
+          "{{ s|truncate(T, false, '..', 0) }}|{{ s|truncate }}|{{ s|wordwrap }}")
+    for _ in range(120):
+        s = "".join(r.choice(alph) for _ in range(r.randint(0, 25)))
+        t = tm.replace("W", str(r.randint(1, 12))).replace("T", str(r.randint(3, 20)))
+        want, err = render_jinja2(t, {"s": s})
+        p = render_cli(tmp_path, t, {"s": s})
+        assert err is None and p.returncode == 0 and p.stdout.decode() == want, (s, t)
+    for t, msg in [("{{ 'abc'|truncate(2) }}", "expected length >= 3, got 2"),
+                   ("{{ 'abcdefgh'|truncate(5, leeway=-1) }}", "expected leeway >= 0, got -1"),
+                   ("{{ 'a b'|wordwrap(0) }}", "invalid width 0 (must be > 0)")]:
+        p = render_cli(tmp_path, t, {})
+        assert p.returncode == 1 and msg in p.stderr.decode(), t
