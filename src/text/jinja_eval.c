@@ -511,9 +511,13 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
   return d;
 }
 
+static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l, const struct jinja_args *a);
+
 struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
                                    const struct jinja_args *a) {
   jinja_check_defined(ev->st, fn);
+  if (fn.type == JINJA_LOOP)
+    return call_loop(ev, fn.u.loop, a);
   if (fn.type != JINJA_CALLABLE)
     jinja_fail(ev->st, "'%s' object is not callable", jinja_type_name(fn));
   const struct jinja_callable *c = fn.u.c;
@@ -931,12 +935,13 @@ static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct ji
   }
 }
 
-static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
+/* Runs the for node N over SEQ at DEPTH in the frame OUTER (the current frame, or for a
+ * recursive loop(...) call the frame the loop was started in). */
+static int exec_for_seq(struct jinja_eval *ev, const struct jinja_node *n, struct jinja_value seq, int depth,
+                        struct jinja_frame *outer) {
   struct jinja_state *st = ev->st;
-  struct jinja_value seq = eval(ev, n->b);
   size_t count;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &count);
-  struct jinja_frame *outer = ev->frame;
   if (n->c) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
     struct jinja_value *kept = count ? jinja_alloc(st, count * sizeof(*kept)) : NULL;
     size_t m = 0;
@@ -964,8 +969,10 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_loop *loop = jinja_alloc(st, sizeof(*loop));
   loop->items = items;
   loop->length = count;
-  loop->depth = 1; /* depth only grows in recursive loops, which are not supported */
+  loop->depth = depth;
   loop->changed_called = 0;
+  loop->node = n;
+  loop->outer = outer;
   struct jinja_value loopv = {.type = JINJA_LOOP};
   loopv.u.loop = loop;
   ev->loop_depth++;
@@ -986,6 +993,31 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   }
   ev->loop_depth--;
   return JINJA_FLOW_NORMAL;
+}
+
+static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
+  return exec_for_seq(ev, n, eval(ev, n->b), 1, ev->frame);
+}
+
+/* loop(items) inside a `recursive` for: the loop again over ITEMS, one level deeper; returns
+ * its output (a str: transformers renders without autoescape). */
+static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  if (!l->node || !l->node->op)
+    jinja_fail(st, "The loop must have the 'recursive' marker to be called recursively.");
+  if (a->n != 1 || a->n_kw)
+    jinja_fail(st, "loop() takes exactly one argument, the items to recurse into");
+  if (++st->depth > JINJA_MAX_DEPTH)
+    jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
+  struct jinja_buf b, *saved_out = ev->out;
+  struct jinja_frame *saved_frame = ev->frame;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  ev->out = &b;
+  exec_for_seq(ev, l->node, a->pos[0], l->depth + 1, l->outer);
+  ev->out = saved_out;
+  ev->frame = saved_frame;
+  st->depth--;
+  return jinja_buf_value(&b);
 }
 
 static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {

@@ -676,8 +676,10 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
       advance(p);
       n->c = parse_expression(p, 1);
     }
-    if (is_name(cur(p), "recursive"))
-      jinja_fail(p->st, "recursive for loops are not supported");
+    if (is_name(cur(p), "recursive")) {
+      advance(p);
+      n->op = 1; /* the body may call loop(items) */
+    }
     expect_block_end(p);
     static const char *const ends1[] = {"endfor", "else", NULL};
     n->body = parse_body(p, ends1);

@@ -82,6 +82,10 @@ struct jinja_loop {
   int depth;
   struct jinja_value last_changed; /* argument of the previous loop.changed() call */
   int changed_called;
+  /* The for node and the frame it runs in: loop(items) of a `recursive` loop runs the node
+   * again over ITEMS in that frame, one level deeper, and returns what it renders. */
+  const struct jinja_node *node;
+  struct jinja_frame *outer;
 };
 
 /* One block of arena memory; chunks form a singly linked list freed at the end of a render. */

@@ -757,3 +757,30 @@ def test_wordwrap_and_truncate_match_jinja2(tmp_path):
                    ("{{ 'a b'|wordwrap(0) }}", "invalid width 0 (must be > 0)")]:
         p = render_cli(tmp_path, t, {})
         assert p.returncode == 1 and msg in p.stderr.decode(), t
+
+
+RECURSIVE_TREE = {"t": [{"n": 1, "c": [{"n": 2, "c": [{"n": 4}]}, {"n": 5, "c": []}]}, {"n": 3},
+                        {"n": 6, "c": [{"n": 7}]}]}
+
+
+@pytest.mark.parametrize("template", [
+    "{% for x in t recursive %}[{{ x.n }}{% if x.c %}{{ loop(x.c) }}{% endif %}]{% endfor %}",
+    "{% for x in t recursive %}{{ loop.depth }}{{ loop.depth0 }}:{{ loop.index }}/{{ loop.length }}"
+    "{% if x.c is defined %}({{ loop(x.c) }}){% endif %}{% else %}E{% endfor %}",
+    "{% for x in t if x.n != 5 recursive %}{{ x.n }}{% if x.c %}<{{ loop(x.c)|upper }}>{% endif %}{% endfor %}",
+    "{% set ns = namespace(k=0) %}{% for x in t recursive %}{% set ns.k = ns.k + 1 %}{{ ns.k }}"
+    "{% if x.c %}{{ loop(x.c) }}{% endif %}{% endfor %}|{{ ns.k }}",
+    "{% for x in t recursive %}{% for y in [1] %}{{ x.n }}{% endfor %}{% if x.c %}{{ loop(x.c) }}{% endif %}"
+    "{% if loop.last %}L{% endif %}{% endfor %}",
+])
+def test_recursive_for_matches_jinja2(tmp_path, template):
+    expected, err = render_jinja2(template, RECURSIVE_TREE)
+    r = render_cli(tmp_path, template, RECURSIVE_TREE)
+    assert err is None and r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == expected
+
+
+def test_loop_call_needs_recursive(tmp_path):
+    r = render_cli(tmp_path, "{% for x in t %}{{ loop(x.c) }}{% endfor %}", RECURSIVE_TREE)
+    assert r.returncode == 1
+    assert r.stderr == b"The loop must have the 'recursive' marker to be called recursively.\n"
