@@ -299,3 +299,15 @@ def test_byte_fallback_invalid_runs_decode_as_hf(tmp_path):
         r = run(["detokenize", "-m", str(d)], " ".join(map(str, ids)).encode())
         assert r.returncode == 0, r.stderr
         assert r.stdout.decode("utf-8") == t.decode(ids), ids
+
+
+def test_added_token_not_in_model_vocab_with_ignore_merges(tmp_path):
+    """HF's BPE model never produces an added token that is not in its own vocab: with
+    ignore_merges a pre-tokenized word equal to one ("hello" in "hello_", where single_word
+    refuses the match) is still merged from its pieces (found by test_text_fuzz)."""
+    t = byte_level_bpe(split_then_bytelevel(pre_tokenizers.Split(Regex(LLAMA3), "isolated")), ignore_merges=True)
+    t.add_tokens([AddedToken("hello", single_word=True), AddedToken("q", single_word=True)])
+    d = save(t, tmp_path)
+    for text in ["hello_", "hello", "_hello", "hello world", "q_", "aq", "q"]:
+        r = run(["tokenize", "-m", str(d)], text.encode())
+        assert r.returncode == 0 and [int(x) for x in r.stdout.split()] == t.encode(text).ids, text
