@@ -790,6 +790,8 @@ static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_va
 
 static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_state *st = ev->st;
+  size_t saved_at = st->at;
+  st->at = n->pos;
   jinja_step(st);
   if (++st->depth > JINJA_MAX_DEPTH)
     jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
@@ -907,6 +909,7 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     jinja_fail(st, "cannot evaluate this expression");
   }
   st->depth--;
+  st->at = saved_at;
   return r;
 }
 
@@ -1022,6 +1025,7 @@ static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l,
 
 static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_state *st = ev->st;
+  st->at = n->pos;
   jinja_step(st);
   switch (n->kind) {
   case JINJA_N_TEXT:

@@ -126,10 +126,18 @@ static struct jinja_value from_json(struct jinja_state *st, const cJSON *j, int 
 
 char *jinja_render(const char *template_src, const cJSON *context, const struct jinja_limits *limits,
                    size_t *out_len, char **err) {
+  return jinja_render_at(template_src, context, limits, out_len, err, NULL);
+}
+
+char *jinja_render_at(const char *template_src, const cJSON *context, const struct jinja_limits *limits,
+                      size_t *out_len, char **err, struct jinja_error_loc *loc) {
   *err = NULL;
   *out_len = 0;
+  if (loc)
+    loc->line = loc->col = 0;
   struct jinja_state st;
   memset(&st, 0, sizeof(st));
+  st.at = SIZE_MAX;
   st.max_steps = limits->max_steps;
   struct jinja_buf out;
   jinja_buf_init(&out, &st, 1, limits->max_output);
@@ -141,6 +149,10 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
     jinja_state_release(&st);
     char *msg = ((volatile struct jinja_state *)&st)->err;
     *err = msg ? msg : strdup("template error");
+    if (loc) {
+      loc->line = ((volatile struct jinja_state *)&st)->err_line;
+      loc->col = ((volatile struct jinja_state *)&st)->err_col;
+    }
     return NULL;
   }
   if (!template_src)
@@ -149,6 +161,7 @@ char *jinja_render(const char *template_src, const cJSON *context, const struct 
   struct jinja_token *toks = jinja_lex(&st, template_src, strlen(template_src), &n_tokens);
   struct jinja_node *root = jinja_parse(&st, toks, n_tokens);
 
+  st.at = SIZE_MAX; /* context errors have no place in the template */
   struct jinja_frame *globals = jinja_alloc(&st, sizeof(*globals));
   memset(globals, 0, sizeof(*globals));
   if (context && cJSON_IsObject(context)) {

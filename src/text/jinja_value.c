@@ -45,8 +45,26 @@ void jinja_state_release(struct jinja_state *st) {
   st->arena_bytes = 0;
 }
 
+static void locate(struct jinja_state *st) {
+  if (!st->src || st->at > st->src_len)
+    return;
+  int line = 1, col = 1;
+  for (size_t i = 0; i < st->at; i++) {
+    unsigned char c = (unsigned char)st->src[i];
+    if (c == '\n') {
+      line++;
+      col = 1;
+    } else if ((c & 0xC0) != 0x80) {
+      col++;
+    }
+  }
+  st->err_line = line;
+  st->err_col = col;
+}
+
 void jinja_fail(struct jinja_state *st, const char *fmt, ...) {
   if (!st->err) {
+    locate(st);
     va_list ap;
     va_start(ap, fmt);
     char tmp[1024];
@@ -58,8 +76,10 @@ void jinja_fail(struct jinja_state *st, const char *fmt, ...) {
 }
 
 void jinja_fail_msg(struct jinja_state *st, const char *msg) {
-  if (!st->err)
+  if (!st->err) {
+    locate(st);
     st->err = strdup(msg);
+  }
   longjmp(st->on_error, 1);
 }
 

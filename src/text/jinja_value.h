@@ -105,6 +105,12 @@ struct jinja_state {
   int depth;
   char *err;        /* malloc'd message after an error */
   jmp_buf on_error; /* set by the entry point; jinja_fail jumps here */
+  /* Where errors are: SRC (SRC_LEN bytes) is the template as lexed, AT the byte offset of the
+   * construct being lexed, parsed or evaluated (SIZE_MAX: none, e.g. the context). jinja_fail
+   * turns AT into ERR_LINE and ERR_COL (1-based; column in code points; 0 when unknown). */
+  const char *src;
+  size_t src_len, at;
+  int err_line, err_col;
 };
 
 void *jinja_alloc(struct jinja_state *st, size_t size);
