@@ -273,6 +273,23 @@ void detokenizer_reset(struct detokenizer *d) {
 void detokenizer_set_continuation(struct detokenizer *d) {
   if (!d)
     return;
+  /* A byte-fallback run held from the (discarded) prompt is dropped, except an unfinished last
+   * character, which the continuation may complete. */
+  size_t k = 0, n = d->run.len;
+  while (k < n) {
+    uint32_t cp;
+    int l = unicode_utf8_decode((const uint8_t *)d->run.data + k, n - k, &cp);
+    if (!l)
+      break;
+    k += (size_t)l;
+  }
+  size_t keep = 0;
+  if (k < n && (size_t)unicode_utf8_len((uint8_t)d->run.data[k]) > n - k &&
+      (uint8_t)d->run.data[k] >= 0xC2)
+    keep = n - k;
+  if (keep)
+    memmove(d->run.data, d->run.data + n - keep, keep);
+  d->run.len = keep;
   d->strip_left = 0;
   if (d->index == 0)
     d->index = 1;

@@ -243,6 +243,23 @@ static void special_checks(void) {
       detokenizer_push(d, ids[i], out, sizeof out);
     int h = detokenizer_push(d, 15043, out, sizeof out);
     CHECK(h == 10 && !memcmp(out, "\xf0\x9f\xa6\x99 Hello", 10), "run released by a text token (%d)", h);
+    /* A prompt's held run is not output after set_continuation (the server primes the
+     * detokenizer with the prompt's tail and discards that text)... */
+    detokenizer_reset(d);
+    for (int i = 0; i < 5; i++)
+      detokenizer_push(d, ids[i], out, sizeof out);
+    detokenizer_set_continuation(d);
+    h = detokenizer_push(d, 15043, out, sizeof out);
+    CHECK(h == 6 && !memcmp(out, " Hello", 6), "prompt run leaked into the continuation (%d)", h);
+    /* ...but an unfinished character at the prompt's end is completed by the continuation. */
+    detokenizer_reset(d);
+    detokenizer_push(d, ids[1], out, sizeof out);
+    detokenizer_push(d, ids[2], out, sizeof out);
+    detokenizer_set_continuation(d);
+    detokenizer_push(d, ids[3], out, sizeof out);
+    detokenizer_push(d, ids[4], out, sizeof out);
+    fl = detokenizer_flush(d, out, sizeof out);
+    CHECK(fl == 4 && !memcmp(out, "\xf0\x9f\xa6\x99", 4), "character split at the prompt's end: %d bytes", fl);
     /* An incomplete run becomes one U+FFFD per byte, as HF's ByteFallback decoder gives. */
     detokenizer_reset(d);
     detokenizer_push(d, ids[1], out, sizeof out);
