@@ -16,6 +16,11 @@ struct detokenizer {
   int skip_special;
   int index;        /* tokens decoded so far (after skipping): Metaspace treats the first apart */
   int strip_left;   /* leading Strip characters still to drop */
+  /* ByteFallback: the bytes of the current run of <0xNN> tokens, held until the run ends (a
+   * token that is not a byte, or the end): HF emits the run as its text when the whole run is
+   * valid UTF-8, else one U+FFFD per byte, so no byte of a run can be released early. */
+  int bf_step;      /* index of the ByteFallback step in t->dec */
+  struct text_buf run, run_piece;
   /* out: complete UTF-8 not yet handed to the caller (what did not fit in the last cap) */
   struct utf8_stream utf8;
   struct text_buf piece, tmp, out;
@@ -31,6 +36,8 @@ static void detok_init(struct detokenizer *d, const struct tokenizer *t, int ski
 }
 
 static void detok_release(struct detokenizer *d) {
+  text_buf_free(&d->run);
+  text_buf_free(&d->run_piece);
   text_buf_free(&d->piece);
   text_buf_free(&d->tmp);
   text_buf_free(&d->out);
@@ -46,7 +53,12 @@ static int hexval(char c) {
   return -1;
 }
 
-/* One decoder step over the token text in d->piece (result left in d->piece). */
+static int is_byte_token(const char *s, size_t n) {
+  return n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0;
+}
+
+/* One decoder step over the token text in d->piece (result left in d->piece). Returns 0, 1
+ * when the token was taken into the ByteFallback run (nothing to pass on), or -1 on error. */
 static int decode_step(struct detokenizer *d, const struct decode_step *st) {
   struct text_buf *in = &d->piece, *out = &d->tmp;
   out->len = 0;
@@ -54,11 +66,11 @@ static int decode_step(struct detokenizer *d, const struct decode_step *st) {
   size_t n = in->len;
   switch (st->kind) {
   case DECODE_BYTE_FALLBACK:
-    if (n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' && hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
+    if (is_byte_token(s, n)) {
       char b = (char)(hexval(s[3]) * 16 + hexval(s[4]));
-      if (text_buf_append(out, &b, 1))
+      if (text_buf_append(&d->run, &b, 1))
         return ERR("out of memory");
-      break;
+      return 1; /* held in the run */
     }
     return 0;
   case DECODE_BYTE_LEVEL: {
@@ -103,21 +115,55 @@ static int decode_step(struct detokenizer *d, const struct decode_step *st) {
   return 0;
 }
 
-/* Decodes ID and appends the completed UTF-8 to d->out. */
-static int detok_push(struct detokenizer *d, int32_t id) {
-  const struct tokenizer *t = d->t;
-  if (id < 0 || id >= t->vocab.n)
-    return ERR("token id %d out of range (vocabulary of %d)", (int)id, t->vocab.n);
-  if (d->skip_special && t->special[id])
+/* Sends the text in d->piece through decoder steps FROM.. and appends the completed UTF-8 to
+ * d->out. */
+static int detok_steps(struct detokenizer *d, int from);
+
+/* Ends the current ByteFallback run: its bytes (valid UTF-8) or one U+FFFD per byte go through
+ * the steps after ByteFallback as one token, as HF's decode_chain does. */
+static int detok_end_run(struct detokenizer *d) {
+  if (!d->run.len)
     return 0;
-  size_t len;
-  const char *s = tokenizer_decode_text(t, id, &len);
+  struct text_buf saved = d->piece;
+  d->piece = d->run_piece;
   d->piece.len = 0;
-  if (s && text_buf_append(&d->piece, s, len))
-    return ERR("out of memory");
-  for (int i = 0; i < t->n_dec; i++)
-    if (decode_step(d, &t->dec[i]))
+  int rc = 0;
+  size_t n = d->run.len;
+  int valid = 1;
+  for (size_t i = 0; i < n && valid;) {
+    uint32_t cp;
+    int l = unicode_utf8_decode((const uint8_t *)d->run.data + i, n - i, &cp);
+    if (!l)
+      valid = 0;
+    i += (size_t)l;
+  }
+  if (valid)
+    rc = text_buf_append(&d->piece, d->run.data, n) ? ERR("out of memory") : 0;
+  else
+    for (size_t i = 0; i < n && !rc; i++)
+      rc = text_buf_append(&d->piece, "\xEF\xBF\xBD", 3) ? ERR("out of memory") : 0;
+  d->run.len = 0;
+  if (!rc)
+    rc = detok_steps(d, d->bf_step + 1);
+  d->run_piece = d->piece;
+  d->piece = saved;
+  return rc;
+}
+
+static int detok_steps(struct detokenizer *d, int from) {
+  const struct tokenizer *t = d->t;
+  for (int i = from; i < t->n_dec; i++) {
+    if (t->dec[i].kind == DECODE_BYTE_FALLBACK) {
+      d->bf_step = i;
+      if (d->run.len && !is_byte_token(d->piece.data, d->piece.len) && detok_end_run(d))
+        return -1;
+    }
+    int rc = decode_step(d, &t->dec[i]);
+    if (rc < 0)
       return -1;
+    if (rc > 0)
+      return 0;
+  }
   d->index++;
   if (text_buf_reserve(&d->out, d->piece.len * 4 + 8))
     return ERR("out of memory");
@@ -139,7 +185,24 @@ static int detok_push(struct detokenizer *d, int32_t id) {
   return 0;
 }
 
+/* Decodes ID and appends the completed UTF-8 to d->out. */
+static int detok_push(struct detokenizer *d, int32_t id) {
+  const struct tokenizer *t = d->t;
+  if (id < 0 || id >= t->vocab.n)
+    return ERR("token id %d out of range (vocabulary of %d)", (int)id, t->vocab.n);
+  if (d->skip_special && t->special[id])
+    return 0;
+  size_t len;
+  const char *s = tokenizer_decode_text(t, id, &len);
+  d->piece.len = 0;
+  if (s && text_buf_append(&d->piece, s, len))
+    return ERR("out of memory");
+  return detok_steps(d, 0);
+}
+
 static int detok_flush(struct detokenizer *d) {
+  if (detok_end_run(d))
+    return -1;
   if (text_buf_reserve(&d->out, 4))
     return ERR("out of memory");
   d->out.len += (size_t)utf8_stream_flush(&d->utf8, d->out.data + d->out.len);
@@ -196,17 +259,37 @@ void detokenizer_free(struct detokenizer *d) {
 void detokenizer_reset(struct detokenizer *d) {
   const struct tokenizer *t = d->t;
   int skip = d->skip_special;
-  struct text_buf a = d->piece, b = d->tmp, c = d->out;
+  struct text_buf a = d->piece, b = d->tmp, c = d->out, r = d->run, rp = d->run_piece;
   detok_init(d, t, skip);
   d->piece = a;
   d->tmp = b;
   d->out = c;
   d->out.len = 0;
+  d->run = r;
+  d->run.len = 0;
+  d->run_piece = rp;
 }
 
 void detokenizer_set_continuation(struct detokenizer *d) {
   if (!d)
     return;
+  /* A byte-fallback run held from the (discarded) prompt is dropped, except an unfinished last
+   * character, which the continuation may complete. */
+  size_t k = 0, n = d->run.len;
+  while (k < n) {
+    uint32_t cp;
+    int l = unicode_utf8_decode((const uint8_t *)d->run.data + k, n - k, &cp);
+    if (!l)
+      break;
+    k += (size_t)l;
+  }
+  size_t keep = 0;
+  if (k < n && (size_t)unicode_utf8_len((uint8_t)d->run.data[k]) > n - k &&
+      (uint8_t)d->run.data[k] >= 0xC2)
+    keep = n - k;
+  if (keep)
+    memmove(d->run.data, d->run.data + n - keep, keep);
+  d->run.len = keep;
   d->strip_left = 0;
   if (d->index == 0)
     d->index = 1;

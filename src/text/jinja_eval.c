@@ -511,9 +511,13 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
   return d;
 }
 
+static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l, const struct jinja_args *a);
+
 struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
                                    const struct jinja_args *a) {
   jinja_check_defined(ev->st, fn);
+  if (fn.type == JINJA_LOOP)
+    return call_loop(ev, fn.u.loop, a);
   if (fn.type != JINJA_CALLABLE)
     jinja_fail(ev->st, "'%s' object is not callable", jinja_type_name(fn));
   const struct jinja_callable *c = fn.u.c;
@@ -650,15 +654,18 @@ static struct jinja_value arith(struct jinja_eval *ev, int op, struct jinja_valu
       case JINJA_OP_POW:
         if (y < 0)
           return jinja_float(pow((double)x, (double)y));
+        /* by squaring; past int64 is an error (Python would make a big int) */
         r = 1;
-        for (int64_t i = 0; i < y && !overflow; i++) {
-          jinja_step(st);
-          overflow = __builtin_mul_overflow(r, x, &r);
+        for (int64_t base = x, e = y; e > 0 && !overflow; e >>= 1) {
+          if (e & 1)
+            overflow = __builtin_mul_overflow(r, base, &r);
+          if (e > 1 && !overflow)
+            overflow = __builtin_mul_overflow(base, base, &base);
         }
         break;
       }
       if (overflow)
-        jinja_fail(st, "integer overflow in '%s'", names[op]);
+        jinja_fail(st, "integer overflow in '%s': the result is beyond 64-bit integers (pagoda's templates have no big ints)", names[op]);
       return jinja_int(r);
     }
     double x = jinja_as_double(a), y = jinja_as_double(b);
@@ -783,6 +790,8 @@ static struct jinja_value compare(struct jinja_eval *ev, int op, struct jinja_va
 
 static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_state *st = ev->st;
+  size_t saved_at = st->at;
+  st->at = n->pos;
   jinja_step(st);
   if (++st->depth > JINJA_MAX_DEPTH)
     jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
@@ -900,6 +909,7 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     jinja_fail(st, "cannot evaluate this expression");
   }
   st->depth--;
+  st->at = saved_at;
   return r;
 }
 
@@ -928,12 +938,13 @@ static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct ji
   }
 }
 
-static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
+/* Runs the for node N over SEQ at DEPTH in the frame OUTER (the current frame, or for a
+ * recursive loop(...) call the frame the loop was started in). */
+static int exec_for_seq(struct jinja_eval *ev, const struct jinja_node *n, struct jinja_value seq, int depth,
+                        struct jinja_frame *outer) {
   struct jinja_state *st = ev->st;
-  struct jinja_value seq = eval(ev, n->b);
   size_t count;
   struct jinja_value *items = jinja_eval_iterate(ev, seq, &count);
-  struct jinja_frame *outer = ev->frame;
   if (n->c) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
     struct jinja_value *kept = count ? jinja_alloc(st, count * sizeof(*kept)) : NULL;
     size_t m = 0;
@@ -961,8 +972,10 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_loop *loop = jinja_alloc(st, sizeof(*loop));
   loop->items = items;
   loop->length = count;
-  loop->depth = 1; /* depth only grows in recursive loops, which are not supported */
+  loop->depth = depth;
   loop->changed_called = 0;
+  loop->node = n;
+  loop->outer = outer;
   struct jinja_value loopv = {.type = JINJA_LOOP};
   loopv.u.loop = loop;
   ev->loop_depth++;
@@ -985,8 +998,34 @@ static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
   return JINJA_FLOW_NORMAL;
 }
 
+static int exec_for(struct jinja_eval *ev, const struct jinja_node *n) {
+  return exec_for_seq(ev, n, eval(ev, n->b), 1, ev->frame);
+}
+
+/* loop(items) inside a `recursive` for: the loop again over ITEMS, one level deeper; returns
+ * its output (a str: transformers renders without autoescape). */
+static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l, const struct jinja_args *a) {
+  struct jinja_state *st = ev->st;
+  if (!l->node || !l->node->op)
+    jinja_fail(st, "The loop must have the 'recursive' marker to be called recursively.");
+  if (a->n != 1 || a->n_kw)
+    jinja_fail(st, "loop() takes exactly one argument, the items to recurse into");
+  if (++st->depth > JINJA_MAX_DEPTH)
+    jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
+  struct jinja_buf b, *saved_out = ev->out;
+  struct jinja_frame *saved_frame = ev->frame;
+  jinja_buf_init(&b, st, 0, JINJA_MAX_OUTPUT);
+  ev->out = &b;
+  exec_for_seq(ev, l->node, a->pos[0], l->depth + 1, l->outer);
+  ev->out = saved_out;
+  ev->frame = saved_frame;
+  st->depth--;
+  return jinja_buf_value(&b);
+}
+
 static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   struct jinja_state *st = ev->st;
+  st->at = n->pos;
   jinja_step(st);
   switch (n->kind) {
   case JINJA_N_TEXT:

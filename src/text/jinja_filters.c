@@ -9,6 +9,7 @@
 
 #include "text/jinja_methods.h"
 #include "text/jinja_string.h"
+#include "text/jinja_wrap.h"
 
 /* ---- helpers ---- */
 
@@ -149,6 +150,15 @@ static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v,
   return jinja_buf_value(&e);
 }
 
+/* Python's int(F) for finite F; a result outside int64 (Python would make a big int) is an
+ * error rather than a wrapped value. */
+static struct jinja_value int_of_double(struct jinja_state *st, double f) {
+  double t = trunc(f);
+  if (t >= 9223372036854775808.0 || t < -9223372036854775808.0)
+    jinja_fail(st, "int() of %.17g is beyond 64-bit integers (pagoda's templates have no big ints)", f);
+  return jinja_int((int64_t)t);
+}
+
 static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
                                  const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
@@ -169,7 +179,8 @@ static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
     pad = jinja_str_n(st, sp, (size_t)k);
   }
   v = str_of(ev, v);
-  /* s + "\n", split into lines (\n, \r\n, \r), as Jinja2's indent does with splitlines. */
+  /* Jinja2: lines = (s + "\n").splitlines(); the first line as is, each later one after "\n"
+   * (indented unless blank and not BLANK). */
   const char *s = v.u.s->data;
   size_t n = v.u.s->len;
   struct jinja_buf b;
@@ -177,23 +188,18 @@ static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
   if (first)
     jinja_buf_add(&b, pad.u.s->data, pad.u.s->len);
   size_t i = 0;
-  int line_no = 0;
-  while (i < n || line_no == 0) {
-    size_t e = i;
-    while (e < n && s[e] != '\n' && s[e] != '\r')
-      e++;
+  for (int line_no = 0;; line_no++) {
+    size_t brk;
+    size_t e = jinja_line_end(s, i, n, &brk);
     if (line_no > 0) {
       jinja_buf_add(&b, "\n", 1);
       if (blank || e > i)
         jinja_buf_add(&b, pad.u.s->data, pad.u.s->len);
     }
     jinja_buf_add(&b, s + i, e - i);
-    line_no++;
-    if (e >= n)
+    if (e >= n) /* the appended "\n" ends this last line */
       break;
-    i = e + ((s[e] == '\r' && e + 1 < n && s[e + 1] == '\n') ? 2 : 1);
-    if (i >= n) /* the added "\n" ends the last line without starting another */
-      break;
+    i = e + brk;
   }
   return jinja_buf_value(&b);
 }
@@ -308,6 +314,7 @@ static struct jinja_value select_items(struct jinja_eval *ev, struct jinja_value
       out.u.l->items[m++] = items[i];
   }
   out.u.l->n = m;
+  out.u.l->view = JINJA_VIEW_GENERATOR;
   return out;
 }
 
@@ -326,6 +333,7 @@ static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value se
         x = *def;
       out.u.l->items[i] = x;
     }
+    out.u.l->view = JINJA_VIEW_GENERATOR;
     return out;
   }
   if (a->n < 1)
@@ -335,6 +343,7 @@ static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value se
       .pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
   for (size_t i = 0; i < n; i++)
     out.u.l->items[i] = jinja_filter_apply(ev, filter, items[i], &fargs);
+  out.u.l->view = JINJA_VIEW_GENERATOR;
   return out;
 }
 
@@ -487,12 +496,12 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     if (in.type == JINJA_BOOL)
       return jinja_int(in.u.b);
     if (in.type == JINJA_FLOAT)
-      return isfinite(in.u.f) ? jinja_int((int64_t)in.u.f) : jinja_int(def);
+      return isfinite(in.u.f) ? int_of_double(st, in.u.f) : jinja_int(def);
     if (in.type == JINJA_STRING) {
       if (parse_int(in.u.s->data, (int)base, &r))
         return jinja_int(r);
       if (parse_float(in.u.s->data, &f) && isfinite(f))
-        return jinja_int((int64_t)f);
+        return int_of_double(st, f);
     }
     return jinja_int(def);
   }
@@ -632,6 +641,10 @@ static struct jinja_value filter_apply(struct jinja_eval *ev, const char *name, 
     return in;
   if (IS("escape") || IS("e") || IS("forceescape"))
     return jinja_html_escape(ev, in);
+  if (IS("truncate"))
+    return jinja_truncate(ev, in, a);
+  if (IS("wordwrap"))
+    return jinja_wordwrap(ev, in, a);
   if (IS("center")) {
     struct jinja_value s = str_of(ev, in);
     int64_t width = jinja_arg_int(ev, jinja_arg(a, 0, "width"), 80);
@@ -786,7 +799,7 @@ int jinja_test_apply(struct jinja_eval *ev, const char *name, struct jinja_value
         "round",  "select",    "reject", "selectattr", "rejectattr",  "map",        "attr",
         "unique", "min",       "max",    "reverse",    "sort",        "dictsort",   "sum",
         "indent", "wordcount", "escape", "e",          "forceescape", "center",     "batch",
-        "pprint", "format",    NULL};
+        "pprint", "format",    "truncate", "wordwrap", NULL};
     static const char *tests[] = {
         "defined", "undefined", "none",        "boolean",     "true",     "false",    "integer", "float",
         "number",  "string",    "mapping",     "iterable",    "sequence", "callable", "escaped", "lower",

@@ -32,6 +32,7 @@ static struct jinja_token *jinja_lex_push(struct jinja_lexer *lx, enum jinja_tok
   memset(t, 0, sizeof(*t));
   t->type = type;
   t->line = lx->line;
+  t->pos = lx->pos;
   t->text = "";
   return t;
 }
@@ -297,6 +298,7 @@ static void jinja_lex_tag(struct jinja_lexer *lx, int is_block) {
     if (lx->pos >= lx->n)
       jinja_fail(lx->st, "unexpected end of template, expected '%s'", is_block ? "%}" : "}}");
     size_t p = lx->pos;
+    lx->st->at = p;
     char c = s[p];
     if (depth == 0) {
       char sign = 0;
@@ -437,7 +439,10 @@ struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n,
   norm[m] = 0;
 
   struct jinja_lexer lx = {.st = st, .s = norm, .n = m, .line = 1, .line_starting = 1};
+  st->src = norm;
+  st->src_len = m;
   while (lx.pos < lx.n) {
+    st->at = lx.pos;
     const char *s = lx.s;
     size_t p = lx.pos, open = 0;
     int kind = 0; /* '{', '%' or '#' */

@@ -22,6 +22,7 @@ enum jinja_tok {
 struct jinja_token {
   enum jinja_tok type;
   int line;
+  size_t pos;       /* byte offset in the lexed source (errors report it as line and column) */
   const char *text; /* NUL-terminated: name or operator */
   struct jinja_value value;
 };

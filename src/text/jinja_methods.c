@@ -158,11 +158,9 @@ struct jinja_value jinja_method_call(struct jinja_eval *ev, struct jinja_value s
       struct jinja_value *parts = jinja_alloc(st, (n + 1) * sizeof(*parts));
       size_t np = 0, i = 0;
       while (i < n) {
-        size_t e = i;
-        while (e < n && s[e] != '\n' && s[e] != '\r')
-          e++;
+        size_t brk, e = jinja_line_end(s, i, n, &brk);
         parts[np++] = jinja_str_n(st, s + i, e - i);
-        i = e < n ? e + ((s[e] == '\r' && e + 1 < n && s[e + 1] == '\n') ? 2 : 1) : n;
+        i = e + brk;
       }
       return jinja_list_from(ev->st, parts, np);
     }

@@ -54,6 +54,7 @@ static const struct jinja_token *peek2(struct jinja_parser *p) {
 static void advance(struct jinja_parser *p) {
   if (p->pos + 1 < p->n)
     p->pos++;
+  p->st->at = p->t[p->pos].pos;
 }
 
 static int is_op(const struct jinja_token *t, const char *op) {
@@ -120,6 +121,7 @@ static struct jinja_node *node_new(struct jinja_parser *p, enum jinja_node_kind 
   memset(n, 0, sizeof(*n));
   n->kind = kind;
   n->line = cur(p)->line;
+  n->pos = cur(p)->pos;
   return n;
 }
 
@@ -425,6 +427,7 @@ static struct jinja_node *parse_primary(struct jinja_parser *p) {
   } else {
     unexpected(p, NULL);
   }
+  n->pos = t->pos; /* where the primary starts (most nodes above are made past their token) */
   leave(p);
   return n;
 }
@@ -676,8 +679,10 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
       advance(p);
       n->c = parse_expression(p, 1);
     }
-    if (is_name(cur(p), "recursive"))
-      jinja_fail(p->st, "recursive for loops are not supported");
+    if (is_name(cur(p), "recursive")) {
+      advance(p);
+      n->op = 1; /* the body may call loop(items) */
+    }
     expect_block_end(p);
     static const char *const ends1[] = {"endfor", "else", NULL};
     n->body = parse_body(p, ends1);
@@ -844,7 +849,28 @@ static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *
   return body;
 }
 
+/* An expression's position is where it starts: a binary, filter, test, call, attribute or
+ * subscript node begins with its left operand (N->a), not at the token it was made at. */
+static void fix_positions(struct jinja_node *n) {
+  if (!n)
+    return;
+  fix_positions(n->a);
+  fix_positions(n->b);
+  fix_positions(n->c);
+  fix_positions(n->body);
+  fix_positions(n->else_body);
+  for (size_t i = 0; i < n->n_args; i++)
+    fix_positions(n->args[i]);
+  for (size_t i = 0; i < n->n_kwargs; i++)
+    fix_positions(n->kwargs[i]);
+  if (n->a && n->a->pos < n->pos)
+    n->pos = n->a->pos;
+}
+
 struct jinja_node *jinja_parse(struct jinja_state *st, const struct jinja_token *toks, size_t n) {
   struct jinja_parser p = {.st = st, .t = toks, .n = n, .pos = 0};
-  return parse_body(&p, NULL);
+  st->at = toks[0].pos;
+  struct jinja_node *root = parse_body(&p, NULL);
+  fix_positions(root);
+  return root;
 }

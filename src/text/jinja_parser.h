@@ -65,6 +65,7 @@ enum jinja_op {
 struct jinja_node {
   enum jinja_node_kind kind;
   int line;
+  size_t pos; /* byte offset of its first token in the source */
   int op;
   const char *name; /* identifier, attribute, filter or test name */
   const char *attr; /* JINJA_N_NSREF attribute */

@@ -557,3 +557,28 @@ struct jinja_value jinja_string_format(struct jinja_eval *ev, struct jinja_value
   }
   return jinja_buf_value(&b);
 }
+
+size_t jinja_line_end(const char *s, size_t i, size_t n, size_t *brk) {
+  for (; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '\n' || c == '\v' || c == '\f' || (c >= 0x1C && c <= 0x1E)) {
+      *brk = 1;
+      return i;
+    }
+    if (c == '\r') {
+      *brk = i + 1 < n && s[i + 1] == '\n' ? 2 : 1;
+      return i;
+    }
+    if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] == 0x85) {
+      *brk = 2;
+      return i;
+    }
+    if (c == 0xE2 && i + 2 < n && (unsigned char)s[i + 1] == 0x80 &&
+        ((unsigned char)s[i + 2] == 0xA8 || (unsigned char)s[i + 2] == 0xA9)) {
+      *brk = 3;
+      return i;
+    }
+  }
+  *brk = 0;
+  return n;
+}

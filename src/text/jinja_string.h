@@ -17,6 +17,10 @@ enum jinja_case {
 int jinja_string_isspace(int32_t c);
 /* The code point at S[*i] (an invalid byte reads as itself); advances *i. */
 int32_t jinja_string_next(const char *s, size_t n, size_t *i);
+/* Python's str.splitlines boundaries: the end of the line that starts at S[I] (a break, or N),
+ * with *BRK the length of the break there (\r\n is one; also \v \f \x1c-\x1e U+0085
+ * U+2028 U+2029), 0 at N. */
+size_t jinja_line_end(const char *s, size_t i, size_t n, size_t *brk);
 /* Appends CP as UTF-8. */
 void jinja_string_put(struct jinja_buf *b, int32_t cp);
 /* Whether CP has case (an upper or lower form other than itself). */

@@ -45,8 +45,26 @@ void jinja_state_release(struct jinja_state *st) {
   st->arena_bytes = 0;
 }
 
+static void locate(struct jinja_state *st) {
+  if (!st->src || st->at > st->src_len)
+    return;
+  int line = 1, col = 1;
+  for (size_t i = 0; i < st->at; i++) {
+    unsigned char c = (unsigned char)st->src[i];
+    if (c == '\n') {
+      line++;
+      col = 1;
+    } else if ((c & 0xC0) != 0x80) {
+      col++;
+    }
+  }
+  st->err_line = line;
+  st->err_col = col;
+}
+
 void jinja_fail(struct jinja_state *st, const char *fmt, ...) {
   if (!st->err) {
+    locate(st);
     va_list ap;
     va_start(ap, fmt);
     char tmp[1024];
@@ -58,8 +76,10 @@ void jinja_fail(struct jinja_state *st, const char *fmt, ...) {
 }
 
 void jinja_fail_msg(struct jinja_state *st, const char *msg) {
-  if (!st->err)
+  if (!st->err) {
+    locate(st);
     st->err = strdup(msg);
+  }
   longjmp(st->on_error, 1);
 }
 
@@ -346,7 +366,8 @@ const char *jinja_type_name(struct jinja_value v) {
     if (v.u.l->view)
       return v.u.l->view == JINJA_VIEW_KEYS     ? "dict_keys"
              : v.u.l->view == JINJA_VIEW_VALUES ? "dict_values"
-                                                : "dict_items";
+             : v.u.l->view == JINJA_VIEW_ITEMS  ? "dict_items"
+                                                : "generator";
     return v.u.l->is_tuple ? "tuple" : "list";
   case JINJA_DICT:
     return "dict";
@@ -544,7 +565,8 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     break;
   case JINJA_LIST: {
     const struct jinja_list *l = v.u.l;
-    if (l->view) {
+    int wrap = l->view && l->view != JINJA_VIEW_GENERATOR;
+    if (wrap) {
       jinja_buf_adds(b, jinja_type_name(v));
       jinja_buf_add(b, "(", 1);
     }
@@ -557,7 +579,7 @@ void jinja_write_repr(struct jinja_buf *b, struct jinja_value v) {
     if (l->is_tuple && l->n == 1)
       jinja_buf_add(b, ",", 1);
     jinja_buf_add(b, l->is_tuple ? ")" : "]", 1);
-    if (l->view)
+    if (wrap)
       jinja_buf_add(b, ")", 1);
     break;
   }

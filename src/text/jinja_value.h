@@ -64,7 +64,10 @@ struct jinja_list {
   struct jinja_value *items; /* (n) */
 };
 
-enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS };
+/* JINJA_VIEW_GENERATOR: the result of map/select/reject/selectattr/rejectattr, a generator in
+ * Jinja2: it prints and iterates as its list, but tojson and subscripts refuse it as Python
+ * does (it is not re-run lazily, so a second iteration still sees the items). */
+enum { JINJA_VIEW_KEYS = 1, JINJA_VIEW_VALUES, JINJA_VIEW_ITEMS, JINJA_VIEW_GENERATOR };
 
 struct jinja_dict {
   size_t n, cap;
@@ -79,6 +82,10 @@ struct jinja_loop {
   int depth;
   struct jinja_value last_changed; /* argument of the previous loop.changed() call */
   int changed_called;
+  /* The for node and the frame it runs in: loop(items) of a `recursive` loop runs the node
+   * again over ITEMS in that frame, one level deeper, and returns what it renders. */
+  const struct jinja_node *node;
+  struct jinja_frame *outer;
 };
 
 /* One block of arena memory; chunks form a singly linked list freed at the end of a render. */
@@ -98,6 +105,12 @@ struct jinja_state {
   int depth;
   char *err;        /* malloc'd message after an error */
   jmp_buf on_error; /* set by the entry point; jinja_fail jumps here */
+  /* Where errors are: SRC (SRC_LEN bytes) is the template as lexed, AT the byte offset of the
+   * construct being lexed, parsed or evaluated (SIZE_MAX: none, e.g. the context). jinja_fail
+   * turns AT into ERR_LINE and ERR_COL (1-based; column in code points; 0 when unknown). */
+  const char *src;
+  size_t src_len, at;
+  int err_line, err_col;
 };
 
 void *jinja_alloc(struct jinja_state *st, size_t size);

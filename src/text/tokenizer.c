@@ -121,6 +121,7 @@ void tokenizer_free(struct tokenizer *t) {
   free(t->special);
   free(t->eog);
   free(t->norm_added);
+  free(t->added_only);
   free(t->norm_by_id);
   free(t->chat_template);
   free(t);
@@ -449,7 +450,7 @@ static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, cons
   bw->n_sym = 0;
   if (t->ignore_merges) {
     int32_t id = vocab_find(&t->vocab, s, len);
-    if (id >= 0)
+    if (id >= 0 && !(t->added_only && t->added_only[id]))
       return emit(w, id);
   }
   int prev_unk = 0;
@@ -459,6 +460,8 @@ static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, cons
     if (!l)
       l = 1;
     int32_t id = vocab_find(&t->vocab, s + i, (size_t)l);
+    if (id >= 0 && t->added_only && t->added_only[id])
+      id = -1; /* an added token is matched before the model or not at all */
     if (id >= 0) {
       if (add_symbol(bw, id, (uint32_t)i, (uint32_t)l))
         return -1;
@@ -681,9 +684,9 @@ static int find_added(const struct tokenizer *t, const char *s, size_t len, size
       if (a->single_word) {
         size_t dummy;
         uint32_t cp;
-        if (pos > 0 && unicode_is_alnum(cp_before(s, pos, 0, &dummy)))
+        if (pos > 0 && unicode_is_word(cp_before(s, pos, 0, &dummy)))
           continue;
-        if (e < len && unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp) && unicode_is_alnum(cp))
+        if (e < len && unicode_utf8_decode((const uint8_t *)s + e, len - e, &cp) && unicode_is_word(cp))
           continue;
       }
       if (a->lstrip) {

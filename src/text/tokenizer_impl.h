@@ -80,6 +80,8 @@ struct tokenizer {
 
   uint8_t *special;           /* (vocab.n) 1 for special tokens (skip_special drops them) */
   uint8_t *eog;               /* (vocab.n) 1 for end-of-generation tokens */
+  uint8_t *added_only;        /* (vocab.n) or NULL: 1 for an HF added token that is not in the
+                                 model's vocab, which the BPE model itself never produces */
   uint8_t *norm_added;        /* (vocab.n) 1 when the id is a `normalized` added token: HF
                                  decodes it as its normalized content (norm_by_id) */
   int32_t *norm_by_id;        /* (n_norm_by_id) indices into added, sorted by id */

@@ -571,8 +571,15 @@ int tokenizer_load_json(struct tokenizer *t, const char *json_path, const char *
      * normalizer (HF's default for `normalized` is !special); HF then also spells a new
      * token by its normalized content (set in tokenizer_finish). */
     int normalized = t_has_normalizer && jbool(it, "normalized", !special);
-    if (!vocab_text(&t->vocab, id, NULL) && !normalized && vocab_set(&t->vocab, id, c, strlen(c)))
-      goto out;
+    if (!vocab_text(&t->vocab, id, NULL)) {
+      if (!t->added_only && !(t->added_only = calloc((size_t)t->vocab.n, 1))) {
+        ERR("out of memory");
+        goto out;
+      }
+      t->added_only[id] = 1;
+      if (!normalized && vocab_set(&t->vocab, id, c, strlen(c)))
+        goto out;
+    }
     t->vocab.type[id] = special ? VOCAB_TYPE_CONTROL : VOCAB_TYPE_USER_DEFINED;
     if (tokenizer_add_added(t, id, c, strlen(c), special, jbool(it, "lstrip", 0), jbool(it, "rstrip", 0),
                             jbool(it, "single_word", 0), normalized))

@@ -208,3 +208,14 @@ int unicode_is_mark(uint32_t cp) {
   utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
   return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME;
 }
+
+int unicode_is_word(uint32_t cp) {
+  if (cp < 0x80)
+    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
+  if (cp == 0x200C || cp == 0x200D)
+    return 1;
+  utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || c == UTF8PROC_CATEGORY_NL ||
+         c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC ||
+         c == UTF8PROC_CATEGORY_ME || c == UTF8PROC_CATEGORY_PC;
+}

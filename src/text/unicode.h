@@ -42,5 +42,9 @@ int unicode_is_numeric(uint32_t cp);    /* general category N* */
 int unicode_is_punct(uint32_t cp);      /* category P* or ASCII punctuation */
 int unicode_is_alnum(uint32_t cp);      /* L* or N* */
 int unicode_is_mark(uint32_t cp);      /* category M* (Mn, Mc, Me) */
+/* A word character as the Rust regex crate's \w (HF's single_word boundary): L*, Nl, M*, Nd,
+ * Pc (so '_') and the joiners U+200C/U+200D. Other_Alphabetic symbols (So, e.g. circled
+ * letters) are not included: utf8proc has no property table for them. */
+int unicode_is_word(uint32_t cp);
 
 #endif

@@ -219,7 +219,42 @@ static void syntax_errors(void) {
   }
 }
 
+/* Errors say where they are: line and column (code points, 1-based) of the offending token or
+ * of the innermost expression being evaluated; the message itself stays Jinja2's. */
+static void error_locations(void) {
+  static const struct {
+    const char *tmpl, *ctx, *msg;
+    int line, col;
+  } cases[] = {
+      {"line1\n{{ x.y( }}", "{}", "unexpected '}'", 2, 10},
+      {"a\r\n  {{ 1 +* 2 }}", "{}", "unexpected '*'", 2, 9},
+      {"é{% if true %}\nü{{ 1 // 0 }}{% endif %}", "{}", "integer division or modulo by zero", 2, 5},
+      {"{% for m in messages %}\n{{ m.content + 1 }}{% endfor %}", "{\"messages\": [{\"content\": \"x\"}]}",
+       NULL, 2, 4},
+      {"x\n\n  {{ raise_exception('Bad role') }}", "{}", "Bad role", 3, 6},
+      {"{% if x %}never closed", "{}", NULL, 1, 23},
+      {"{{ x }}", "[1]", "the template context must be a JSON object", 0, 0},
+      {"ok\n{{ 'abc' | nofilter }}", "{}", NULL, 2, 4},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const struct jinja_limits limits = {.max_steps = 100000, .max_output = 1 << 20};
+    cJSON *ctx = jinja_context_parse(cases[i].ctx, strlen(cases[i].ctx));
+    size_t len;
+    char *err = NULL;
+    struct jinja_error_loc loc = {-1, -1};
+    char *out = jinja_render_at(cases[i].tmpl, ctx, &limits, &len, &err, &loc);
+    CHECK(!out && err, "case %zu must fail", i);
+    CHECK(!cases[i].msg || (err && !strcmp(err, cases[i].msg)), "case %zu: message '%s'", i, err ? err : "");
+    CHECK(loc.line == cases[i].line && loc.col == cases[i].col, "case %zu (%s): at %d:%d, expected %d:%d", i,
+          err ? err : "", loc.line, loc.col, cases[i].line, cases[i].col);
+    free(out);
+    free(err);
+    cJSON_Delete(ctx);
+  }
+}
+
 int main(void) {
+  error_locations();
   generated_cases();
   bounds();
   syntax_errors();

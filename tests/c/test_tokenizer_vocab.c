@@ -224,7 +224,8 @@ static void special_checks(void) {
     CHECK(a > 1 && ids[0] != 1, "<s> parsed without parse_special");
     int b = tokenizer_encode(t, "<s>hi", 5, 0, 1, ids, 64);
     CHECK(b >= 2 && ids[0] == 1, "<s> not parsed with parse_special (%d ids, first %d)", b, ids[0]);
-    /* Byte-fallback: U+1F999 is no SPM token; its 4 byte tokens decode only once complete. */
+    /* Byte-fallback: U+1F999 is no SPM token. A run of byte tokens is held until it ends (a
+     * later byte could make the whole run invalid, and HF then gives one U+FFFD per byte). */
     int n = tokenizer_encode(t, "\xf0\x9f\xa6\x99", 4, 0, 0, ids, 64);
     CHECK(n == 5, "llama emoji: %d ids (expected the space and 4 bytes)", n);
     struct detokenizer *d = detokenizer_create(t, 0);
@@ -232,13 +233,39 @@ static void special_checks(void) {
     int lens[8] = {0};
     for (int i = 0; i < n && i < 8; i++)
       lens[i] = detokenizer_push(d, ids[i], out, sizeof out);
-    CHECK(n == 5 && lens[1] == 0 && lens[2] == 0 && lens[3] == 0 && lens[4] == 4 && !memcmp(out, "\xf0\x9f\xa6\x99", 4),
-          "partial UTF-8 held back: %d %d %d %d", lens[1], lens[2], lens[3], lens[4]);
-    /* An incomplete sequence at the end becomes U+FFFD. */
+    int fl = detokenizer_flush(d, out, sizeof out);
+    CHECK(n == 5 && lens[1] == 0 && lens[2] == 0 && lens[3] == 0 && lens[4] == 0 && fl == 4 &&
+              !memcmp(out, "\xf0\x9f\xa6\x99", 4),
+          "byte run held to its end: %d %d %d %d, flush %d", lens[1], lens[2], lens[3], lens[4], fl);
+    /* A run ends at the next non-byte token: "Hello" after the emoji releases it. */
+    detokenizer_reset(d);
+    for (int i = 1; i < 5; i++)
+      detokenizer_push(d, ids[i], out, sizeof out);
+    int h = detokenizer_push(d, 15043, out, sizeof out);
+    CHECK(h == 10 && !memcmp(out, "\xf0\x9f\xa6\x99 Hello", 10), "run released by a text token (%d)", h);
+    /* A prompt's held run is not output after set_continuation (the server primes the
+     * detokenizer with the prompt's tail and discards that text)... */
+    detokenizer_reset(d);
+    for (int i = 0; i < 5; i++)
+      detokenizer_push(d, ids[i], out, sizeof out);
+    detokenizer_set_continuation(d);
+    h = detokenizer_push(d, 15043, out, sizeof out);
+    CHECK(h == 6 && !memcmp(out, " Hello", 6), "prompt run leaked into the continuation (%d)", h);
+    /* ...but an unfinished character at the prompt's end is completed by the continuation. */
     detokenizer_reset(d);
     detokenizer_push(d, ids[1], out, sizeof out);
+    detokenizer_push(d, ids[2], out, sizeof out);
+    detokenizer_set_continuation(d);
+    detokenizer_push(d, ids[3], out, sizeof out);
+    detokenizer_push(d, ids[4], out, sizeof out);
+    fl = detokenizer_flush(d, out, sizeof out);
+    CHECK(fl == 4 && !memcmp(out, "\xf0\x9f\xa6\x99", 4), "character split at the prompt's end: %d bytes", fl);
+    /* An incomplete run becomes one U+FFFD per byte, as HF's ByteFallback decoder gives. */
+    detokenizer_reset(d);
+    detokenizer_push(d, ids[1], out, sizeof out);
+    detokenizer_push(d, ids[2], out, sizeof out);
     int f = detokenizer_flush(d, out, sizeof out);
-    CHECK(f == 3 && !memcmp(out, "\xef\xbf\xbd", 3), "flush of a lone lead byte gives U+FFFD (%d)", f);
+    CHECK(f == 6 && !memcmp(out, "\xef\xbf\xbd\xef\xbf\xbd", 6), "flush of an incomplete run: %d bytes", f);
     int32_t bad = tokenizer_vocab_size(t);
     CHECK(detokenizer_push(d, bad, out, sizeof out) < 0, "out-of-range id accepted by the detokenizer");
     CHECK(tokenizer_decode(t, &bad, 1, 0, out, sizeof out) < 0, "out-of-range id accepted by decode");

@@ -695,3 +695,92 @@ def test_random_templates_match_jinja2(tmp_path, seed):
             assert r.returncode == 1 and r.stderr.decode() == expected_err + "\n", (template, r.stdout.decode())
         compared += 1
     assert compared >= 40
+
+
+# ---- fidelity fixes found by differential fuzzing (issue 8, item 11) ----
+
+FIDELITY = [
+    ("{{ 'a\\n' | indent(2) }}|", {}),
+    ("{{ 'a\\nb\\n\\n' | indent(2) }}|{{ 'x\\n\\ny' | indent(2, blank=true) }}|{{ '' | indent }}|", {}),
+    ("{{ s | indent(2, true) }}|{{ s.splitlines() }}", {"s": "a\fb\x85c\u2028d\u2029e\x1cf\x1dg\x1eh\x0bi\r\nj\rk"}),
+    ("{{ s | length }}:{{ s }}:{{ t }}:{{ s | tojson }}", {"s": "a\u0000b\u0000", "t": "\\u0000 \U0001f999"}),
+    ("{{ n }} {{ n + 1 }} {{ m }} {{ -m }} {{ k }}", {"n": 9007199254740992, "m": 9007199254740993, "k": 2**53 - 1}),
+    ("{{ 2**62 }} {{ (-2)**63 }} {{ 3**39 }} {{ 0**0 }} {{ 1**1000000000000 }}", {}),
+    ("{{ 1.5e18|int }} {{ -2.5|int }} {{ '7.9'|int }}", {}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(FIDELITY)))
+def test_fidelity_matches_jinja2(tmp_path, i):
+    template, context = FIDELITY[i]
+    expected, err = render_jinja2(template, context)
+    assert err is None
+    r = render_cli(tmp_path, template, context)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == expected
+
+
+@pytest.mark.parametrize("template,message", [
+    ("{{ 2**64 }}", "beyond 64-bit integers"),
+    ("{{ 2**63 }}", "beyond 64-bit integers"),
+    ("{{ 1.5e20|int }}", "int() of 1.5e+20 is beyond 64-bit integers"),
+    ("{{ '-1e19'|int }}", "beyond 64-bit integers"),
+    ("{{ [1, 2]|map('string')|tojson }}", "Object of type generator is not JSON serializable"),
+    ("{{ [1, 2]|select|tojson }}", "Object of type generator is not JSON serializable"),
+])
+def test_documented_errors_where_python_differs(tmp_path, template, message):
+    """Python's big ints are not modelled: results past int64 are an error, never a wrapped value;
+    tojson of a generator raises (TypeError in Jinja2)."""
+    r = render_cli(tmp_path, template, {})
+    assert r.returncode == 1 and r.stdout == b""
+    assert message in r.stderr.decode()
+
+
+def test_wordwrap_and_truncate_match_jinja2(tmp_path):
+    """wordwrap (textwrap.wrap per line: hyphens, em-dashes, long words, whitespace kinds) and
+    truncate (killwords, end, leeway and their defaults) on random strings, against Jinja2."""
+    import random
+    r = random.Random(5)
+    alph = ["a", "b", "ab", "word", "long-hyphenated-word", "x--y", "--", "-", " ", "  ", "\t", "\n", "é", "中",
+            ".", "!", "aaaaaaaaaaaaaa", "1-2", "re-do", "\u3000", "\r\n", "1", "\u2028"]
+    tm = ("{{ s|wordwrap(W) }}|{{ s|wordwrap(W, false) }}|{{ s|wordwrap(W, true, '<br>') }}|"
+          "{{ s|wordwrap(W, break_on_hyphens=false) }}|{{ s|truncate(T) }}|{{ s|truncate(T, true) }}|"
+          "{{ s|truncate(T, false, '..', 0) }}|{{ s|truncate }}|{{ s|wordwrap }}")
+    for _ in range(120):
+        s = "".join(r.choice(alph) for _ in range(r.randint(0, 25)))
+        t = tm.replace("W", str(r.randint(1, 12))).replace("T", str(r.randint(3, 20)))
+        want, err = render_jinja2(t, {"s": s})
+        p = render_cli(tmp_path, t, {"s": s})
+        assert err is None and p.returncode == 0 and p.stdout.decode() == want, (s, t)
+    for t, msg in [("{{ 'abc'|truncate(2) }}", "expected length >= 3, got 2"),
+                   ("{{ 'abcdefgh'|truncate(5, leeway=-1) }}", "expected leeway >= 0, got -1"),
+                   ("{{ 'a b'|wordwrap(0) }}", "invalid width 0 (must be > 0)")]:
+        p = render_cli(tmp_path, t, {})
+        assert p.returncode == 1 and msg in p.stderr.decode(), t
+
+
+RECURSIVE_TREE = {"t": [{"n": 1, "c": [{"n": 2, "c": [{"n": 4}]}, {"n": 5, "c": []}]}, {"n": 3},
+                        {"n": 6, "c": [{"n": 7}]}]}
+
+
+@pytest.mark.parametrize("template", [
+    "{% for x in t recursive %}[{{ x.n }}{% if x.c %}{{ loop(x.c) }}{% endif %}]{% endfor %}",
+    "{% for x in t recursive %}{{ loop.depth }}{{ loop.depth0 }}:{{ loop.index }}/{{ loop.length }}"
+    "{% if x.c is defined %}({{ loop(x.c) }}){% endif %}{% else %}E{% endfor %}",
+    "{% for x in t if x.n != 5 recursive %}{{ x.n }}{% if x.c %}<{{ loop(x.c)|upper }}>{% endif %}{% endfor %}",
+    "{% set ns = namespace(k=0) %}{% for x in t recursive %}{% set ns.k = ns.k + 1 %}{{ ns.k }}"
+    "{% if x.c %}{{ loop(x.c) }}{% endif %}{% endfor %}|{{ ns.k }}",
+    "{% for x in t recursive %}{% for y in [1] %}{{ x.n }}{% endfor %}{% if x.c %}{{ loop(x.c) }}{% endif %}"
+    "{% if loop.last %}L{% endif %}{% endfor %}",
+])
+def test_recursive_for_matches_jinja2(tmp_path, template):
+    expected, err = render_jinja2(template, RECURSIVE_TREE)
+    r = render_cli(tmp_path, template, RECURSIVE_TREE)
+    assert err is None and r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == expected
+
+
+def test_loop_call_needs_recursive(tmp_path):
+    r = render_cli(tmp_path, "{% for x in t %}{{ loop(x.c) }}{% endfor %}", RECURSIVE_TREE)
+    assert r.returncode == 1
+    assert r.stderr == b"The loop must have the 'recursive' marker to be called recursively.\n"

@@ -264,3 +264,50 @@ def test_normalized_added_tokens(tmp_path):
     d = save(t, tmp_path)
     compare(t, d)
     compare(t, d, parse_special=True)
+
+
+def test_single_word_boundary_is_regex_word(tmp_path):
+    """single_word added tokens match only at a \\w boundary as HF's (the regex crate's): `_`,
+    combining marks and connector punctuation are word characters, other punctuation is not."""
+    t = byte_level_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    t.add_tokens([AddedToken("foo", single_word=True), AddedToken("bar", single_word=True)])
+    d = save(t, tmp_path)
+    for text in ["foo_", "_foo", "foo", " foo ", "foo.", "foo\u0301", "\u0301foo", "a\u203ffoo", "foo\u200d",
+                 "foo-bar", "foo_bar", "foo²", "²foo", "bar٣", "foo\u00a0bar", "éfoo", "foo🦙"]:
+        want = t.encode(text).ids
+        r = run(["tokenize", "-m", str(d)], text.encode())
+        assert r.returncode == 0, r.stderr
+        assert [int(x) for x in r.stdout.split()] == want, text
+
+
+def test_byte_fallback_invalid_runs_decode_as_hf(tmp_path):
+    """A run of <0xNN> tokens that is not valid UTF-8 decodes to one U+FFFD per byte (HF's
+    ByteFallback decoder), also when part of the run would be a valid character."""
+    t = spm_like(pre=pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True),
+                 decoder=decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                            decoders.Strip(" ", 1, 0)]))
+    t = train(t, fallback=True)
+    d = save(t, tmp_path)
+    b = [t.token_to_id("<0x%02X>" % i) for i in range(256)]
+    a = t.token_to_id("▁the") or t.encode("the").ids[0]
+    cases = [[b[0xE4], b[0xB8], b[0xAD], b[0xFF]], [b[0xE4], b[0xB8]], [b[0xE4], b[0xB8], b[0xAD]],
+             [b[0x80], a, b[0xE4], b[0xB8], b[0xAD]], [a, b[0xC3], b[0xA9], b[0xC3], a, b[0xF0]],
+             [b[0x41], b[0xC0], b[0x80], b[0x41]]]
+    rnd = random.Random(11)
+    cases += [[rnd.choice(b[0x80:] + [a]) for _ in range(rnd.randint(1, 8))] for _ in range(20)]
+    for ids in cases:
+        r = run(["detokenize", "-m", str(d)], " ".join(map(str, ids)).encode())
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode("utf-8") == t.decode(ids), ids
+
+
+def test_added_token_not_in_model_vocab_with_ignore_merges(tmp_path):
+    """HF's BPE model never produces an added token that is not in its own vocab: with
+    ignore_merges a pre-tokenized word equal to one ("hello" in "hello_", where single_word
+    refuses the match) is still merged from its pieces (found by test_text_fuzz)."""
+    t = byte_level_bpe(split_then_bytelevel(pre_tokenizers.Split(Regex(LLAMA3), "isolated")), ignore_merges=True)
+    t.add_tokens([AddedToken("hello", single_word=True), AddedToken("q", single_word=True)])
+    d = save(t, tmp_path)
+    for text in ["hello_", "hello", "_hello", "hello world", "q_", "aq", "q"]:
+        r = run(["tokenize", "-m", str(d)], text.encode())
+        assert r.returncode == 0 and [int(x) for x in r.stdout.split()] == t.encode(text).ids, text
