@@ -256,6 +256,9 @@ const char *pagoda_tokenizer_chat_template(const pagoda_tokenizer_t *t);
  * template's message (raise_exception's own text), cut at 1023 bytes. */
 int pagoda_render_template(const char *template_src, const char *context_json, size_t context_len,
                            char **out, size_t *out_len);
+/* Where the last template error of pagoda_render_template on this thread is: *LINE and *COL
+ * (1-based) of the construct that failed. Returns 1 when known, 0 otherwise (both set to 0). */
+int pagoda_template_error_location(int *line, int *col);
 
 #pragma GCC visibility pop
 

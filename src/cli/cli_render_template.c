@@ -40,11 +40,13 @@ static char *read_text(const char *path, size_t *len) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n\n"
+          "usage: pagoda render-template [--error-location] TEMPLATE.jinja CONTEXT.json\n\n"
           "Renders the Jinja chat template TEMPLATE.jinja with the variables of CONTEXT.json (a JSON\n"
           "object: messages, tools, add_generation_prompt, bos_token, ...) as HF transformers does,\n"
           "and prints the rendering byte for byte (no newline added). A template error or\n"
-          "raise_exception prints its message on stderr and exits 1.\n\n"
+          "raise_exception prints its message on stderr and exits 1: Jinja2's message byte for\n"
+          "byte, or with --error-location as TEMPLATE.jinja:LINE:COLUMN: message.\n\n"
+          "  --error-location prefix a template error with where it is in the template\n"
           "  -h, --help       this help\n");
 }
 
@@ -52,6 +54,11 @@ int cli_render_template(int argc, char **argv) {
   if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
     usage(stdout);
     return 0;
+  }
+  int show_location = argc == 4 && !strcmp(argv[1], "--error-location");
+  if (show_location) {
+    argc--;
+    argv++;
   }
   if (argc != 3) {
     usage(stderr);
@@ -79,6 +86,11 @@ int cli_render_template(int argc, char **argv) {
   int st = pagoda_render_template(tmpl, ctext, clen, &out, &len);
   free(ctext);
   free(tmpl);
+  int line, col;
+  if (st == PAGODA_ERR_FORMAT && show_location && pagoda_template_error_location(&line, &col)) {
+    fprintf(stderr, "%s:%d:%d: %s\n", argv[1], line, col, pagoda_last_error());
+    return 1;
+  }
   if (st == PAGODA_ERR_INVALID_ARG) {
     fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);
     return 1;

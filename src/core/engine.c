@@ -831,9 +831,13 @@ int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int 
   }
   char *err = NULL;
   size_t len;
-  *out = chat_template_render(tmpl, ctx, &len, &err);
+  int line, col;
+  *out = chat_template_render_loc(tmpl, ctx, &len, &err, &line, &col);
   if (!*out) {
-    ERR("chat template: %s", err ? err : "render failed");
+    if (line > 0)
+      ERR("chat template, line %d column %d: %s", line, col, err ? err : "render failed");
+    else
+      ERR("chat template: %s", err ? err : "render failed");
     free(err);
     goto done;
   }

@@ -12,5 +12,9 @@
  * text for raise_exception). Bounded: runaway loops or output end with an error, never a hang. */
 char *chat_template_render(const char *template_src, const cJSON *context, size_t *out_len,
                            char **err);
+/* chat_template_render that also gives where an error is: *LINE and *COL (1-based) of the
+ * template construct that failed, 0 when unknown (LINE/COL may be NULL). */
+char *chat_template_render_loc(const char *template_src, const cJSON *context, size_t *out_len,
+                               char **err, int *line, int *col);
 
 #endif

@@ -56,19 +56,29 @@ int pagoda_tokenizer_bos_id(const pagoda_tokenizer_t *t) { return tokenizer_bos_
 int pagoda_tokenizer_eos_id(const pagoda_tokenizer_t *t) { return tokenizer_eos_id(t->tok); }
 const char *pagoda_tokenizer_chat_template(const pagoda_tokenizer_t *t) { return tokenizer_chat_template(t->tok); }
 
+/* where the last pagoda_render_template error of this thread was (0: unknown) */
+static _Thread_local int tl_error_line, tl_error_col;
+
+int pagoda_template_error_location(int *line, int *col) {
+  if (line) *line = tl_error_line;
+  if (col) *col = tl_error_col;
+  return tl_error_line > 0;
+}
+
 int pagoda_render_template(const char *template_src, const char *context_json, size_t context_len,
                            char **out, size_t *out_len) {
   if (!out || !out_len || !template_src || (!context_json && context_len))
     return ERR("pagoda_render_template: bad arguments"), PAGODA_ERR_INVALID_ARG;
   *out = NULL;
   *out_len = 0;
+  tl_error_line = tl_error_col = 0;
   cJSON *ctx = jinja_context_parse(context_json ? context_json : "", context_len);
   if (!ctx || !cJSON_IsObject(ctx)) {
     cJSON_Delete(ctx);
     return ERR("the context is not a JSON object"), PAGODA_ERR_INVALID_ARG;
   }
   char *err = NULL;
-  *out = chat_template_render(template_src, ctx, out_len, &err);
+  *out = chat_template_render_loc(template_src, ctx, out_len, &err, &tl_error_line, &tl_error_col);
   cJSON_Delete(ctx);
   if (!*out) {
     /* no file:line prefix in the user message: err_last() gives the template's text as is */

@@ -784,3 +784,40 @@ def test_loop_call_needs_recursive(tmp_path):
     r = render_cli(tmp_path, "{% for x in t %}{{ loop(x.c) }}{% endfor %}", RECURSIVE_TREE)
     assert r.returncode == 1
     assert r.stderr == b"The loop must have the 'recursive' marker to be called recursively.\n"
+
+
+@pytest.mark.parametrize("template,line", [
+    ("a\n{% if %}", 2),
+    ("{% for x in y %}\n\n{{ x.foo( }}\n{% endfor %}", 3),
+    ("line one\n{{ 1 +* 2 }}", 2),
+    ("{% for x in y %}\n{% endif %}", 2),
+])
+def test_error_location_line_matches_jinja2(tmp_path, template, line):
+    """--error-location prefixes TEMPLATE:LINE:COL; the line is Jinja2's TemplateSyntaxError.lineno
+    and the message after the prefix is Jinja2's own, as without the flag."""
+    with pytest.raises(jinja2.TemplateSyntaxError) as exc:
+        ENV.from_string(template)
+    assert exc.value.lineno == line
+    t = tmp_path / "t.jinja"
+    t.write_text(template)
+    c = tmp_path / "c.json"
+    c.write_text('{"y": [1]}')
+    plain = subprocess.run([BIN, "render-template", str(t), str(c)], capture_output=True)
+    located = subprocess.run([BIN, "render-template", "--error-location", str(t), str(c)], capture_output=True)
+    assert plain.returncode == 1 and located.returncode == 1
+    prefix = f"{t}:{line}:".encode()
+    assert located.stderr.startswith(prefix), located.stderr
+    col, _, rest = located.stderr[len(prefix):].partition(b": ")
+    assert int(col) >= 1
+    assert rest == plain.stderr
+
+
+def test_error_location_runtime_error(tmp_path):
+    """A runtime error (an attribute call on an int) points at its line and column."""
+    t = tmp_path / "t.jinja"
+    t.write_text("{% for x in y %}\n  {{ x.foo() }}\n{% endfor %}")
+    c = tmp_path / "c.json"
+    c.write_text('{"y": [1]}')
+    r = subprocess.run([BIN, "render-template", "--error-location", str(t), str(c)], capture_output=True)
+    assert r.returncode == 1
+    assert r.stderr == f"{t}:2:6: 'int object' has no attribute 'foo'\n".encode()
