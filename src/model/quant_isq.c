@@ -66,6 +66,7 @@ static int quantize(struct model_file *f, struct host_tensor *h, int qt, int n_t
   if (qt < 0) { /* no block fits the rows: stays as it is */
     *out_bytes += src_bytes;
     pr->done += src_bytes;
+    report(pr);
     return 0;
   }
   size_t rb = dtype_row_bytes((enum dtype)qt, h->cols), bytes = rb * (size_t)h->rows;
