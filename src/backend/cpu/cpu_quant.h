@@ -7,7 +7,8 @@
  * per-32 scales and mins are applied in f32:
  *   dot = sum over halves h of  ad * (sc_h * sum(lv * qa) + mn_h * sum(qa))
  * where a weight w = sc_h * lv + mn_h, and activation x = ad * qa.
- * A token's result depends only on its own row, never on the batch (T) it runs in.
+ * Up to 4 tokens share each decoded weight block (prefill); a token's result depends only on its
+ * own row, never on the batch (T) it runs in.
  */
 #ifndef PAGODA_CPU_QUANT_H
 #define PAGODA_CPU_QUANT_H
