@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "model/model_file.h"
 #include "model/quant_isq.h"
+#include "pagoda.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -145,8 +146,22 @@ static void test_logits(struct backend *be, const char *name, const char *isq, d
   model_free(m);
 }
 
+/* The C API: pagoda_engine_params.isq, checked before anything is loaded. */
+static void test_api(void) {
+  struct pagoda_engine_params ep;
+  pagoda_engine_params_default(&ep);
+  CHECK(ep.isq == NULL, "isq off by default");
+  ep.model = test_fixture_path("llama");
+  ep.device = "cpu";
+  ep.isq = "q3_k";
+  pagoda_engine_t *e = NULL;
+  CHECK(pagoda_engine_create(&ep, &e) != PAGODA_OK && !e, "bad isq accepted");
+  CHECK(strstr(pagoda_last_error(), "--isq must be"), "message: %s", pagoda_last_error());
+}
+
 int main(void) {
   test_types();
+  test_api();
   test_bytes_vs_gguf_py();
   struct backend_params bp = {"cpu", 2};
   struct backend *be = backend_create(&bp);
