@@ -440,11 +440,29 @@ void quantize_row_q5_K(const float *x, struct block_q5_K *y, int64_t k) {
   }
 }
 
+/* Q6_K sub-block scale: the largest magnitude v mapped to -32 + delta for delta in 0..3 in
+ * quarter steps, keeping the scale with the lowest squared error over the 16 values. */
+static float q6_scale(const float *x) {
+  float v = signed_absmax(x, 16), best = v / -32.0f, best_err = FLT_MAX;
+  if (v == 0.0f)
+    return 0.0f;
+  for (int i = 0; i <= 12; i++) {
+    float s = v / (-32.0f + 0.25f * (float)i), is = 1.0f / s, err = 0.0f;
+    for (int j = 0; j < 16; j++) {
+      float e = s * (float)clampi((int)lrintf(x[j] * is), -32, 31) - x[j];
+      err += e * e;
+    }
+    if (err < best_err)
+      best_err = err, best = s;
+  }
+  return best;
+}
+
 void quantize_row_q6_K(const float *x, struct block_q6_K *y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
     float sc[16], max_sc = 0.0f, amax_sc = 0.0f;
     for (int s = 0; s < 16; s++) {
-      sc[s] = signed_absmax(x + 16 * s, 16) / -32.0f; /* largest magnitude -> level -32 */
+      sc[s] = q6_scale(x + 16 * s); /* the largest magnitude near level -32 */
       if (fabsf(sc[s]) > amax_sc) {
         amax_sc = fabsf(sc[s]);
         max_sc = sc[s];
