@@ -5,9 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-#include "model/quant_isq.h"
-#include "util/log.h"
 
 int flag_value(const char *name, int argc, char **argv, int *i, const char **value) {
   const char *a = argv[*i];
@@ -102,8 +101,13 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
   TRY("--isq") {
     if (r < 0)
       return -1;
-    if (isq_parse(v) < 0) {
-      fprintf(stderr, "error: %s\n", err_last());
+    /* the values model/quant_isq.c's isq_parse takes; checked here so a typo is a usage error */
+    static const char *const isq_values[] = {"q4_0", "q4_k", "q5_k", "q6_k", "q8_0", "4", "8"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof isq_values / sizeof *isq_values; k++)
+      known |= !strcasecmp(v, isq_values[k]);
+    if (!known) {
+      fprintf(stderr, "error: --isq must be q4_0, q4_k, q5_k, q6_k, q8_0, 4 (q4_k) or 8 (q8_0), got '%s'\n", v);
       return -1;
     }
     p->isq = v;
