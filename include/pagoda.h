@@ -212,10 +212,10 @@ int pagoda_detokenize(const pagoda_engine_t *e, const int32_t *ids, int n_ids, i
  * character included as they are), into BUF (cap bytes, NUL-terminated). Returns its length, or
  * -1 for an id outside the vocabulary. */
 int pagoda_token_piece(const pagoda_engine_t *e, int32_t id, char *buf, size_t cap);
-/* Like pagoda_render_chat, with EXTRA_JSON (NULL or a JSON object) merged into the template
- * context: e.g. {"tools": [...]} for tool calling. */
-int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *messages_json, const char *extra_json,
-                           int add_generation_prompt, char **out);
+/* Like pagoda_render_chat, with TEMPLATE (NULL: the model's) and EXTRA_JSON (NULL or a JSON
+ * object) merged into the template context: e.g. {"tools": [...]} for tool calling. */
+int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *template_text, const char *messages_json,
+                           const char *extra_json, int add_generation_prompt, char **out);
 /* The model's chat template source, or NULL. */
 const char *pagoda_chat_template(const pagoda_engine_t *e);
 

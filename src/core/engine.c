@@ -825,15 +825,15 @@ static int add_token_string(cJSON *ctx, const char *key, const struct tokenizer 
 }
 
 int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int add_generation_prompt, char **out) {
-  return pagoda_render_chat_ext(e, messages_json, NULL, add_generation_prompt, out);
+  return pagoda_render_chat_ext(e, NULL, messages_json, NULL, add_generation_prompt, out);
 }
 
 const char *pagoda_chat_template(const pagoda_engine_t *e) { return tokenizer_chat_template(e->tok); }
 
-int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *messages_json, const char *extra_json,
-                           int add_generation_prompt, char **out) {
+int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *template_text, const char *messages_json,
+                           const char *extra_json, int add_generation_prompt, char **out) {
   *out = NULL;
-  const char *tmpl = tokenizer_chat_template(e->tok);
+  const char *tmpl = template_text ? template_text : tokenizer_chat_template(e->tok);
   if (!tmpl)
     return ERR("the model has no chat template"), PAGODA_ERR_NOT_FOUND;
   cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_Parse(messages_json);
