@@ -118,6 +118,8 @@ struct server {
   int64_t http_by_class[6];
   int64_t prompt_tokens, generation_tokens;
   uint64_t next_id;
+  int inflight;          /* HTTP requests between their first callback and completion */
+  pthread_cond_t idle;   /* signalled when inflight drops to 0 */
 };
 
 static const char *finish_name(int f) {
@@ -244,6 +246,7 @@ struct job {
   int logprobs;             /* chat: bool; completions: number of top logprobs + 1 (0: off) */
   int top_logprobs;
   int n;                    /* choices per prompt */
+  int stride;               /* choice slots per prompt: n, or beam_width (the best n are returned) */
   int tools;                /* parse tool calls from the output */
   struct pagoda_sampling_params sp;
   char **stop;
@@ -299,7 +302,7 @@ static void job_free(struct job *J) {
   free(J->stop_ids);
   free(J->bias_ids);
   free(J->bias_vals);
-  for (int i = 0; J->ch && i < J->n_prompts * J->n; i++) {
+  for (int i = 0; J->ch && i < J->n_prompts * J->stride; i++) {
     free(J->ch[i].text.p);
     cJSON_Delete(J->ch[i].lp);
   }
@@ -787,7 +790,9 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
 
 /* Takes one event of prompt P. */
 static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
-  int idx = p * J->n + ev->index;
+  if (ev->index < 0 || ev->index >= J->stride)
+    return;
+  int idx = p * J->stride + ev->index;
   struct choice *c = &J->ch[idx];
   note_timing(J, ev);
   c->ntok += ev->num_token_ids;
@@ -844,13 +849,13 @@ static void record_metrics(struct job *J) {
   if (J->first_seen) {
     hist_add(&S->ttft, J->t_first - J->t_start);
     int ntok = 0;
-    for (int i = 0; i < J->n_prompts * J->n; i++)
+    for (int i = 0; i < J->n_prompts * J->stride; i++)
       ntok += J->ch[i].ntok;
     if (ntok > 1)
       hist_add(&S->tpot, (J->t_last - J->t_first) / (ntok - 1));
   }
   hist_add(&S->e2e, t - J->t_start);
-  for (int i = 0; i < J->n_prompts * J->n; i++) {
+  for (int i = 0; i < J->n_prompts * J->stride; i += J->stride) {
     int f = J->ch[i].finish;
     if (f >= 1 && f <= 3)
       S->req_ok[f - 1]++;
@@ -869,7 +874,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
   cJSON_AddStringToObject(j, "model", J->S->cfg->model_name);
   cJSON *choices = cJSON_AddArrayToObject(j, "choices");
   for (int i = 0; i < J->n_prompts * J->n; i++) {
-    struct choice *c = &J->ch[i];
+    struct choice *c = &J->ch[(i / J->n) * J->stride + i % J->n];
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", i);
     const char *fin = finish_name(c->finish);
@@ -955,7 +960,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
 }
 
 /* The client is gone or the response is complete: free (= abort) the streams. */
-static void stream_free_cb(void *cls) { job_free(cls); }
+static void stream_free_cb(void *cls) {
+  struct job *J = cls;
+  if (!J->done) { /* the client left mid-stream: counted as aborted */
+    for (int i = 0; i < J->n_prompts * J->stride; i++)
+      if (!J->ch[i].finish)
+        J->ch[i].finish = PAGODA_FINISH_ABORT;
+    record_metrics(J);
+  }
+  job_free(J);
+}
 
 static unsigned submit_status(int st) {
   switch (st) {
@@ -1008,7 +1022,8 @@ static enum MHD_Result handle_completion(struct server *S, struct MHD_Connection
     job_free(J);
     return send_error(S, conn, pe.status, pe.param, "%s", pe.msg);
   }
-  J->ch = calloc((size_t)(J->n_prompts * J->n), sizeof *J->ch);
+  J->stride = J->sp.beam_width > 1 ? J->sp.beam_width : J->n;
+  J->ch = calloc((size_t)(J->n_prompts * J->stride), sizeof *J->ch);
   for (int p = 0; p < J->n_prompts; p++) {
     int st = pagoda_async_submit(S->async, NULL, J->ids[p], J->n_ids[p], &J->sp, &J->streams[p]);
     if (st != PAGODA_OK) {
@@ -1203,6 +1218,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (!ctx) {
     ctx = calloc(1, sizeof *ctx);
     *con_cls = ctx;
+    pthread_mutex_lock(&S->mu);
+    S->inflight++;
+    pthread_mutex_unlock(&S->mu);
     return MHD_YES;
   }
   if (*upload_size) {
@@ -1282,14 +1300,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
-  (void)cls;
   (void)conn;
   (void)toe;
+  struct server *S = cls;
   struct conn_ctx *ctx = *con_cls;
   if (ctx) {
     free(ctx->body.p);
     free(ctx);
     *con_cls = NULL;
+    pthread_mutex_lock(&S->mu);
+    if (--S->inflight == 0)
+      pthread_cond_broadcast(&S->idle);
+    pthread_mutex_unlock(&S->mu);
   }
 }
 
@@ -1305,6 +1327,7 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   struct server S = {0};
   S.cfg = cfg;
   pthread_mutex_init(&S.mu, NULL);
+  pthread_cond_init(&S.idle, NULL);
   struct pagoda_async_params ap;
   pagoda_async_params_default(&ap);
   if (cfg->max_waiting > 0)
@@ -1356,7 +1379,16 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   if (lfd != MHD_INVALID_SOCKET)
     close(lfd);
   pagoda_async_shutdown(S.async, cfg->grace_ms);
+  /* Every request has ended in the engine; let the responses finish sending (5 s at most). */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 5;
+  pthread_mutex_lock(&S.mu);
+  while (S.inflight > 0 && pthread_cond_timedwait(&S.idle, &S.mu, &until) == 0)
+    ;
+  pthread_mutex_unlock(&S.mu);
   MHD_stop_daemon(d);
+  pthread_cond_destroy(&S.idle);
   pagoda_async_free(S.async);
   pthread_mutex_destroy(&S.mu);
   fprintf(stderr, "pagoda serve: stopped\n");
