@@ -1183,6 +1183,7 @@ static enum MHD_Result handle_models(struct server *S, struct MHD_Connection *co
   cJSON_AddNumberToObject(m, "created", 0);
   cJSON_AddStringToObject(m, "owned_by", "pagoda");
   cJSON_AddNumberToObject(m, "max_model_len", pagoda_max_model_len(S->e));
+  cJSON_AddNumberToObject(m, "vocab_size", pagoda_vocab_size(S->e));
   cJSON_AddItemToArray(data, m);
   return send_json(S, conn, 200, j);
 }
