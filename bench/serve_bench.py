@@ -4,7 +4,7 @@ server), in the manner of `vllm bench serve`: random or shared-prefix prompts of
 a request rate (Poisson arrivals) or a fixed concurrency, streaming completions with EOS ignored;
 reports TTFT, TPOT, ITL and end-to-end latency percentiles and throughput. Standard library only.
 
-  bench/serve_bench.py --base-url http://127.0.0.1:8000 --num-prompts 256 --input-len 256 \\
+  bench/serve_bench.py --base-url http://127.0.0.1:8080 --num-prompts 256 --input-len 256 \\
       --output-len 128 --max-concurrency 64 [--request-rate 20] [--dataset shared-prefix]
 """
 import argparse
@@ -89,7 +89,7 @@ def one_request(host, port, headers, model, ids, n_out, temperature):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--base-url", default="http://127.0.0.1:8080")
     ap.add_argument("--model", default=None, help="model id (default: the server's first)")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--dataset", choices=["random", "shared-prefix"], default="random")

@@ -288,6 +288,7 @@ struct pagoda_async_stats {
   int active;                        /* submitted, not finished */
   int64_t submitted, finished, rejected_busy, aborted;
   int accepting;                     /* 0 once shutting down */
+  int64_t step_failures;             /* steps that failed (device error, or nothing could progress) */
 };
 int pagoda_async_stats(pagoda_async_t *a, struct pagoda_async_stats *s);
 

@@ -15,13 +15,14 @@ static void usage(FILE *f) {
           "after letting running requests finish (docs/http.md).\n\n"
           "server options:\n"
           "  --host ADDR            IPv4 address to bind (default 127.0.0.1)\n"
-          "  --port N               TCP port (default 8000; 0: any free port)\n"
+          "  --port N               TCP port (default 8080; 0: any free port)\n"
           "  --api-key KEY          require 'Authorization: Bearer KEY' (default: $PAGODA_API_KEY, else none)\n"
           "  --served-model-name S  model id in the API (default: the model path)\n"
           "  --chat-template FILE   Jinja chat template to use instead of the model's\n"
           "  --max-waiting N        requests waiting for their first token before 429 (default 1024)\n"
           "  --shutdown-grace S     seconds running requests may finish after SIGTERM (default 30)\n"
-          "  --max-body-mb N        largest request body (default 16)\n\n");
+          "  --max-body-mb N        largest request body (default 16)\n"
+          "  --max-connections N    open connections (one thread each) at most (default 512)\n\n");
   engine_flags_usage(f);
 }
 
@@ -46,8 +47,8 @@ static char *read_text(const char *path) {
 int cli_serve(int argc, char **argv) {
   struct pagoda_engine_params ep;
   pagoda_engine_params_default(&ep);
-  struct server_config cfg = {.host = "127.0.0.1", .port = 8000, .max_waiting = 1024, .grace_ms = 30000,
-                              .max_body = 16u << 20};
+  struct server_config cfg = {.host = "127.0.0.1", .port = 8080, .max_waiting = 1024, .grace_ms = 30000,
+                              .max_body = 16u << 20, .max_connections = 512};
   cfg.api_key = getenv("PAGODA_API_KEY");
   if (cfg.api_key && !cfg.api_key[0])
     cfg.api_key = NULL;
@@ -91,6 +92,9 @@ int cli_serve(int argc, char **argv) {
       if (r < 0 || flag_double("--shutdown-grace", v, 0, 86400, &s))
         return 2;
       cfg.grace_ms = (int)(s * 1000);
+    } else if ((r = flag_value("--max-connections", argc, argv, &i, &v)) != 0) {
+      if (r < 0 || flag_int("--max-connections", v, 1, 65536, &cfg.max_connections))
+        return 2;
     } else if ((r = flag_value("--max-body-mb", argc, argv, &i, &v)) != 0) {
       int mb;
       if (r < 0 || flag_int("--max-body-mb", v, 1, 4096, &mb))

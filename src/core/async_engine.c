@@ -299,6 +299,8 @@ static void *engine_main(void *arg) {
       snprintf(err, sizeof err, "%s", pagoda_last_error());
     pthread_mutex_lock(&a->mu);
     dispatch(a, outs, n);
+    if (st != PAGODA_OK)
+      a->st.step_failures++;
     if (st != PAGODA_OK && st != PAGODA_ERR_BACKEND) {
       /* Nothing can progress (the pool cannot hold what runs): end every request rather than
        * leave their callers waiting; the engine keeps serving new ones. */

@@ -113,7 +113,7 @@ struct server {
   const char *tmpl; /* effective chat template (NULL: none) */
   enum tool_format tool_fmt;
   pthread_mutex_t mu; /* metrics below */
-  struct hist ttft, tpot, e2e;
+  struct hist ttft, tpot, itl, e2e;
   int64_t req_ok[4];  /* by finish reason: stop, length, abort, tool_calls */
   int64_t http_by_class[6];
   int64_t prompt_tokens, generation_tokens;
@@ -279,6 +279,7 @@ struct job {
   /* timing */
   double t_start, t_first, t_last;
   int first_seen;
+  struct hist itl;          /* this request's inter-token latencies, merged when it ends */
 };
 
 static void job_free(struct job *J) {
@@ -783,6 +784,8 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
     if (!J->first_seen) {
       J->first_seen = 1;
       J->t_first = t;
+    } else {
+      hist_add(&J->itl, t - J->t_last);
     }
     J->t_last = t;
   }
@@ -855,6 +858,10 @@ static void record_metrics(struct job *J) {
       hist_add(&S->tpot, (J->t_last - J->t_first) / (ntok - 1));
   }
   hist_add(&S->e2e, t - J->t_start);
+  for (int i = 0; i <= HIST_BUCKETS; i++)
+    S->itl.counts[i] += J->itl.counts[i];
+  S->itl.sum += J->itl.sum;
+  S->itl.n += J->itl.n;
   for (int i = 0; i < J->n_prompts * J->stride; i += J->stride) {
     int f = J->ch[i].finish;
     if (f >= 1 && f <= 3)
@@ -1163,6 +1170,7 @@ static enum MHD_Result handle_metrics(struct server *S, struct MHD_Connection *c
     buf_fmt(&b, "pagoda:http_responses_total{code=\"%dxx\"} %lld\n", i, (long long)S->http_by_class[i]);
   hist_print(&b, "pagoda:time_to_first_token_seconds", "Time from request arrival to its first token.", &S->ttft);
   hist_print(&b, "pagoda:time_per_output_token_seconds", "Mean time between output tokens of a request.", &S->tpot);
+  hist_print(&b, "pagoda:inter_token_latency_seconds", "Time between successive outputs of a request.", &S->itl);
   hist_print(&b, "pagoda:e2e_request_latency_seconds", "Time from request arrival to its end.", &S->e2e);
   pthread_mutex_unlock(&S->mu);
   COUNTER("pagoda:engine_steps_total", "Engine steps.", e->steps);
@@ -1254,6 +1262,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     pagoda_async_stats(S->async, &st);
     if (!st.accepting)
       return send_error(S, conn, 503, NULL, "the server is shutting down");
+    if (st.step_failures > 0)
+      return send_error(S, conn, 503, NULL, "the engine failed %lld step(s); see the server log",
+                        (long long)st.step_failures);
     return send_text(S, conn, 200, "application/json", "{\"status\":\"ok\"}", 15);
   }
   if (!strcmp(url, "/metrics")) {
@@ -1352,7 +1363,7 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
       &S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &S,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
   if (!d) {
     fprintf(stderr, "error: cannot listen on %s:%d (in use? change --port)\n", cfg->host, cfg->port);
     pagoda_async_free(S.async);

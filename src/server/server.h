@@ -16,6 +16,7 @@ struct server_config {
   int max_waiting;           /* the async engine's waiting queue bound (429 beyond) */
   int grace_ms;              /* SIGINT/SIGTERM: running requests may finish this long */
   size_t max_body;           /* request bodies above this get 413 */
+  int max_connections;       /* connection threads at most (one per open connection) */
 };
 
 /* Serves until SIGINT or SIGTERM, then shuts down gracefully. Returns the exit code (0 after a

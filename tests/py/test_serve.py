@@ -246,6 +246,7 @@ def test_metrics_histograms(server, client):
     assert m["pagoda:time_to_first_token_seconds_count"] >= 1
     assert m['pagoda:time_to_first_token_seconds_bucket{le="+Inf"}'] == m["pagoda:time_to_first_token_seconds_count"]
     assert m["pagoda:e2e_request_latency_seconds_count"] >= m["pagoda:time_per_output_token_seconds_count"] >= 1
+    assert m["pagoda:inter_token_latency_seconds_count"] >= 3 * m["pagoda:time_per_output_token_seconds_count"]
     assert m["pagoda:prefix_cache_queries_total"] >= m["pagoda:prefix_cache_hits_total"] > 0
     assert m["pagoda:generation_tokens_total"] > 0
 
