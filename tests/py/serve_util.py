@@ -20,8 +20,8 @@ QWEN_TEMPLATE = TESTDATA / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
 class Server:
     """A running `pagoda serve`; .url is its base URL; stop() sends SIGTERM and returns the exit code."""
 
-    def __init__(self, *extra, binary=BIN, env=None, log_path=None):
-        args = [binary, "serve", "-m", str(MODEL), "--device", "cpu", "--threads", "1",
+    def __init__(self, *extra, binary=BIN, env=None, log_path=None, model=MODEL):
+        args = [binary, "serve", "-m", str(model), "--device", "cpu", "--threads", "1",
                 "--pa-memory-mb", "16", "--port", "0", "--served-model-name", "stories",
                 "--chat-template", str(QWEN_TEMPLATE), *extra]
         self.log_path = log_path
