@@ -8,6 +8,8 @@
  * frees the response, whose free callback frees (= aborts) the stream, so its KV blocks return
  * to the pool within one engine step. Metrics are counters and histograms under one mutex. */
 #include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -978,6 +980,21 @@ static void stream_free_cb(void *cls) {
   job_free(J);
 }
 
+/* 1 when the client of CONN closed its side (non-streaming requests poll this while they wait:
+ * libmicrohttpd only notices a gone client when it writes). Peeks, never consumes. */
+static int client_gone(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  if (!ci)
+    return 0;
+  struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+  if (poll(&p, 1, 0) <= 0)
+    return 0;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP))
+    return 1;
+  char c;
+  return (p.revents & POLLIN) && recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 static unsigned submit_status(int st) {
   switch (st) {
   case PAGODA_ERR_BUSY: return 429;
@@ -1056,8 +1073,17 @@ static enum MHD_Result handle_completion(struct server *S, struct MHD_Connection
   for (int p = 0; p < J->n_prompts; p++) {
     struct pagoda_event ev;
     int st;
-    while ((st = pagoda_stream_next(J->streams[p], &ev, -1)) == PAGODA_OK)
-      job_event(J, p, &ev);
+    double checked = now_s();
+    while ((st = pagoda_stream_next(J->streams[p], &ev, 200)) != PAGODA_ERR_NOT_FOUND) {
+      if (st == PAGODA_OK)
+        job_event(J, p, &ev);
+      if (now_s() - checked >= 0.2) { /* every 0.2 s, events or not */
+        checked = now_s();
+        if (client_gone(conn)) /* abort everything; the events still arrive (finish = abort) */
+          for (int q = 0; q < J->n_prompts; q++)
+            pagoda_stream_abort(J->streams[q]);
+      }
+    }
     total.prompt_tokens += J->usage.prompt_tokens;
     total.completion_tokens += J->usage.completion_tokens;
     total.cached_prompt_tokens += J->usage.cached_prompt_tokens;

@@ -239,6 +239,27 @@ def test_disconnect_returns_blocks(server):
     assert m['pagoda:request_success_total{finished_reason="abort"}'] == before + 1
 
 
+def test_disconnect_non_streaming_aborts(server):
+    host, port = server.url[len("http://"):].split(":")
+    before = metrics(server.url).get('pagoda:request_success_total{finished_reason="abort"}', 0)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 10
+    while metrics(server.url)["pagoda:kv_blocks_used"] == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    sock.close()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = metrics(server.url)
+        if m["pagoda:kv_blocks_used"] == 0 and m['pagoda:request_success_total{finished_reason="abort"}'] > before:
+            break
+        time.sleep(0.05)
+    assert m['pagoda:request_success_total{finished_reason="abort"}'] == before + 1
+    assert m["pagoda:kv_blocks_used"] == 0
+
+
 def test_metrics_histograms(server, client):
     client.completions.create(model="stories", prompt="Once", max_tokens=4)
     m = metrics(server.url)
