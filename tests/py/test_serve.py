@@ -185,6 +185,8 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, "token ids must be in [0, 512)"),
     ("/v1/completions", {"prompt": [1] * 3000, "max_tokens": 4}, 400, "2048"),
+    ("/v1/completions", {"prompt": [1] + [300] * 1999, "max_tokens": 100}, 400,
+     "the prompt (2000 tokens) plus max_tokens (100) exceeds the maximum sequence length of 2048"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "only allowed with"),
     ("/v1/completions", {"prompt": "a", "model": "gpt-4"}, 404, "The model `gpt-4` does not exist"),
     ("/v1/completions", {"prompt": "a", "best_of": 1, "n": 2}, 400, "'best_of' (1) must be >= n"),
