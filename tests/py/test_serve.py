@@ -2,7 +2,8 @@
 (CPU): completions equal llama.cpp's greedy continuation, streaming equals non-streaming, n=2,
 stop strings, raw logprobs, reproducible seeds, beam search, cached_tokens, tools reaching the
 template, a table of bad requests (status + message), auth, /tokenize, /detokenize, /metrics,
-disconnect mid-stream -> blocks back, SIGTERM with a request running -> it finishes, exit 0."""
+disconnect mid-stream -> blocks back, a full waiting queue -> 429, SIGTERM with a request running
+-> it finishes, exit 0."""
 import json
 import math
 import socket
@@ -305,3 +306,33 @@ def test_sigterm_lets_running_request_finish(tmp_path):
     assert first.choices[0].text
     assert s.stop() == 0
     assert "SIGTERM received" in s.stderr()
+
+
+def test_queue_full_is_429(tmp_path):
+    import threading
+    s = Server("--max-waiting", "1", "--max-num-seqs", "1", log_path=tmp_path / "q.log")
+    try:
+        host, port = s.url[len("http://"):].split(":")
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True,
+                           "stream": True}).encode()
+        a = socket.create_connection((host, int(port)))  # A runs: the only sequence slot
+        a.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while b"data: " not in got:
+            got += a.recv(4096)
+        b_result = {}
+        tb = threading.Thread(target=lambda: b_result.update(r=http(s.url + "/v1/completions",
+                                                                     {"prompt": "The dog", "max_tokens": 4})))
+        tb.start()  # B waits for the slot: the queue (1) is full
+        deadline = time.time() + 10
+        while metrics(s.url)["pagoda:num_requests_queued"] < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        st, r = http(s.url + "/v1/completions", {"prompt": "C", "max_tokens": 4})
+        assert st == 429 and "queue is full" in r["error"]["message"] and r["error"]["type"] == "rate_limit_error"
+        a.close()  # A aborted: B runs
+        tb.join(30)
+        assert b_result["r"][0] == 200 and b_result["r"][1]["usage"]["completion_tokens"] == 4
+        assert metrics(s.url)["pagoda:requests_rejected_busy_total"] == 1
+    finally:
+        assert s.stop() == 0
