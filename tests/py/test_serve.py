@@ -336,3 +336,14 @@ def test_queue_full_is_429(tmp_path):
         assert metrics(s.url)["pagoda:requests_rejected_busy_total"] == 1
     finally:
         assert s.stop() == 0
+
+
+def test_logprobs_with_n2_samples(client):
+    r = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=6, temperature=1.0, seed=3, n=2, logprobs=True, top_logprobs=2)
+    assert len(r.choices) == 2
+    for ch in r.choices:
+        content = ch.logprobs.content
+        assert len(content) == 6 and "".join(t.token for t in content) == ch.message.content
+        for t in content:  # a sampled token is at most as likely as the best one
+            assert t.logprob <= t.top_logprobs[0].logprob + 1e-6
