@@ -1389,7 +1389,9 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
       &S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &S,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, /* idle connections close: they hold a thread */
+      MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
   if (!d) {
     fprintf(stderr, "error: cannot listen on %s:%d (in use? change --port)\n", cfg->host, cfg->port);
     pagoda_async_free(S.async);
