@@ -664,6 +664,29 @@ static cJSON *usage_json(const struct pagoda_usage *u) {
   return j;
 }
 
+/* S (n bytes) as valid UTF-8 in OUT (cap >= 3n + 1): invalid or partial sequences become U+FFFD
+ * (a token's own bytes may split a character; the "bytes" field keeps them exactly). */
+static void utf8_sanitize(const char *s, int n, char *out) {
+  const unsigned char *u = (const unsigned char *)s;
+  int o = 0;
+  for (int i = 0; i < n;) {
+    int len = u[i] < 0x80 ? 1 : (u[i] >> 5) == 6 ? 2 : (u[i] >> 4) == 14 ? 3 : (u[i] >> 3) == 30 ? 4 : 0;
+    int ok = len > 0 && i + len <= n;
+    for (int k = 1; ok && k < len; k++)
+      ok = (u[i + k] & 0xC0) == 0x80;
+    if (ok) {
+      memcpy(out + o, s + i, (size_t)len);
+      o += len;
+      i += len;
+    } else {
+      memcpy(out + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = 0;
+}
+
 static cJSON *bytes_json(const char *s, int n) {
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; i < n; i++)
@@ -678,19 +701,23 @@ static void add_logprobs(struct job *J, struct choice *c, const struct pagoda_ev
     int pl = pagoda_token_piece(J->S->e, ev->token_ids[i], piece, sizeof piece);
     if (pl < 0)
       pl = 0;
+    char spiece[3 * sizeof piece + 1];
+    utf8_sanitize(piece, pl, spiece);
     if (J->chat) {
       if (!*dst)
         *dst = cJSON_CreateArray();
       cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "token", piece);
+      cJSON_AddStringToObject(e, "token", spiece);
       cJSON_AddNumberToObject(e, "logprob", ev->logprobs[i]);
       cJSON_AddItemToObject(e, "bytes", bytes_json(piece, pl));
       cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
       for (int k = 0; k < ev->num_top_logprobs; k++) {
         char tp[256];
         int tl = pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
+        char stp[3 * sizeof tp + 1];
+        utf8_sanitize(tp, tl > 0 ? tl : 0, stp);
         cJSON *t = cJSON_CreateObject();
-        cJSON_AddStringToObject(t, "token", tp);
+        cJSON_AddStringToObject(t, "token", stp);
         cJSON_AddNumberToObject(t, "logprob", ev->top_logprobs[i * ev->num_top_logprobs + k]);
         cJSON_AddItemToObject(t, "bytes", bytes_json(tp, tl > 0 ? tl : 0));
         cJSON_AddItemToArray(top, t);
@@ -704,14 +731,15 @@ static void add_logprobs(struct job *J, struct choice *c, const struct pagoda_ev
         cJSON_AddArrayToObject(*dst, "top_logprobs");
         cJSON_AddArrayToObject(*dst, "text_offset");
       }
-      cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "tokens"), cJSON_CreateString(piece));
+      cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "tokens"), cJSON_CreateString(spiece));
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "token_logprobs"), cJSON_CreateNumber(ev->logprobs[i]));
       cJSON *top = cJSON_CreateObject();
       for (int k = 0; k < ev->num_top_logprobs; k++) {
-        char tp[256];
-        pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
-        if (!cJSON_GetObjectItemCaseSensitive(top, tp))
-          cJSON_AddNumberToObject(top, tp, ev->top_logprobs[i * ev->num_top_logprobs + k]);
+        char tp[256], stp[3 * sizeof tp + 1];
+        int tl = pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
+        utf8_sanitize(tp, tl > 0 ? tl : 0, stp);
+        if (!cJSON_GetObjectItemCaseSensitive(top, stp))
+          cJSON_AddNumberToObject(top, stp, ev->top_logprobs[i * ev->num_top_logprobs + k]);
       }
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "top_logprobs"), top);
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "text_offset"), cJSON_CreateNumber((double)c->text.len));

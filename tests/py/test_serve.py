@@ -347,3 +347,13 @@ def test_logprobs_with_n2_samples(client):
         assert len(content) == 6 and "".join(t.token for t in content) == ch.message.content
         for t in content:  # a sampled token is at most as likely as the best one
             assert t.logprob <= t.top_logprobs[0].logprob + 1e-6
+
+
+def test_logprobs_of_a_partial_utf8_byte_token(client):
+    # stories260K: ids 3..258 are the byte tokens <0x00>..<0xFF>; 229 = 0xE2, the first byte of a
+    # three-byte character. Its "token" must stay valid JSON text (U+FFFD) and "bytes" exact.
+    r = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=1, temperature=0, logprobs=True, top_logprobs=1,
+                                       logit_bias={"229": 100})
+    t = r.choices[0].logprobs.content[0]
+    assert t.token == "\ufffd" and t.bytes == [0xE2]
