@@ -270,6 +270,9 @@ struct job {
     int finish;
     int role_sent;
     size_t sent;            /* streaming: bytes of text sent as content */
+    int n_calls;            /* tool calls parsed (sent, when streaming) */
+    int have_from;          /* streaming, Hermes: calls_from is set */
+    size_t calls_from;      /* streaming, Hermes: where the next unparsed call block starts */
     int ntok;
   } *ch;
   struct pagoda_usage usage;
@@ -821,6 +824,25 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
   }
 }
 
+/* Numbers CALLS (a tool_calls array) on from choice C's count: "index" and a request-unique id. */
+static void name_calls(struct job *J, int *count, cJSON *calls) {
+  cJSON *it;
+  cJSON_ArrayForEach(it, calls) {
+    char id[96];
+    snprintf(id, sizeof id, "call_%s_%d", J->id, *count);
+    cJSON_ReplaceItemInObjectCaseSensitive(it, "id", cJSON_CreateString(id));
+    if (J->stream)
+      cJSON_AddNumberToObject(it, "index", *count);
+    (*count)++;
+  }
+}
+
+/* Streaming: CALLS of choice IDX in one delta.tool_calls chunk (takes ownership). */
+static void emit_calls(struct job *J, int idx, cJSON *calls) {
+  name_calls(J, &J->ch[idx].n_calls, calls);
+  stream_chunk(J, idx, "", 0, NULL, calls, NULL);
+}
+
 /* Takes one event of prompt P. */
 static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
   if (ev->index < 0 || ev->index >= J->stride)
@@ -846,32 +868,56 @@ static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
     c->sent = c->text.len;
     return;
   }
-  /* Tools: content streams until a call may begin; the calls go out whole at the end. */
-  size_t safe = ev->finish_reason ? c->text.len : tool_content_safe(J->S->tool_fmt, c->text.p, c->text.len);
-  cJSON *calls = NULL;
-  if (ev->finish_reason) {
-    size_t content_end;
-    calls = tool_calls_parse(J->S->tool_fmt, c->text.p, c->text.len, &content_end);
-    if (calls) {
-      safe = content_end;
-      if (ev->finish_reason == PAGODA_FINISH_STOP)
-        fin = "tool_calls";
+  /* Tools: content streams until a call may begin; a Hermes call goes out as soon as its
+   * </tool_call> closes; what remains (and the other formats' calls) when the output ends. */
+  enum tool_format f = J->S->tool_fmt;
+  const char *t = c->text.p ? c->text.p : "";
+  size_t len = c->text.len;
+  size_t safe = tool_content_safe(f, t, len);
+  if (c->n_calls == 0 && safe > c->sent) {
+    stream_chunk(J, idx, t + c->sent, safe - c->sent, lp, NULL, NULL);
+    lp = NULL;
+    c->sent = safe;
+  }
+  if (f == TOOL_FMT_HERMES) {
+    if (!c->have_from) {
+      const char *m = memmem(t, len, "<tool_call>", 11);
+      if (m) {
+        c->have_from = 1;
+        c->calls_from = (size_t)(m - t);
+      }
+    }
+    const char *e;
+    while (c->have_from && (e = memmem(t + c->calls_from, len - c->calls_from, "</tool_call>", 12))) {
+      size_t stop = (size_t)(e - t) + 12, ce;
+      cJSON *x = tool_calls_parse(f, t + c->calls_from, stop - c->calls_from, &ce);
+      if (x)
+        emit_calls(J, idx, x);
+      c->calls_from = stop;
     }
   }
-  if (safe > c->sent || lp || calls || fin) {
-    if (calls && safe > c->sent) { /* content first, then the calls in their own chunk */
-      stream_chunk(J, idx, c->text.p + c->sent, safe - c->sent, lp, NULL, NULL);
-      lp = NULL;
-      c->sent = safe;
+  if (ev->finish_reason) {
+    size_t ce;
+    if (c->n_calls == 0) { /* the whole output: content up to the first call, then the calls */
+      cJSON *x = tool_calls_parse(f, t, len, &ce);
+      size_t cend = x ? ce : len;
+      if (cend > c->sent) {
+        stream_chunk(J, idx, t + c->sent, cend - c->sent, lp, NULL, NULL);
+        lp = NULL;
+        c->sent = cend;
+      }
+      if (x)
+        emit_calls(J, idx, x);
+    } else if (c->calls_from < len) { /* after the last closed Hermes block */
+      cJSON *x = tool_calls_parse(f, t + c->calls_from, len - c->calls_from, &ce);
+      if (x)
+        emit_calls(J, idx, x);
     }
-    size_t n = safe > c->sent ? safe - c->sent : 0;
-    if (calls) {
-      const cJSON *it;
-      int k = 0;
-      cJSON_ArrayForEach(it, calls) cJSON_AddNumberToObject((cJSON *)it, "index", k++);
-    }
-    stream_chunk(J, idx, c->text.p + c->sent, n, lp, calls, fin);
-    c->sent += n;
+    if (c->n_calls > 0 && ev->finish_reason == PAGODA_FINISH_STOP)
+      fin = "tool_calls";
+    stream_chunk(J, idx, "", 0, lp, NULL, fin);
+  } else if (lp) {
+    stream_chunk(J, idx, "", 0, lp, NULL, NULL);
   }
 }
 
@@ -928,6 +974,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
         cJSON_AddStringToObject(m, "content", content);
       free(content);
       if (calls) {
+        name_calls(J, &c->n_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
         if (c->finish == PAGODA_FINISH_STOP)
           fin = "tool_calls";
