@@ -28,6 +28,9 @@ enum pagoda_status {
   PAGODA_ERR_TOO_LONG = 6,      /* a request can never fit (context or pool) */
   PAGODA_ERR_NOT_FOUND = 7,     /* unknown request id; a model, repo, revision or file that is absent */
   PAGODA_ERR_BACKEND = 8,       /* a device call failed */
+  PAGODA_ERR_BUSY = 9,          /* async engine: the waiting queue is full (HTTP 429) */
+  PAGODA_ERR_CLOSED = 10,       /* async engine: shutting down, no new requests (HTTP 503) */
+  PAGODA_ERR_TIMEOUT = 11,      /* async engine: nothing arrived within the timeout */
 };
 
 /* The message of the last error on this thread (a human sentence). */
@@ -124,6 +127,10 @@ struct pagoda_sampling_params {
   int beam_width;             /* > 1: beam search (deterministic; ignores temperature and n) */
   float length_penalty;       /* beam score = sum logprob / length^length_penalty (default 1) */
   int skip_special_tokens;    /* default 1: special tokens add no text */
+  /* Logprobs (not with beam search): of the raw model distribution, log softmax of the logits
+   * before logit_bias, penalties, temperature and truncation (vLLM's default "raw_logprobs"). */
+  int logprobs;               /* 1: report each sampled token's logprob (default 0) */
+  int top_logprobs;           /* [0, 20]: also the most likely tokens at each position */
 };
 
 /* Fills P with the defaults above. */
@@ -153,6 +160,12 @@ struct pagoda_output {
   size_t text_len;
   enum pagoda_finish_reason finish_reason;
   struct pagoda_usage usage;  /* of the whole request, once it finished; else partial */
+  /* With sp.logprobs (else NULL / 0): logprobs[i] of token_ids[i]; top_logprob_ids/top_logprobs
+   * (num_token_ids x num_top_logprobs, row-major) the most likely tokens, best first. */
+  const float *logprobs;
+  const int32_t *top_logprob_ids;
+  const float *top_logprobs;
+  int num_top_logprobs;
 };
 
 /* Loads the model and tokenizer, sizes and allocates the KV pool. *OUT: free with
@@ -262,6 +275,96 @@ int pagoda_render_template(const char *template_src, const char *context_json, s
 /* Where the last template error of pagoda_render_template on this thread is: *LINE and *COL
  * (1-based) of the construct that failed. Returns 1 when known, 0 otherwise (both set to 0). */
 int pagoda_template_error_location(int *line, int *col);
+
+/* Decodes IDS (n_ids) to text (special tokens skipped when SKIP_SPECIAL). *OUT: malloc'd,
+ * NUL-terminated, free with free(); *LEN its length. PAGODA_ERR_INVALID_ARG for an id outside
+ * the vocabulary. Safe from any thread (like pagoda_tokenize and pagoda_render_chat). */
+int pagoda_detokenize(const pagoda_engine_t *e, const int32_t *ids, int n_ids, int skip_special,
+                      char **out, size_t *len);
+/* The text of token ID as the model's tokenizer decodes it in the middle of a text (leading
+ * space kept), into BUF (cap bytes, NUL-terminated). A SentencePiece byte token (<0xHH>) that is
+ * part of a UTF-8 character gives its raw byte; other partial characters give U+FFFD. Returns
+ * its length, or -1 for an id outside the vocabulary. */
+int pagoda_token_piece(const pagoda_engine_t *e, int32_t id, char *buf, size_t cap);
+/* Like pagoda_render_chat, with TEMPLATE (NULL: the model's) and EXTRA_JSON (NULL or a JSON
+ * object) merged into the template context: e.g. {"tools": [...]} for tool calling. */
+int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *template_text, const char *messages_json,
+                           const char *extra_json, int add_generation_prompt, char **out);
+/* The model's chat template source, or NULL. */
+const char *pagoda_chat_template(const pagoda_engine_t *e);
+
+/* ---------------------------------------------------------------------------------------------
+ * Async engine: a thread-safe front for multi-threaded servers. pagoda_async_create starts one
+ * thread that owns the engine and loops: apply queued submissions and aborts, step, hand each
+ * output to its stream. Every function below may be called from any thread.
+ *   - A stream belongs to the thread that submitted it until pagoda_stream_free; one thread at a
+ *     time calls pagoda_stream_next on it; pagoda_stream_abort may come from any thread.
+ *   - Event pointers stay valid until the next pagoda_stream_next or pagoda_stream_free on it.
+ *   - pagoda_async_engine's engine may be used only with the read-only helpers marked safe from
+ *     any thread (tokenize, detokenize, token_piece, render_chat*, has_chat_template,
+ *     chat_template, max_model_len, vocab_size); never step, add or abort it directly.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct pagoda_async pagoda_async_t;
+typedef struct pagoda_stream pagoda_stream_t;
+
+struct pagoda_async_params {
+  int max_waiting;  /* submitted requests without their first token yet, at most (default 1024);
+                       beyond: PAGODA_ERR_BUSY */
+};
+void pagoda_async_params_default(struct pagoda_async_params *p);
+
+/* Creates the engine from EP (ep->on_output must be NULL: the async layer uses the outputs) and
+ * starts its thread. */
+int pagoda_async_create(const struct pagoda_engine_params *ep, const struct pagoda_async_params *ap,
+                        pagoda_async_t **out);
+/* Stops accepting requests (PAGODA_ERR_CLOSED), lets running ones finish for up to GRACE_MS,
+ * aborts the rest (their streams get PAGODA_FINISH_ABORT), and joins the thread. Idempotent. */
+void pagoda_async_shutdown(pagoda_async_t *a, int grace_ms);
+/* Shuts down (grace 0) if needed and frees the engine. Free every stream before. */
+void pagoda_async_free(pagoda_async_t *a);
+const pagoda_engine_t *pagoda_async_engine(const pagoda_async_t *a);
+
+/* Queues a request: TEXT (encoded as pagoda_add_request does) or IDS (n_ids), SP NULL for the
+ * defaults. Waits until the engine thread accepted or rejected it (at most one step). *OUT: the
+ * stream, free with pagoda_stream_free. PAGODA_ERR_BUSY (queue full), PAGODA_ERR_CLOSED, or the
+ * engine's own status (INVALID_ARG, TOO_LONG, ...) with pagoda_last_error() on this thread. */
+int pagoda_async_submit(pagoda_async_t *a, const char *text, const int32_t *ids, int n_ids,
+                        const struct pagoda_sampling_params *sp, pagoda_stream_t **out);
+
+/* One output of one sample (the fields of struct pagoda_output, copied). */
+struct pagoda_event {
+  int index;
+  const int32_t *token_ids;
+  int num_token_ids;
+  const char *text;           /* NUL-terminated too */
+  size_t text_len;
+  const float *logprobs;      /* as in struct pagoda_output */
+  const int32_t *top_logprob_ids;
+  const float *top_logprobs;
+  int num_top_logprobs;
+  enum pagoda_finish_reason finish_reason;
+  struct pagoda_usage usage;
+};
+/* Blocks (without spinning) until the next event, at most TIMEOUT_MS (< 0: forever).
+ * PAGODA_OK: *EV filled. PAGODA_ERR_TIMEOUT: none yet. PAGODA_ERR_NOT_FOUND: the stream ended
+ * (every sample reported its finish). */
+int pagoda_stream_next(pagoda_stream_t *s, struct pagoda_event *ev, int timeout_ms);
+/* Ends the request: its KV blocks return to the pool within one engine step; the stream then
+ * delivers PAGODA_FINISH_ABORT for unfinished samples. */
+void pagoda_stream_abort(pagoda_stream_t *s);
+uint64_t pagoda_stream_id(const pagoda_stream_t *s);
+/* Aborts the request if still running and releases the caller's reference. */
+void pagoda_stream_free(pagoda_stream_t *s);
+
+struct pagoda_async_stats {
+  struct pagoda_engine_stats engine; /* after the last step */
+  int queued;                        /* submitted, no token yet */
+  int active;                        /* submitted, not finished */
+  int64_t submitted, finished, rejected_busy, aborted;
+  int accepting;                     /* 0 once shutting down */
+  int64_t step_failures;             /* steps that failed (device error, or nothing could progress) */
+};
+int pagoda_async_stats(pagoda_async_t *a, struct pagoda_async_stats *s);
 
 #pragma GCC visibility pop
 

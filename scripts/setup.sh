@@ -25,6 +25,12 @@ if ((${#missing[@]})); then
 fi
 
 if [[ "${1:-}" == "--test" ]]; then
+  # Headless Chromium for the chat page test (tests/py/test_serve_page.py).
+  if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed"; then
+    echo "setup: installing chromium (chat page test)"
+    SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium
+  fi
   if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
   fi

@@ -3,7 +3,8 @@
 #  1. libpagoda.so exports only pagoda_* (what include/pagoda.h declares; -fvisibility=hidden);
 #  2. the pagoda binary and libpagoda.so link no CUDA library (the CUDA backend is a dlopen'ed
 #     module), and that module, when built, exports only its entry point;
-#  3. the CLI sources include no internal header: only pagoda.h and their own cli/ headers.
+#  3. the CLI sources (src/cli, and the server it runs, src/server) include no internal header:
+#     only pagoda.h and their own cli/ and server/ headers.
 # Usage: check_boundary.sh LIBPAGODA_SO PAGODA_BIN SOURCE_DIR [LIBPAGODA_CUDA_SO]
 set -u
 lib=$1 bin=$2 src=$3 mod=${4:-}
@@ -39,7 +40,8 @@ if [[ -n $mod ]]; then
   fi
 fi
 
-inc=$(grep -Hn '^#include "' "$src"/src/cli/*.c "$src"/src/cli/*.h | grep -Ev '#include "(pagoda\.h|cli/[a-z_]+\.h)"')
+inc=$(grep -Hn '^#include "' "$src"/src/cli/*.[ch] "$src"/src/server/*.[ch] |
+      grep -Ev '#include "(pagoda\.h|cli/[a-z_]+\.h|server/[a-z_]+\.h)"')
 if [[ -n $inc ]]; then
   echo "FAIL: the CLI reaches past include/pagoda.h:"; echo "$inc"; fail=1
 fi

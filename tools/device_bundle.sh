@@ -11,7 +11,7 @@ cmake -S . -B .device/build -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DPAGODA
 cmake --build .device/build -j "$(nproc)"
 # Libraries the device image does not have: everything our binaries need outside glibc/CUDA.
 for bin in .device/build/pagoda .device/build/libpagoda.so; do
-  ldd "$bin" | awk '/=> \//{print $3}' | grep -E 'cjson|pcre2|sodium|utf8proc|microhttpd|gomp' |
+  ldd "$bin" | awk '/=> \//{print $3}' | grep -E 'cjson|pcre2|sodium|utf8proc|microhttpd|gomp|gnutls|nettle|hogweed|tasn1|idn2|unistring|p11-kit|gmp|ffi' |
     while read -r so; do cp -L "$so" .device/lib/; done || true
 done
 if [[ -d ../shared/testdata && ! -d .device/testdata ]]; then

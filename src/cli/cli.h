@@ -9,5 +9,6 @@ int cli_bench(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_render_template(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

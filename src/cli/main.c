@@ -17,6 +17,7 @@ static const struct command commands[] = {
     {"tokenize", cli_tokenize, "text on stdin -> token ids on stdout"},
     {"detokenize", cli_detokenize, "token ids on stdin -> text on stdout"},
     {"render-template", cli_render_template, "render a chat template with a JSON context"},
+    {"serve", cli_serve, "OpenAI-compatible HTTP server (docs/http.md)"},
 };
 
 static void usage(FILE *f) {

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <omp.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -401,6 +402,10 @@ static int validate(const struct pagoda_engine *e, const int32_t *ids, int n, co
     if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= e->vocab || !isfinite(sp->logit_bias_values[i]))
       return ERR("logit_bias entry %d: token id %d outside the vocabulary or value not finite", i,
                  sp->logit_bias_ids[i]);
+  if (sp->top_logprobs < 0 || sp->top_logprobs > 20 || (sp->top_logprobs > 0 && !sp->logprobs))
+    return ERR("top_logprobs must be in [0, 20] and needs logprobs");
+  if (sp->logprobs && sp->beam_width > 1)
+    return ERR("logprobs are not available with beam search");
   return 0;
 }
 
@@ -544,6 +549,7 @@ static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const flo
     int32_t tok = sampler_pick(&e->samplers[0], sp, logits, &c->rng);
     if (sequence_push_token(c, tok, e->tok, e->max_model_len))
       return -1;
+    sequence_record_logprob(c, seq, e->vocab);
     e->generated++;
     mark_dirty(e, c);
     if (c->finish)
@@ -638,6 +644,16 @@ static void collect_outputs(struct pagoda_engine *e, int *n_outs) {
     for (int k = 0; k < r->n_seqs; k++)
       o->usage.completion_tokens += sequence_num_output(&r->seqs[k]);
     o->usage.cached_prompt_tokens = r->seqs[0].s.num_cached_prompt;
+    o->logprobs = NULL;
+    o->top_logprob_ids = NULL;
+    o->top_logprobs = NULL;
+    o->num_top_logprobs = 0;
+    if (r->sp.logprobs && s->lp) {
+      o->num_top_logprobs = r->sp.top_logprobs;
+      o->logprobs = s->lp + s->tokens_sent;
+      o->top_logprob_ids = s->top_ids + (size_t)s->tokens_sent * (size_t)o->num_top_logprobs;
+      o->top_logprobs = s->top_lp + (size_t)s->tokens_sent * (size_t)o->num_top_logprobs;
+    }
     s->tokens_sent = n_out;
     s->text_sent = end;
     s->dirty = 0;
@@ -715,16 +731,20 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
       struct sampler_params sp;
       sequence_sampler_params(s, &sp);
+      if (s->req->sp.logprobs && sequence_save_raw(s, lg, e->vocab))
+        e->picked[b] = -2; /* out of memory: reported in phase 2 */
       sampler_apply_processors(smp, &sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                                sequence_num_output(s));
       int forks = s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
-      if (!s->req->beam && !forks)
+      if (!s->req->beam && !forks && e->picked[b] == -1)
         e->picked[b] = sampler_pick(smp, &sp, lg, &s->rng);
     }
     /* Phase 2, in batch order: tokens, forks, beams, stop conditions. */
     for (int b = 0; b < o->num_items; b++) {
       if (e->logit_row[b] < 0)
         continue;
+      if (e->picked[b] == -2)
+        return PAGODA_ERR_OUT_OF_MEMORY;
       struct sequence *s = (struct sequence *)o->items[b].seq;
       float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
       struct sampler_params spv;
@@ -746,6 +766,7 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       int32_t tok = e->picked[b] >= 0 ? e->picked[b] : sampler_pick(&e->samplers[0], sp, lg, &s->rng);
       if (sequence_push_token(s, tok, e->tok, e->max_model_len))
         return PAGODA_ERR_OUT_OF_MEMORY;
+      sequence_record_logprob(s, s, e->vocab);
       e->generated++;
       mark_dirty(e, s);
       if (s->finish)
@@ -811,8 +832,15 @@ static int add_token_string(cJSON *ctx, const char *key, const struct tokenizer 
 }
 
 int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int add_generation_prompt, char **out) {
+  return pagoda_render_chat_ext(e, NULL, messages_json, NULL, add_generation_prompt, out);
+}
+
+const char *pagoda_chat_template(const pagoda_engine_t *e) { return tokenizer_chat_template(e->tok); }
+
+int pagoda_render_chat_ext(const pagoda_engine_t *e, const char *template_text, const char *messages_json,
+                           const char *extra_json, int add_generation_prompt, char **out) {
   *out = NULL;
-  const char *tmpl = tokenizer_chat_template(e->tok);
+  const char *tmpl = template_text ? template_text : tokenizer_chat_template(e->tok);
   if (!tmpl)
     return ERR("the model has no chat template"), PAGODA_ERR_NOT_FOUND;
   cJSON *ctx = cJSON_CreateObject(), *msgs = cJSON_Parse(messages_json);
@@ -823,6 +851,19 @@ int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int 
   }
   cJSON_AddItemToObject(ctx, "messages", msgs);
   msgs = NULL;
+  if (extra_json) {
+    cJSON *extra = cJSON_Parse(extra_json);
+    if (!cJSON_IsObject(extra)) {
+      cJSON_Delete(extra);
+      ERR("the extra template context must be a JSON object");
+      goto done;
+    }
+    for (cJSON *it = extra->child, *nx; it; it = nx) {
+      nx = it->next;
+      cJSON_AddItemToObject(ctx, it->string, cJSON_DetachItemViaPointer(extra, it));
+    }
+    cJSON_Delete(extra);
+  }
   cJSON_AddBoolToObject(ctx, "add_generation_prompt", add_generation_prompt);
   if (add_token_string(ctx, "bos_token", e->tok, tokenizer_bos_id(e->tok)) ||
       add_token_string(ctx, "eos_token", e->tok, tokenizer_eos_id(e->tok))) {
@@ -846,4 +887,77 @@ done:
   cJSON_Delete(ctx);
   cJSON_Delete(msgs);
   return st;
+}
+
+int pagoda_detokenize(const pagoda_engine_t *e, const int32_t *ids, int n_ids, int skip_special,
+                      char **out, size_t *len) {
+  *out = NULL;
+  *len = 0;
+  for (int i = 0; i < n_ids; i++)
+    if (ids[i] < 0 || ids[i] >= e->vocab)
+      return ERR("token id %d at position %d is outside the vocabulary [0, %d)", ids[i], i, e->vocab),
+             PAGODA_ERR_INVALID_ARG;
+  struct detokenizer *d = detokenizer_create(e->tok, skip_special);
+  size_t cap = 64 + (size_t)n_ids * 16, n = 0;
+  char *buf = malloc(cap);
+  if (!d || !buf) {
+    if (d)
+      detokenizer_free(d);
+    free(buf);
+    return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
+  }
+  char piece[1024];
+  for (int i = 0;; i++) { /* the pushes, then flushes until nothing is held back */
+    int k = i < n_ids ? detokenizer_push(d, ids[i], piece, sizeof piece) : detokenizer_flush(d, piece, sizeof piece);
+    if (i >= n_ids && k <= 0)
+      break;
+    if (k < 0)
+      k = 0;
+    if (n + (size_t)k + 1 > cap) {
+      while (n + (size_t)k + 1 > cap)
+        cap *= 2;
+      char *p = realloc(buf, cap);
+      if (!p) {
+        free(buf);
+        detokenizer_free(d);
+        return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
+      }
+      buf = p;
+    }
+    memcpy(buf + n, piece, (size_t)k);
+    n += (size_t)k;
+  }
+  buf[n] = 0;
+  detokenizer_free(d);
+  *out = buf;
+  *len = n;
+  return PAGODA_OK;
+}
+
+int pagoda_token_piece(const pagoda_engine_t *e, int32_t id, char *buf, size_t cap) {
+  if (id < 0 || id >= e->vocab || cap == 0)
+    return -1;
+  struct detokenizer *d = detokenizer_create(e->tok, 0);
+  if (!d)
+    return -1;
+  detokenizer_set_continuation(d);
+  int n = detokenizer_push(d, id, buf, cap - 1);
+  detokenizer_free(d);
+  if (n <= 0) { /* held back: part of a UTF-8 character. A SentencePiece byte token "<0xHH>"
+                  * gives its raw byte; otherwise the decoder's text (U+FFFD for a lone part). */
+    size_t tl = 0;
+    const char *t = tokenizer_token_text(e->tok, id, &tl);
+    unsigned byte;
+    char close;
+    if (t && tl == 6 && sscanf(t, "<0x%2X%c", &byte, &close) == 2 && close == '>') {
+      buf[0] = (char)byte;
+      n = 1;
+    } else {
+      n = tokenizer_decode(e->tok, &id, 1, 0, buf, cap);
+      if (n < 0 || (size_t)n >= cap)
+        n = 0;
+    }
+  }
+  buf[n] = 0;
+  return n;
 }

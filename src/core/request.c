@@ -1,6 +1,7 @@
 /* request.c - request construction (deep copies of the parameters) and per-token output handling. */
 #include "core/request.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,13 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
     s->index = i;
     s->cap = n_prompt + max_tokens;
     s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
+    if (sp->logprobs) {
+      size_t k = (size_t)max_tokens * (size_t)(sp->top_logprobs > 0 ? sp->top_logprobs : 1);
+      s->lp = malloc((size_t)max_tokens * sizeof *s->lp);
+      s->top_ids = malloc(k * sizeof *s->top_ids);
+      s->top_lp = malloc(k * sizeof *s->top_lp);
+      fail |= !s->lp || !s->top_ids || !s->top_lp;
+    }
     s->detok = detokenizer_create(tok, sp->skip_special_tokens);
     if (!s->tokens || !s->detok || kv_seq_init(&s->s.kv, kv)) {
       fail = 1;
@@ -113,6 +121,10 @@ void request_free(struct request *r) {
     struct sequence *s = &r->seqs[i];
     free(s->tokens);
     free(s->text);
+    free(s->lp);
+    free(s->top_ids);
+    free(s->top_lp);
+    free(s->raw);
     if (s->detok)
       detokenizer_free(s->detok);
     kv_seq_free(&s->s.kv);
@@ -218,4 +230,47 @@ size_t sequence_reportable_text(const struct sequence *seq) {
   }
   size_t end = seq->text_len - hold;
   return end > seq->text_sent ? end : seq->text_sent;
+}
+
+int sequence_save_raw(struct sequence *seq, const float *logits, int vocab) {
+  if (!seq->raw && !(seq->raw = malloc((size_t)vocab * sizeof *seq->raw)))
+    return ERR("out of memory for logprobs"), -1;
+  memcpy(seq->raw, logits, (size_t)vocab * sizeof *logits);
+  float mx = -INFINITY;
+  for (int i = 0; i < vocab; i++)
+    if (logits[i] > mx)
+      mx = logits[i];
+  double sum = 0;
+  for (int i = 0; i < vocab; i++)
+    sum += exp((double)(logits[i] - mx));
+  seq->raw_lse = (float)((double)mx + log(sum));
+  return 0;
+}
+
+void sequence_record_logprob(struct sequence *seq, const struct sequence *from, int vocab) {
+  const struct request *r = seq->req;
+  int k = sequence_num_output(seq) - 1;
+  if (!r->sp.logprobs || !from->raw || k < 0 || k >= r->max_tokens)
+    return;
+  int32_t tok = seq->tokens[seq->s.num_tokens - 1];
+  seq->lp[k] = from->raw[tok] - from->raw_lse;
+  int n_top = r->sp.top_logprobs;
+  int32_t *ids = seq->top_ids + (size_t)k * (size_t)n_top;
+  float *lps = seq->top_lp + (size_t)k * (size_t)n_top;
+  int have = 0; /* insertion into a sorted list of n_top (<= 20): O(vocab * n_top) worst case */
+  for (int i = 0; i < vocab && n_top > 0; i++) {
+    float v = from->raw[i];
+    if (have == n_top && !(v > lps[n_top - 1]))
+      continue;
+    int j = have < n_top ? have++ : n_top - 1;
+    while (j > 0 && v > lps[j - 1]) { /* strict: ties keep the smaller id first */
+      lps[j] = lps[j - 1];
+      ids[j] = ids[j - 1];
+      j--;
+    }
+    lps[j] = v;
+    ids[j] = i;
+  }
+  for (int j = 0; j < have; j++)
+    lps[j] -= from->raw_lse;
 }

@@ -31,6 +31,12 @@ struct sequence {
   enum pagoda_finish_reason finish;
   int dirty;               /* 1 while it sits in the engine's to-report list */
   int started;             /* 0 for samples 1..n-1 until they fork from sample 0 */
+  /* sp.logprobs only: per output token, its raw logprob and the top sp.top_logprobs. */
+  float *lp;               /* (max_tokens) */
+  int32_t *top_ids;        /* (max_tokens x top_logprobs) */
+  float *top_lp;           /* (max_tokens x top_logprobs) */
+  float *raw;              /* (vocab) the raw logits of the last row sampled for this sequence */
+  float raw_lse;           /* log sum exp of raw */
 };
 
 struct request {
@@ -70,6 +76,13 @@ int sequence_push_token(struct sequence *seq, int32_t tok, const struct tokenize
 /* Bytes of text that may be reported now: everything once finished; otherwise all but the
  * longest tail that could still grow into a stop string. */
 size_t sequence_reportable_text(const struct sequence *seq);
+
+/* sp.logprobs: keeps a copy of LOGITS (vocab, raw: before any processor) for the token drawn
+ * from them. Returns 0, or -1 when out of memory. Touches only SEQ. */
+int sequence_save_raw(struct sequence *seq, const float *logits, int vocab);
+/* sp.logprobs: records the logprob (and top logprobs) of SEQ's last output token from the raw
+ * row saved in FROM (SEQ itself, or the sample it forked from). */
+void sequence_record_logprob(struct sequence *seq, const struct sequence *from, int vocab);
 
 static inline int sequence_num_output(const struct sequence *seq) { return seq->s.num_tokens - seq->s.num_prompt; }
 

@@ -1,0 +1,71 @@
+"""test_serve_tools.py - a tool call end to end through the `openai` client: a tiny fixture
+model (tests/py/tool_model.py: a bigram chain whose greedy answer is one Hermes tool call)
+served with Qwen2.5's chat template; the call comes back parsed in `message.tool_calls`
+(non-streaming) and as `delta.tool_calls` (streaming), finish_reason "tool_calls"; with
+tool_choice "none" or no tools, the same text stays content."""
+import json
+
+import pytest
+
+from serve_util import QWEN_TEMPLATE, Server
+from tool_model import CALL_JSON, write
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.skipif(not QWEN_TEMPLATE.exists(), reason="shared test data absent")
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}}]
+MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toolmodel")
+    model = write(str(d / "model"))
+    s = Server(log_path=d / "server.log", model=model)
+    yield openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    assert s.stop() == 0
+    assert "tool-call format hermes" in s.stderr()
+
+
+def test_tool_call_non_streaming(client):
+    r = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=16, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content is None
+    calls = ch.message.tool_calls
+    assert len(calls) == 1 and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris", "unit": "celsius"}
+    assert r.usage.completion_tokens == 4  # <tool_call>, the call, </tool_call>, <|im_end|>
+
+
+def test_tool_call_streaming(client):
+    stream = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=16,
+                                            temperature=0, stream=True)
+    content, calls, finish, order = "", [], [], []
+    for c in stream:
+        d = c.choices[0].delta
+        content += d.content or ""
+        calls += d.tool_calls or []
+        if d.tool_calls:
+            order.append("call")
+        if c.choices[0].finish_reason:
+            finish.append(c.choices[0].finish_reason)
+            order.append("finish")
+    assert content == "" and finish == ["tool_calls"]
+    # The call is sent when its </tool_call> closes, before the EOS step that ends the output.
+    assert order == ["call", "finish"]
+    assert calls[0].id.startswith("call_chatcmpl-")
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris", "unit": "celsius"}
+
+
+def test_without_tools_the_text_is_content(client):
+    r = client.chat.completions.create(model="stories", messages=MSGS, max_tokens=16, temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == "<tool_call>" + CALL_JSON + "</tool_call>"
+    r = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, tool_choice="none",
+                                       max_tokens=16, temperature=0)
+    assert r.choices[0].message.tool_calls is None
