@@ -362,6 +362,8 @@ class Runner:
             pa_memory_mb = pa_gpu_mem
         if pa_blk_size is not None:
             pa_block_size = pa_blk_size
+        if model is None and os.environ.get("PAGODA_MODEL"):
+            model = os.environ["PAGODA_MODEL"]
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise ValueError(f"model: expected a path, got {model!r}")
         if device is not None and device not in ("cpu", "cuda"):
