@@ -104,7 +104,7 @@ class Event(ctypes.Structure):
         ("index", _c_int),
         ("token_ids", _c_i32p),
         ("num_token_ids", _c_int),
-        ("text", ctypes.c_void_p),
+        ("text", ctypes.c_char_p),  # NUL-terminated too: read as bytes without a call
         ("text_len", ctypes.c_size_t),
         ("logprobs", _c_fp),
         ("top_logprob_ids", _c_i32p),
