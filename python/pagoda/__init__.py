@@ -10,7 +10,7 @@ See docs/python.md. The shared library libpagoda is looked up in $PAGODA_LIBRARY
 package, then in the repository's build/ directory.
 """
 from .errors import (EngineBusyError, EngineClosedError, InvalidRequestError, ModelLoadError,
-                     PagodaError, PromptTooLongError)
+                     PagodaError, PromptTooLongError, UnsupportedError)
 from .runner import Runner, parse_tool_calls
 from .types import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, Choice,
                     ChunkChoice, CompletionChoice, CompletionOutput, CompletionRequest,
@@ -24,6 +24,6 @@ __all__ = [
     "CompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk", "CompletionResponse",
     "Choice", "ChunkChoice", "CompletionChoice", "CompletionOutput", "Delta", "RequestOutput",
     "ResponseMessage", "Stats", "ToolCall", "Usage", "PagodaError", "InvalidRequestError",
-    "PromptTooLongError", "EngineBusyError", "EngineClosedError", "ModelLoadError",
+    "PromptTooLongError", "UnsupportedError", "EngineBusyError", "EngineClosedError", "ModelLoadError",
     "parse_tool_calls",
 ]

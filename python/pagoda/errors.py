@@ -30,7 +30,11 @@ class EngineClosedError(PagodaError):
 
 
 class ModelLoadError(PagodaError, OSError):
-    """The model could not be read or is malformed / unsupported."""
+    """The model file could not be read or is malformed."""
+
+
+class UnsupportedError(PagodaError):
+    """Valid but not supported by this build (a dtype, an architecture, a KV cache type)."""
 
 
 def raise_status(status: int, context: str = "") -> None:
@@ -45,6 +49,6 @@ def raise_status(status: int, context: str = "") -> None:
         _ffi.ERR_CLOSED: EngineClosedError,
         _ffi.ERR_IO: ModelLoadError,
         _ffi.ERR_FORMAT: ModelLoadError,
-        _ffi.ERR_UNSUPPORTED: ModelLoadError,
+        _ffi.ERR_UNSUPPORTED: UnsupportedError,
     }.get(status, PagodaError)
     raise cls(msg, status)

@@ -215,8 +215,18 @@ def test_stats_prefix_hits(runner):
 
 
 def test_seed_aliases():
+    """The seeds' example (Which.Plain, pa_gpu_mem, pa_blk_size, PagedCacheType, the request)."""
     with pagoda.Runner(which=pagoda.Which.Plain(model_id=MODEL), device="cpu", pa_gpu_mem=8, pa_blk_size=16,
-                       pa_cache_type=pagoda.PagedCacheType.Auto, threads=2) as r:
+                       pa_cache_type=pagoda.PagedCacheType.Auto, threads=2, chat_template=TEMPLATE) as r:
+        res = r.send_chat_completion_request(pagoda.ChatCompletionRequest(
+            model="mistral", messages=[{"role": "user", "content": "Tell me a story about the Rust type system."}],
+            max_tokens=32, presence_penalty=1.0, top_p=0.1, temperature=0.1))
+        assert res.model == "mistral" and res.choices[0].message.role == "assistant"
+        assert res.choices[0].message.content and res.choices[0].message.tool_calls is None
+        u = res.usage
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens and 0 < u.completion_tokens <= 32
+        assert res.choices[0].finish_reason == ("length" if u.completion_tokens == 32 else "stop")
+        assert u.tokens_per_second > 0 and u.total_time >= u.time_to_first_token > 0
         s = r.stats()
         assert s.block_size == 16
         assert s.num_blocks * 16 * 5 * 2 * 4 * 8 * 2 <= 8 * 2**20  # f16 K+V, 5 layers, 4 kv heads x 8
