@@ -255,12 +255,12 @@ def _tool_format(template: Optional[str]) -> str:
     return "hermes"
 
 
-def _as_call(obj: Any, k: int) -> Optional[ToolCall]:
+def _as_call(obj: Any, k: int, prefix: str) -> Optional[ToolCall]:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     arg_text = args if isinstance(args, str) else json.dumps(args, separators=(",", ":"))
-    return ToolCall(id=f"call_{k}", function=FunctionCall(obj["name"], arg_text))
+    return ToolCall(id=f"call_{prefix}{k}", function=FunctionCall(obj["name"], arg_text))
 
 
 def parse_tool_calls(fmt: str, text: str) -> Tuple[str, Optional[List[ToolCall]]]:
@@ -269,9 +269,10 @@ def parse_tool_calls(fmt: str, text: str) -> Tuple[str, Optional[List[ToolCall]]
     ``<|python_tag|>``, several joined by ';'), Mistral ``[TOOL_CALLS][{...}]``."""
     dec = json.JSONDecoder()
     calls: List[ToolCall] = []
+    prefix = uuid.uuid4().hex[:16] + "_"  # ids unique across requests
 
     def add(obj: Any) -> bool:
-        c = _as_call(obj, len(calls))
+        c = _as_call(obj, len(calls), prefix)
         if c:
             calls.append(c)
         return c is not None

@@ -281,10 +281,12 @@ def test_tool_call_parsing():
     content, calls = pagoda.parse_tool_calls(
         "hermes", 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     assert content == "Sure." and calls[0].function.name == "get_weather"
-    assert json.loads(calls[0].function.arguments) == {"city": "Paris"} and calls[0].id == "call_0"
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"} and calls[0].id.startswith("call_")
     content, calls = pagoda.parse_tool_calls(
         "llama3", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}')
     assert content == "" and [c.function.name for c in calls] == ["a", "b"]
+    again = pagoda.parse_tool_calls("llama3", '{"name": "a", "parameters": {"x": 1}}')[1]
+    assert len({c.id for c in calls + again}) == 3  # unique across requests
     content, calls = pagoda.parse_tool_calls("mistral", '[TOOL_CALLS][{"name": "f", "arguments": "{}"}]')
     assert calls[0].function.arguments == "{}"
     assert pagoda.parse_tool_calls("hermes", "just text") == ("just text", None)
