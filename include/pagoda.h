@@ -208,9 +208,10 @@ int pagoda_render_chat(const pagoda_engine_t *e, const char *messages_json, int 
  * the vocabulary. Safe from any thread (like pagoda_tokenize and pagoda_render_chat). */
 int pagoda_detokenize(const pagoda_engine_t *e, const int32_t *ids, int n_ids, int skip_special,
                       char **out, size_t *len);
-/* The text of token ID as the model's tokenizer decodes it alone (bytes of a partial UTF-8
- * character included as they are), into BUF (cap bytes, NUL-terminated). Returns its length, or
- * -1 for an id outside the vocabulary. */
+/* The text of token ID as the model's tokenizer decodes it in the middle of a text (leading
+ * space kept), into BUF (cap bytes, NUL-terminated). A SentencePiece byte token (<0xHH>) that is
+ * part of a UTF-8 character gives its raw byte; other partial characters give U+FFFD. Returns
+ * its length, or -1 for an id outside the vocabulary. */
 int pagoda_token_piece(const pagoda_engine_t *e, int32_t id, char *buf, size_t cap);
 /* Like pagoda_render_chat, with TEMPLATE (NULL: the model's) and EXTRA_JSON (NULL or a JSON
  * object) merged into the template context: e.g. {"tools": [...]} for tool calling. */

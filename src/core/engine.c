@@ -9,6 +9,7 @@
 #include <math.h>
 #include <omp.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -931,11 +932,22 @@ int pagoda_token_piece(const pagoda_engine_t *e, int32_t id, char *buf, size_t c
     return -1;
   detokenizer_set_continuation(d);
   int n = detokenizer_push(d, id, buf, cap - 1);
-  if (n < 0)
-    n = 0;
-  int m = detokenizer_flush(d, buf + n, cap - 1 - (size_t)n);
-  n += m > 0 ? m : 0;
-  buf[n] = 0;
   detokenizer_free(d);
+  if (n <= 0) { /* held back: part of a UTF-8 character. A SentencePiece byte token "<0xHH>"
+                  * gives its raw byte; otherwise the decoder's text (U+FFFD for a lone part). */
+    size_t tl = 0;
+    const char *t = tokenizer_token_text(e->tok, id, &tl);
+    unsigned byte;
+    char close;
+    if (t && tl == 6 && sscanf(t, "<0x%2X%c", &byte, &close) == 2 && close == '>') {
+      buf[0] = (char)byte;
+      n = 1;
+    } else {
+      n = tokenizer_decode(e->tok, &id, 1, 0, buf, cap);
+      if (n < 0 || (size_t)n >= cap)
+        n = 0;
+    }
+  }
+  buf[n] = 0;
   return n;
 }

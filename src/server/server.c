@@ -270,6 +270,9 @@ struct job {
     int finish;
     int role_sent;
     size_t sent;            /* streaming: bytes of text sent as content */
+    int n_calls;            /* tool calls parsed (sent, when streaming) */
+    int have_from;          /* streaming, Hermes: calls_from is set */
+    size_t calls_from;      /* streaming, Hermes: where the next unparsed call block starts */
     int ntok;
   } *ch;
   struct pagoda_usage usage;
@@ -664,6 +667,29 @@ static cJSON *usage_json(const struct pagoda_usage *u) {
   return j;
 }
 
+/* S (n bytes) as valid UTF-8 in OUT (cap >= 3n + 1): invalid or partial sequences become U+FFFD
+ * (a token's own bytes may split a character; the "bytes" field keeps them exactly). */
+static void utf8_sanitize(const char *s, int n, char *out) {
+  const unsigned char *u = (const unsigned char *)s;
+  int o = 0;
+  for (int i = 0; i < n;) {
+    int len = u[i] < 0x80 ? 1 : (u[i] >> 5) == 6 ? 2 : (u[i] >> 4) == 14 ? 3 : (u[i] >> 3) == 30 ? 4 : 0;
+    int ok = len > 0 && i + len <= n;
+    for (int k = 1; ok && k < len; k++)
+      ok = (u[i + k] & 0xC0) == 0x80;
+    if (ok) {
+      memcpy(out + o, s + i, (size_t)len);
+      o += len;
+      i += len;
+    } else {
+      memcpy(out + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = 0;
+}
+
 static cJSON *bytes_json(const char *s, int n) {
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; i < n; i++)
@@ -678,19 +704,23 @@ static void add_logprobs(struct job *J, struct choice *c, const struct pagoda_ev
     int pl = pagoda_token_piece(J->S->e, ev->token_ids[i], piece, sizeof piece);
     if (pl < 0)
       pl = 0;
+    char spiece[3 * sizeof piece + 1];
+    utf8_sanitize(piece, pl, spiece);
     if (J->chat) {
       if (!*dst)
         *dst = cJSON_CreateArray();
       cJSON *e = cJSON_CreateObject();
-      cJSON_AddStringToObject(e, "token", piece);
+      cJSON_AddStringToObject(e, "token", spiece);
       cJSON_AddNumberToObject(e, "logprob", ev->logprobs[i]);
       cJSON_AddItemToObject(e, "bytes", bytes_json(piece, pl));
       cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
       for (int k = 0; k < ev->num_top_logprobs; k++) {
         char tp[256];
         int tl = pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
+        char stp[3 * sizeof tp + 1];
+        utf8_sanitize(tp, tl > 0 ? tl : 0, stp);
         cJSON *t = cJSON_CreateObject();
-        cJSON_AddStringToObject(t, "token", tp);
+        cJSON_AddStringToObject(t, "token", stp);
         cJSON_AddNumberToObject(t, "logprob", ev->top_logprobs[i * ev->num_top_logprobs + k]);
         cJSON_AddItemToObject(t, "bytes", bytes_json(tp, tl > 0 ? tl : 0));
         cJSON_AddItemToArray(top, t);
@@ -704,14 +734,15 @@ static void add_logprobs(struct job *J, struct choice *c, const struct pagoda_ev
         cJSON_AddArrayToObject(*dst, "top_logprobs");
         cJSON_AddArrayToObject(*dst, "text_offset");
       }
-      cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "tokens"), cJSON_CreateString(piece));
+      cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "tokens"), cJSON_CreateString(spiece));
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "token_logprobs"), cJSON_CreateNumber(ev->logprobs[i]));
       cJSON *top = cJSON_CreateObject();
       for (int k = 0; k < ev->num_top_logprobs; k++) {
-        char tp[256];
-        pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
-        if (!cJSON_GetObjectItemCaseSensitive(top, tp))
-          cJSON_AddNumberToObject(top, tp, ev->top_logprobs[i * ev->num_top_logprobs + k]);
+        char tp[256], stp[3 * sizeof tp + 1];
+        int tl = pagoda_token_piece(J->S->e, ev->top_logprob_ids[i * ev->num_top_logprobs + k], tp, sizeof tp);
+        utf8_sanitize(tp, tl > 0 ? tl : 0, stp);
+        if (!cJSON_GetObjectItemCaseSensitive(top, stp))
+          cJSON_AddNumberToObject(top, stp, ev->top_logprobs[i * ev->num_top_logprobs + k]);
       }
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "top_logprobs"), top);
       cJSON_AddItemToArray(cJSON_GetObjectItem(*dst, "text_offset"), cJSON_CreateNumber((double)c->text.len));
@@ -793,6 +824,25 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
   }
 }
 
+/* Numbers CALLS (a tool_calls array) on from choice C's count: "index" and a request-unique id. */
+static void name_calls(struct job *J, int *count, cJSON *calls) {
+  cJSON *it;
+  cJSON_ArrayForEach(it, calls) {
+    char id[96];
+    snprintf(id, sizeof id, "call_%s_%d", J->id, *count);
+    cJSON_ReplaceItemInObjectCaseSensitive(it, "id", cJSON_CreateString(id));
+    if (J->stream)
+      cJSON_AddNumberToObject(it, "index", *count);
+    (*count)++;
+  }
+}
+
+/* Streaming: CALLS of choice IDX in one delta.tool_calls chunk (takes ownership). */
+static void emit_calls(struct job *J, int idx, cJSON *calls) {
+  name_calls(J, &J->ch[idx].n_calls, calls);
+  stream_chunk(J, idx, "", 0, NULL, calls, NULL);
+}
+
 /* Takes one event of prompt P. */
 static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
   if (ev->index < 0 || ev->index >= J->stride)
@@ -818,32 +868,56 @@ static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
     c->sent = c->text.len;
     return;
   }
-  /* Tools: content streams until a call may begin; the calls go out whole at the end. */
-  size_t safe = ev->finish_reason ? c->text.len : tool_content_safe(J->S->tool_fmt, c->text.p, c->text.len);
-  cJSON *calls = NULL;
-  if (ev->finish_reason) {
-    size_t content_end;
-    calls = tool_calls_parse(J->S->tool_fmt, c->text.p, c->text.len, &content_end);
-    if (calls) {
-      safe = content_end;
-      if (ev->finish_reason == PAGODA_FINISH_STOP)
-        fin = "tool_calls";
+  /* Tools: content streams until a call may begin; a Hermes call goes out as soon as its
+   * </tool_call> closes; what remains (and the other formats' calls) when the output ends. */
+  enum tool_format f = J->S->tool_fmt;
+  const char *t = c->text.p ? c->text.p : "";
+  size_t len = c->text.len;
+  size_t safe = tool_content_safe(f, t, len);
+  if (c->n_calls == 0 && safe > c->sent) {
+    stream_chunk(J, idx, t + c->sent, safe - c->sent, lp, NULL, NULL);
+    lp = NULL;
+    c->sent = safe;
+  }
+  if (f == TOOL_FMT_HERMES) {
+    if (!c->have_from) {
+      const char *m = memmem(t, len, "<tool_call>", 11);
+      if (m) {
+        c->have_from = 1;
+        c->calls_from = (size_t)(m - t);
+      }
+    }
+    const char *e;
+    while (c->have_from && (e = memmem(t + c->calls_from, len - c->calls_from, "</tool_call>", 12))) {
+      size_t stop = (size_t)(e - t) + 12, ce;
+      cJSON *x = tool_calls_parse(f, t + c->calls_from, stop - c->calls_from, &ce);
+      if (x)
+        emit_calls(J, idx, x);
+      c->calls_from = stop;
     }
   }
-  if (safe > c->sent || lp || calls || fin) {
-    if (calls && safe > c->sent) { /* content first, then the calls in their own chunk */
-      stream_chunk(J, idx, c->text.p + c->sent, safe - c->sent, lp, NULL, NULL);
-      lp = NULL;
-      c->sent = safe;
+  if (ev->finish_reason) {
+    size_t ce;
+    if (c->n_calls == 0) { /* the whole output: content up to the first call, then the calls */
+      cJSON *x = tool_calls_parse(f, t, len, &ce);
+      size_t cend = x ? ce : len;
+      if (cend > c->sent) {
+        stream_chunk(J, idx, t + c->sent, cend - c->sent, lp, NULL, NULL);
+        lp = NULL;
+        c->sent = cend;
+      }
+      if (x)
+        emit_calls(J, idx, x);
+    } else if (c->calls_from < len) { /* after the last closed Hermes block */
+      cJSON *x = tool_calls_parse(f, t + c->calls_from, len - c->calls_from, &ce);
+      if (x)
+        emit_calls(J, idx, x);
     }
-    size_t n = safe > c->sent ? safe - c->sent : 0;
-    if (calls) {
-      const cJSON *it;
-      int k = 0;
-      cJSON_ArrayForEach(it, calls) cJSON_AddNumberToObject((cJSON *)it, "index", k++);
-    }
-    stream_chunk(J, idx, c->text.p + c->sent, n, lp, calls, fin);
-    c->sent += n;
+    if (c->n_calls > 0 && ev->finish_reason == PAGODA_FINISH_STOP)
+      fin = "tool_calls";
+    stream_chunk(J, idx, "", 0, lp, NULL, fin);
+  } else if (lp) {
+    stream_chunk(J, idx, "", 0, lp, NULL, NULL);
   }
 }
 
@@ -900,6 +974,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
         cJSON_AddStringToObject(m, "content", content);
       free(content);
       if (calls) {
+        name_calls(J, &c->n_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
         if (c->finish == PAGODA_FINISH_STOP)
           fin = "tool_calls";
@@ -1389,7 +1464,9 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   struct MHD_Daemon *d = MHD_start_daemon(
       MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
       &S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, &S,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, /* idle connections close: they hold a thread */
+      MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
   if (!d) {
     fprintf(stderr, "error: cannot listen on %s:%d (in use? change --port)\n", cfg->host, cfg->port);
     pagoda_async_free(S.async);

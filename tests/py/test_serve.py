@@ -336,3 +336,73 @@ def test_queue_full_is_429(tmp_path):
         assert metrics(s.url)["pagoda:requests_rejected_busy_total"] == 1
     finally:
         assert s.stop() == 0
+
+
+def test_logprobs_with_n2_samples(client):
+    r = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=6, temperature=1.0, seed=3, n=2, logprobs=True, top_logprobs=2)
+    assert len(r.choices) == 2
+    for ch in r.choices:
+        content = ch.logprobs.content
+        assert len(content) == 6 and "".join(t.token for t in content) == ch.message.content
+        for t in content:  # a sampled token is at most as likely as the best one
+            assert t.logprob <= t.top_logprobs[0].logprob + 1e-6
+
+
+def test_logprobs_of_a_partial_utf8_byte_token(client):
+    # stories260K: ids 3..258 are the byte tokens <0x00>..<0xFF>; 229 = 0xE2, the first byte of a
+    # three-byte character. Its "token" must stay valid JSON text (U+FFFD) and "bytes" exact.
+    r = client.chat.completions.create(model="stories", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=1, temperature=0, logprobs=True, top_logprobs=1,
+                                       logit_bias={"229": 100})
+    t = r.choices[0].logprobs.content[0]
+    assert t.token == "\ufffd" and t.bytes == [0xE2]
+
+
+def _mutations(rnd):
+    """Hostile bodies: valid requests with fields replaced by random JSON values, truncations,
+    byte flips, deep nesting, invalid UTF-8."""
+    base = [{"prompt": "Once upon a time", "max_tokens": 3},
+            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
+            {"prompt": [1, 2, 3], "max_tokens": 2, "n": 2, "logprobs": 1}]
+    fields = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "seed", "stop",
+              "logit_bias", "logprobs", "top_logprobs", "stream", "stream_options", "best_of", "use_beam_search",
+              "tools", "tool_choice", "stop_token_ids", "min_tokens", "echo", "model", "response_format"]
+    values = [None, True, False, 0, -1, 1, 2.5, -1e308, 1e308, 2**63, "", "x", "\u0000", [], [None], {}, {"a": 1},
+              [[1, 2], "a"], [{"role": "user"}], {"1": "x"}, "é" * 1000, [1] * 50]
+    for _ in range(300):
+        b = dict(rnd.choice(base))
+        for _ in range(rnd.randint(1, 4)):
+            b[rnd.choice(fields)] = rnd.choice(values)
+        raw = json.dumps(b).encode()
+        k = rnd.random()
+        if k < 0.15:
+            raw = raw[:rnd.randint(0, len(raw))]
+        elif k < 0.3:
+            i = rnd.randrange(len(raw))
+            raw = raw[:i] + bytes([rnd.randrange(256)]) + raw[i + 1:]
+        elif k < 0.35:
+            raw = b"[" * 5000 + b"]" * 5000
+        elif k < 0.4:
+            raw = b'{"prompt": "\xff\xfe\xc3", "max_tokens": 2}'
+        yield rnd.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]), raw
+
+
+def test_hostile_bodies_never_hurt_the_server(server, client):
+    import random
+    rnd = random.Random(7)
+    seen = set()
+    for path, raw in _mutations(rnd):
+        st, r = http(server.url + path, raw)
+        seen.add(st)
+        assert st in (200, 400, 404), (path, raw[:200], st, r)
+        if st != 200:
+            assert isinstance(r, dict) and r["error"]["code"] == st and r["error"]["message"], r
+        elif isinstance(r, str):  # a stream that was asked for
+            assert r.rstrip().endswith("data: [DONE]"), r[-200:]
+    assert {200, 400} <= seen
+    m = metrics(server.url)
+    assert m["pagoda:kv_blocks_used"] == 0 and m["pagoda:num_requests_running"] == 0
+    case = greedy_case()
+    r = client.completions.create(model="stories", prompt=case["prompt"], max_tokens=64, temperature=0)
+    assert r.choices[0].text == case["continuation"]

@@ -1,6 +1,7 @@
 """test_serve_load.py - `pagoda serve` under load on loopback: 64 concurrent streaming clients,
 1,000 requests per round, bounded time, zero failures, no RSS growth over three rounds; and one
-round under AddressSanitizer (build-asan/pagoda, when built) that must exit 0 with no report."""
+round under AddressSanitizer (build-asan/pagoda, when built), with a disconnect and 300 hostile
+bodies, that must exit 0 with no report."""
 import http.client
 import json
 import os
@@ -126,6 +127,13 @@ def test_one_round_under_asan(tmp_path):
         while time.time() < deadline and metrics(s.url)["pagoda:kv_blocks_used"] != 0:
             time.sleep(0.1)
         assert metrics(s.url)["pagoda:kv_blocks_used"] == 0
+        # The hostile bodies of test_serve.py, under ASan too.
+        import random
+        from serve_util import http as http_req
+        from test_serve import _mutations
+        for path, raw in _mutations(random.Random(11)):
+            st, _ = http_req(s.url + path, raw)
+            assert st in (200, 400, 404), (path, raw[:200], st)
     finally:
         rc = s.stop(timeout=120)
     log = s.stderr()

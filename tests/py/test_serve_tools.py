@@ -44,14 +44,20 @@ def test_tool_call_non_streaming(client):
 def test_tool_call_streaming(client):
     stream = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=16,
                                             temperature=0, stream=True)
-    content, calls, finish = "", [], []
+    content, calls, finish, order = "", [], [], []
     for c in stream:
         d = c.choices[0].delta
         content += d.content or ""
         calls += d.tool_calls or []
+        if d.tool_calls:
+            order.append("call")
         if c.choices[0].finish_reason:
             finish.append(c.choices[0].finish_reason)
+            order.append("finish")
     assert content == "" and finish == ["tool_calls"]
+    # The call is sent when its </tool_call> closes, before the EOS step that ends the output.
+    assert order == ["call", "finish"]
+    assert calls[0].id.startswith("call_chatcmpl-")
     assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
     assert json.loads(calls[0].function.arguments) == {"city": "Paris", "unit": "celsius"}
 
