@@ -189,6 +189,19 @@ def test_asyncio(runner):
     assert texts == ref and gen == ref
     assert streamed == ref[0]
 
+    async def cancel():
+        it = await runner.send_completion_request_async(pagoda.CompletionRequest(
+            prompt="Once upon a time", max_tokens=1500, ignore_eos=True, stream=True))
+        async for _ in it:
+            break
+        assert runner.stats().active == 1
+        await it.aclose()
+
+    before = wait_idle(runner)
+    asyncio.run(cancel())
+    after = wait_idle(runner)
+    assert after.active == 0 and after.free_blocks == after.num_blocks and after.aborted == before.aborted + 1
+
 
 def test_n_samples_and_logprobs(runner):
     out = runner.generate("Once upon a time", pagoda.SamplingParams(n=3, seed=5, max_tokens=16, logprobs=2))[0]
@@ -291,3 +304,18 @@ def test_tool_call_parsing():
     assert calls[0].function.arguments == "{}"
     assert pagoda.parse_tool_calls("hermes", "just text") == ("just text", None)
     assert pagoda.parse_tool_calls("llama3", '{"not": "a call"}') == ('{"not": "a call"}', None)
+
+
+def test_tools_reach_the_template(runner):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    with_tools = runner.apply_chat_template(msgs, tools)
+    assert "get_weather" in with_tools and "<tools>" in with_tools
+    assert "get_weather" not in runner.apply_chat_template(msgs)
+    res = runner.send_chat_completion_request(pagoda.ChatCompletionRequest(
+        messages=msgs, tools=tools, max_tokens=8, temperature=0))
+    plain = runner.send_chat_completion_request(pagoda.ChatCompletionRequest(
+        messages=msgs, tools=tools, tool_choice="none", max_tokens=8, temperature=0))
+    assert res.usage.prompt_tokens > plain.usage.prompt_tokens
+    assert plain.usage.prompt_tokens == len(runner.tokenize(runner.apply_chat_template(msgs), False, True))
