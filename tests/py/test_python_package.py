@@ -52,3 +52,19 @@ def test_missing_library_is_a_clear_error(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "error: PAGODA_LIBRARY=" in r.stderr and "nope.so" in r.stderr
+
+
+def test_import_from_checkout_root():
+    """`python -c "import pagoda; pagoda.Runner()..."` from the repository root, nothing
+    installed: the root pagoda/ points at python/pagoda and build/libpagoda.so."""
+    lib = built_library()
+    if lib.parent != ROOT / "build":
+        pytest.skip("the library is not in the checkout's build/")
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGODA_LIBRARY", "PYTHONPATH")}
+    env["PAGODA_MODEL"] = str(MODEL)
+    code = ("import pagoda; r = pagoda.Runner(device='cpu', threads=2, pa_memory_mb=8); "
+            "print(r.send_completion_request(pagoda.CompletionRequest(prompt='Once upon a time', "
+            "max_tokens=8, temperature=0)).choices[0].text)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out == ", there was a little girl\n"
