@@ -36,6 +36,11 @@ enum pagoda_status {
 /* The message of the last error on this thread (a human sentence). */
 const char *pagoda_last_error(void);
 
+/* sizeof(struct pagoda_NAME) in this build of the library (NAME: "engine_params",
+ * "sampling_params", "usage", "output", "engine_stats", "async_params", "event", "async_stats"),
+ * 0 for an unknown name. Bindings that mirror these structs (ctypes) check their layout with it. */
+size_t pagoda_struct_size(const char *name);
+
 /* ---------------------------------------------------------------------------------------------
  * Engine. One thread owns an engine: it calls pagoda_engine_step in a loop; pagoda_add_request*
  * and pagoda_abort may be called between steps (from that thread: the engine has no locks; a

@@ -44,6 +44,8 @@ ON_OUTPUT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 class EngineParams(ctypes.Structure):
     _fields_ = [
         ("model", ctypes.c_char_p),
+        ("revision", ctypes.c_char_p),
+        ("hf_file", ctypes.c_char_p),
         ("device", ctypes.c_char_p),
         ("threads", _c_int),
         ("paged_attn", _c_int),
@@ -59,6 +61,7 @@ class EngineParams(ctypes.Structure):
         ("max_model_len", _c_int),
         ("on_output", ctypes.c_void_p),
         ("user", ctypes.c_void_p),
+        ("isq", ctypes.c_char_p),
     ]
 
 
@@ -187,6 +190,24 @@ def _load() -> ctypes.CDLL:
 
 _lib: Optional[ctypes.CDLL] = None
 
+# The ctypes mirrors above against the library's own sizeof (pagoda_struct_size): a library
+# built from another version of pagoda.h is refused here instead of corrupting memory.
+_MIRRORS = {"engine_params": EngineParams, "sampling_params": SamplingParams, "usage": Usage,
+            "engine_stats": EngineStats, "async_params": AsyncParams, "event": Event,
+            "async_stats": AsyncStats}
+
+
+def _check_layout(L: ctypes.CDLL) -> None:
+    fn = L.pagoda_struct_size
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_char_p]
+    for name, cls in _MIRRORS.items():
+        want = fn(name.encode())
+        if want != ctypes.sizeof(cls):
+            raise ImportError(f"error: {L._name}: struct pagoda_{name} is {want} bytes in the library but "
+                              f"{ctypes.sizeof(cls)} in the pagoda Python package: they come from different "
+                              "versions of pagoda (rebuild the library or reinstall the package)")
+
 
 def lib() -> ctypes.CDLL:
     """The loaded library with its function signatures declared (loaded on first use)."""
@@ -227,6 +248,7 @@ def lib() -> ctypes.CDLL:
         fn = getattr(L, name)
         fn.restype = res
         fn.argtypes = args
+    _check_layout(L)
     libc = ctypes.CDLL(None)
     libc.free.argtypes = [vp]
     libc.free.restype = None

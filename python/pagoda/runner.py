@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import (Any, AsyncIterator, Dict, Iterator, List, Optional, Sequence, Tuple, Union)
 
 from . import _ffi
-from .errors import EngineClosedError, raise_status
+from .errors import EngineClosedError, ModelLoadError, raise_status
 from .types import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, Choice,
                     ChoiceLogprobs, ChunkChoice, CompletionChoice, CompletionLogprobs,
                     CompletionOutput, CompletionRequest, CompletionResponse, Delta, FunctionCall,
@@ -30,6 +30,7 @@ _FINISH = {_ffi.FINISH_NONE: None, _ffi.FINISH_STOP: "stop", _ffi.FINISH_LENGTH:
            _ffi.FINISH_ABORT: "abort"}
 _CACHE_TYPES = {"auto": 0, "f8e4m3": 1, "fp8": 1, "f32": 2, "f16": 3, "bf16": 4}
 _PAGED = {"auto": 0, "on": 1, "off": 2, True: 1, False: 2}
+_ISQ = ("q4_0", "q4_k", "q5_k", "q6_k", "q8_0", "4", "8")  # --isq values (docs/model-formats.md)
 _TEXT_OFFSET = _ffi.Event.text.offset
 _POLL_MS = 200  # stream_next timeout: lets Ctrl-C and Runner.close() through
 
@@ -339,7 +340,8 @@ class Runner:
         pa_cache_type: ``"auto"``, ``"f8e4m3"``, ``"f32"``, ``"f16"``, ``"bf16"`` or a
             :class:`PagedCacheType`.
         prefix_cache_n: prefix cache on (> 0) or off (0).
-        isq: in-situ quantization of the weights; not available (only None is accepted).
+        isq: in-situ quantization of a safetensors model's weights at load: ``"q4_0"``,
+            ``"q4_k"``, ``"q5_k"``, ``"q6_k"``, ``"q8_0"``, ``"4"`` (q4_k) or ``"8"`` (q8_0); None: none.
         max_num_seqs: sequences per engine step.
         seed: seeds requests that give none (a deterministic sequence of seeds); None: random.
         threads: CPU threads (0: all cores).
@@ -392,8 +394,9 @@ class Runner:
             raise ValueError(f"pa_cache_type: expected one of {sorted(_CACHE_TYPES)} or a PagedCacheType, "
                              f"got {pa_cache_type!r}")
         if isq is not None:
-            raise ValueError(f"isq: in-situ quantization is not available in pagoda (got {isq!r}); "
-                             "use a pre-quantized GGUF model")
+            isq = str(isq).lower()
+            if isq not in _ISQ:
+                raise ValueError(f"isq: expected one of {', '.join(_ISQ)}, got {isq!r}")
         budgets = [n for n, v in (("pa_memory_mb", pa_memory_mb), ("pa_memory_fraction", pa_memory_fraction),
                                   ("pa_context_len", pa_context_len)) if v is not None]
         if len(budgets) > 1:
@@ -406,6 +409,8 @@ class Runner:
         L.pagoda_engine_params_default(ctypes.byref(ep))
         self._model_b = os.fspath(model).encode() if model is not None else None
         self._device_b = device.encode() if device else None
+        self._isq_b = isq.encode() if isq is not None else None
+        ep.isq = self._isq_b
         ep.model = self._model_b
         ep.device = self._device_b
         ep.threads = _check_int("threads", threads, 0)
@@ -444,6 +449,8 @@ class Runner:
         ap.max_waiting = _check_int("max_waiting", max_waiting, 1)
         a = ctypes.c_void_p()
         st = L.pagoda_async_create(ctypes.byref(ep), ctypes.byref(ap), ctypes.byref(a))
+        if st == _ffi.ERR_NOT_FOUND:  # at creation: the model path or repo id names nothing
+            raise ModelLoadError(_ffi.last_error(), st)
         if st != _ffi.OK:
             raise_status(st)
         self._a = a

@@ -1,9 +1,11 @@
 """The Python package (python/pagoda) over libpagoda on the CPU with stories260K: determinism,
 offline batches equal single requests, streaming, cancellation, threads, asyncio, errors."""
 import asyncio
+import ctypes
 import gc
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -319,3 +321,25 @@ def test_tools_reach_the_template(runner):
         messages=msgs, tools=tools, tool_choice="none", max_tokens=8, temperature=0))
     assert res.usage.prompt_tokens > plain.usage.prompt_tokens
     assert plain.usage.prompt_tokens == len(runner.tokenize(runner.apply_chat_template(msgs), False, True))
+
+
+def test_isq_runner_matches_cli():
+    """Runner(isq="8") quantizes as `pagoda run --isq 8` does: the same greedy text."""
+    prompt = "Once upon a time"
+    r = pagoda.Runner(model=MODEL, device="cpu", isq="8", threads=1, pa_memory_mb=64)
+    try:
+        res = r.send_completion_request(pagoda.CompletionRequest(prompt=prompt, max_tokens=24, temperature=0))
+    finally:
+        r.close()
+    cli = subprocess.run([os.environ.get("PAGODA_BIN", str(ROOT / "build" / "pagoda")), "run", "-m", MODEL, "--isq", "8", "--raw", "--temperature", "0",
+                          "-n", "24", "-p", prompt, "-t", "1"], capture_output=True, check=True)
+    assert res.choices[0].text == cli.stdout.decode()
+
+
+def test_struct_layout_matches_library():
+    """Every ctypes mirror has the size the library reports (pagoda_struct_size)."""
+    from pagoda import _ffi
+    L = _ffi.lib()
+    for name, cls in _ffi._MIRRORS.items():
+        assert L.pagoda_struct_size(name.encode()) == ctypes.sizeof(cls), name
+    assert L.pagoda_struct_size(b"no_such_struct") == 0
