@@ -8,7 +8,10 @@
  * columns (one K-quant super-block, or eight 32-value blocks). Sums are f32, reduced over
  * the warp by shuffles at the end. Activations stay bf16 (not quantized to 8 bits): the
  * kernel is bound by the weight bytes at these sizes, so int8 dot products would only add a
- * quantization pass and its rounding. */
+ * quantization pass and its rounding.
+ * Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two weight rows per warp
+ * sharing each activation load, with the dot product factored as a * (q . x) + b * sum(x), was
+ * 10-50% slower at every shape and T <= 8 (half the warps in flight for the same bytes). */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant.cuh"
 
