@@ -77,13 +77,14 @@ static int cuda_weight_from_host(struct backend *be, struct weight *w, const voi
                                  enum dtype src_t, int64_t rows, int64_t cols) {
   (void)be;
   memset(w, 0, sizeof *w);
-  if (src_t != DTYPE_F32 && src_t != DTYPE_F16 && src_t != DTYPE_BF16 && src_t != DTYPE_Q8_0)
-    return ERR("cuda backend: weights of dtype %s are not supported (use f32, f16, bf16 or q8_0)",
-               dtype_name(src_t));
   if (rows <= 0 || cols <= 0)
     return ERR("cuda backend: weight of shape (%lld, %lld)", (long long)rows, (long long)cols);
-  if (src_t == DTYPE_Q8_0 && cols % Q8_0_BLOCK != 0)
-    return ERR("cuda backend: q8_0 weight with %lld columns (not a multiple of 32)", (long long)cols);
+  /* Quantized matrices are uploaded as they are (cuda_quant_gemm.cu); quantized vectors are
+   * converted to f32 below like any other 1-D tensor. */
+  if (rows > 1 && cuda_quant_type(src_t) >= 0)
+    return cuda_quant_weight_upload(be, w, host, src_t, rows, cols);
+  if (src_t != DTYPE_F32 && src_t != DTYPE_F16 && src_t != DTYPE_BF16 && cuda_quant_type(src_t) < 0)
+    return ERR("cuda backend: weights of dtype %s are not supported", dtype_name(src_t));
   enum dtype dst_t = rows == 1 ? DTYPE_F32 : DTYPE_BF16;
   size_t esz = dst_t == DTYPE_F32 ? 4 : 2;
   size_t total = (size_t)rows * (size_t)cols * esz;
@@ -160,10 +161,16 @@ static void cuda_weight_free(struct backend *be, struct weight *w) {
 static int cuda_matmul(struct backend *be, void *out, const void *x, const struct weight *w,
                        const struct weight *bias, int T, int out_f32) {
   struct cuda_backend *cb = cuda_be(be);
-  if (w->dtype != DTYPE_BF16)
-    return ERR("cuda matmul: weight dtype %s (expected bf16 for a matrix)", dtype_name(w->dtype));
   if (T <= 0)
     return T == 0 ? 0 : ERR("cuda matmul: T = %d", T);
+  if (cuda_quant_type(w->dtype) >= 0) {
+    if (cuda_quant_matmul(be, out, x, w, T, out_f32) != 0)
+      return -1;
+    return bias ? cuda_op_add_bias(be, out, out_f32, bias, T) : 0;
+  }
+  if (w->dtype != DTYPE_BF16)
+    return ERR("cuda matmul: weight dtype %s (expected bf16 or a quantized type for a matrix)",
+               dtype_name(w->dtype));
   const float alpha = 1.0f, beta = 0.0f;
   int N = (int)w->rows, K = (int)w->cols;
   CUBLAS_CHECK(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w->data, CUDA_R_16BF, K,
@@ -205,6 +212,7 @@ static void cuda_destroy(struct backend *be) {
   if (cb->blas)
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);
+  cudaFree(cb->deq_scratch);
   cudaFree(cb->sample_params_dev);
   cudaFree(cb->sample_tokens_dev);
   cudaFreeHost(cb->sample_params_host);
@@ -296,6 +304,10 @@ static int cuda_init(struct cuda_backend *cb) {
   cb->blas_ws_bytes = CUDA_BLAS_WS_BYTES;
   CUDA_CHECK(cudaMalloc(&cb->blas_ws, cb->blas_ws_bytes));
   CUBLAS_CHECK(cublasSetWorkspace(cb->blas, cb->blas_ws, cb->blas_ws_bytes));
+  cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
+  const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
+  if (qmax && *qmax)
+    cb->qgemv_max_t = atoi(qmax);
   cb->sample_cap = CUDA_SAMPLE_CAP;
   CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * cb->sample_cap));
   CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * cb->sample_cap));

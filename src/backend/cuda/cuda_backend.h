@@ -52,6 +52,10 @@ struct cuda_backend {
   struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
   int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
   char name[256];            /* device name, for logs */
+  /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
+  void *deq_scratch;
+  size_t deq_scratch_bytes;
+  int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -76,6 +80,22 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
                       const struct batch *b, int n_heads, float scale);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
+
+/* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
+ * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */
+#define CUDA_QGEMV_MAX_T 8                          /* rows one GEMV pass reads the weight for */
+#define CUDA_DEQ_SCRATCH_BYTES ((size_t)128 << 20)  /* largest bf16 slab for the GEMM path */
+int cuda_quant_type(enum dtype t);
+int cuda_quant_block_values(int qt);
+size_t cuda_quant_row_bytes(int qt, int64_t cols);
+int cuda_quant_weight_upload(struct backend *be, struct weight *w, const void *host, enum dtype t,
+                             int64_t rows, int64_t cols);
+int cuda_quant_matmul(struct backend *be, void *out, const void *x, const struct weight *w, int T,
+                      int out_f32);
+int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct weight *w, int T,
+                    int out_f32);
+int cuda_quant_dequant_rows(struct backend *be, void *dst, const struct weight *w, int64_t r0, int nr);
+int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
 
 /* Block sizes the paged kernels are compiled for; anything else is refused with this list. */
 static inline int cuda_block_size_ok(int bs) { return bs == 8 || bs == 16 || bs == 32; }

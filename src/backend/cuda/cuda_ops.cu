@@ -40,6 +40,8 @@ int cuda_op_embed(struct backend *be, void *out, const struct weight *emb, const
     return -1;
   if (T <= 0)
     return T == 0 ? 0 : ERR("cuda embed: T = %d", T);
+  if (cuda_quant_type(emb->dtype) >= 0)
+    return cuda_quant_embed(be, out, emb, ids, T);
   embed_kernel<<<T, 256, 0, cuda_be(be)->stream>>>((bf16 *)out, emb->data, emb->dtype == DTYPE_F32,
                                                     emb->rows, ids, (int)emb->cols);
   CUDA_LAUNCH_CHECK();
