@@ -52,7 +52,8 @@ enum pagoda_cache_type {
 };
 
 struct pagoda_engine_params {
-  const char *model;          /* HF directory or .gguf file */
+  const char *model;          /* HF directory or .gguf file; NULL: $PAGODA_MODEL when set, else
+                                 pagoda_default_model() */
   const char *device;         /* "cpu" or "cuda"; NULL: cuda when a GPU is present */
   int threads;                /* CPU threads; 0: all cores */
   enum pagoda_paged_attn paged_attn;
@@ -76,6 +77,9 @@ struct pagoda_engine_params {
 
 /* Fills P with the defaults above. */
 void pagoda_engine_params_default(struct pagoda_engine_params *p);
+/* The model used when params.model is NULL and PAGODA_MODEL is unset: the path (fixed at build
+ * time) where scripts/setup.sh --model puts SmolLM2-135M-Instruct Q4_1. */
+const char *pagoda_default_model(void);
 
 struct pagoda_sampling_params {
   int n;                      /* independent samples of one prompt (default 1); they share its KV */
@@ -100,6 +104,9 @@ struct pagoda_sampling_params {
   int beam_width;             /* > 1: beam search (deterministic; ignores temperature and n) */
   float length_penalty;       /* beam score = sum logprob / length^length_penalty (default 1) */
   int skip_special_tokens;    /* default 1: special tokens add no text */
+  int prompt_logprobs;        /* 1: report log P(prompt[i+1] | prompt[0..i]) for every prompt
+                                 position (the logits of all of them are computed; the request
+                                 skips the prefix cache so that none is left out). Default 0 */
 };
 
 /* Fills P with the defaults above. */
@@ -129,6 +136,11 @@ struct pagoda_output {
   size_t text_len;
   enum pagoda_finish_reason finish_reason;
   struct pagoda_usage usage;  /* of the whole request, once it finished; else partial */
+  /* Requests with prompt_logprobs: set once, on the output of sample 0 in the step that finished
+   * the prompt; entry i = natural-log probability of prompt token i+1 given tokens 0..i, from the
+   * raw logits (no sampling processors). Else NULL and 0. */
+  const float *prompt_logprobs; /* (num_prompt_logprobs) = prompt tokens - 1 */
+  int num_prompt_logprobs;
 };
 
 /* Loads the model and tokenizer, sizes and allocates the KV pool. *OUT: free with

@@ -157,6 +157,8 @@ void engine_flags_usage(FILE *f) {
   fprintf(f,
           "engine options:\n"
           "  -m, --model PATH              model: HF directory (config.json + safetensors) or .gguf file\n"
+          "                                (default: $PAGODA_MODEL, else SmolLM2-135M-Instruct Q4_1,\n"
+          "                                fetched by scripts/setup.sh --model)\n"
           "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
           "  -t, --threads N               CPU threads (default 0 = all cores)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"
