@@ -134,21 +134,6 @@ static int read_kv(struct cursor *c, struct gguf_kv *kv) {
   return 0;
 }
 
-static int ggml_to_dtype(uint32_t t) {
-  switch (t) {
-  case GGUF_GGML_F32:
-    return DTYPE_F32;
-  case GGUF_GGML_F16:
-    return DTYPE_F16;
-  case GGUF_GGML_BF16:
-    return DTYPE_BF16;
-  case GGUF_GGML_Q8_0:
-    return DTYPE_Q8_0;
-  default:
-    return -1;
-  }
-}
-
 static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t *offset) {
   uint64_t nlen;
   size_t noff = rd_str(c, &nlen);
@@ -178,7 +163,7 @@ static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t *o
   *offset = rd_u64(c);
   if (c->failed)
     return -1;
-  t->dtype = ggml_to_dtype(t->ggml_type);
+  t->dtype = dtype_from_ggml(t->ggml_type);
   return 0;
 }
 
@@ -250,9 +235,10 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
       free(offsets);
       goto fail;
     }
-    if (t->dtype == DTYPE_Q8_0 && t->ne[0] % Q8_0_BLOCK) {
-      ERR("%s: tensor '%s': q8_0 row length %lld is not a multiple of 32", name, t->name,
-          (long long)t->ne[0]);
+    if (t->ne[0] % dtype_block_size((enum dtype)t->dtype)) {
+      ERR("%s: tensor '%s': %s row length %lld is not a multiple of its block size %d", name,
+          t->name, dtype_name((enum dtype)t->dtype), (long long)t->ne[0],
+          dtype_block_size((enum dtype)t->dtype));
       free(offsets);
       goto fail;
     }

@@ -209,7 +209,7 @@ struct model *model_load(const char *path, struct backend *be) {
   }
   float *divisors = NULL;
   if (f->rope_freqs.data) {
-    if (f->rope_freqs.rows * f->rope_freqs.cols != half || f->rope_freqs.dtype == DTYPE_Q8_0) {
+    if (f->rope_freqs.rows * f->rope_freqs.cols != half || dtype_is_quant(f->rope_freqs.dtype)) {
       free(host_freq);
       ERR("%s: rope_freqs has %lld elements, expected head_dim/2 = %d", path,
           (long long)(f->rope_freqs.rows * f->rope_freqs.cols), half);

@@ -11,6 +11,7 @@
 #include "model/safetensors.h"
 #include "util/file.h"
 #include "util/log.h"
+#include "util/quant.h"
 
 struct model_file_priv {
   struct gguf_file *gguf;       /* GGUF input, or NULL */
@@ -69,7 +70,8 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
   return 0;
 }
 
-/* Alignment element reads need: F32 4; F16, BF16 and Q8_0 (blocks start with an f16 scale) 2. */
+/* Alignment element reads need: F32 4; F16, BF16 and the quantized blocks (even sizes, f16
+ * scales) 2. */
 static size_t dtype_align(enum dtype t) { return t == DTYPE_F32 ? 4 : 2; }
 
 /* Looks up NAME and checks it is a ROWS x COLS matrix (ONE_D: a vector of COLS) of a readable
@@ -82,11 +84,12 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
   if (find_raw(p, name, &r) != 0)
     return optional ? 0 : ERR("%s: tensor '%s' is missing", p->where, name);
   if (r.dtype < 0)
-    return ERR("%s: tensor '%s' has ggml type %u, which pagoda cannot read (F32, F16, BF16 and "
-               "Q8_0 are supported)", r.file, name, r.gguf_type);
-  if (one_d && r.dtype == DTYPE_Q8_0)
-    return ERR("%s: tensor '%s' is a vector stored as Q8_0 (norms and biases must be F32, F16 or "
-               "BF16)", r.file, name);
+    return ERR("%s: tensor '%s' has ggml type %u (%s), which pagoda cannot read (F32, F16, BF16, "
+               "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS are supported)",
+               r.file, name, r.gguf_type, ggml_type_name(r.gguf_type));
+  if (one_d && dtype_is_quant((enum dtype)r.dtype))
+    return ERR("%s: tensor '%s' is a vector stored as %s (norms and biases must be F32, F16 or "
+               "BF16)", r.file, name, ggml_type_name((uint32_t)dtype_to_ggml((enum dtype)r.dtype)));
   int dims_ok = one_d ? r.n_dims == 1 : r.n_dims == 2;
   if (!dims_ok || r.extra != 1 || r.rows != rows || r.cols != cols) {
     if (one_d)

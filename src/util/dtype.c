@@ -2,27 +2,63 @@
 #include "util/dtype.h"
 
 #include <math.h>
+#include <strings.h>
 
-const char *dtype_name(enum dtype t) {
-  static const char *names[DTYPE_COUNT] = {"f32", "f16", "bf16", "q8_0", "f8e4m3", "i32"};
-  return (unsigned)t < DTYPE_COUNT ? names[t] : "unknown";
-}
+#include "util/quant.h"
+
+/* Per dtype: name, ggml id (-1: none), elements and bytes per block. */
+static const struct {
+  const char *name;
+  int ggml;
+  int block;
+  size_t bytes;
+} info[DTYPE_COUNT] = {
+    [DTYPE_F32] = {"f32", GGML_TYPE_F32, 1, 4},
+    [DTYPE_F16] = {"f16", GGML_TYPE_F16, 1, 2},
+    [DTYPE_BF16] = {"bf16", GGML_TYPE_BF16, 1, 2},
+    [DTYPE_Q8_0] = {"q8_0", GGML_TYPE_Q8_0, QK8_0, sizeof(struct block_q8_0)},
+    [DTYPE_F8E4M3] = {"f8e4m3", -1, 1, 1},
+    [DTYPE_I32] = {"i32", -1, 1, 4},
+    [DTYPE_Q4_0] = {"q4_0", GGML_TYPE_Q4_0, QK4_0, sizeof(struct block_q4_0)},
+    [DTYPE_Q4_1] = {"q4_1", GGML_TYPE_Q4_1, QK4_1, sizeof(struct block_q4_1)},
+    [DTYPE_Q5_0] = {"q5_0", GGML_TYPE_Q5_0, QK5_0, sizeof(struct block_q5_0)},
+    [DTYPE_Q5_1] = {"q5_1", GGML_TYPE_Q5_1, QK5_1, sizeof(struct block_q5_1)},
+    [DTYPE_Q2_K] = {"q2_k", GGML_TYPE_Q2_K, QK_K, sizeof(struct block_q2_K)},
+    [DTYPE_Q3_K] = {"q3_k", GGML_TYPE_Q3_K, QK_K, sizeof(struct block_q3_K)},
+    [DTYPE_Q4_K] = {"q4_k", GGML_TYPE_Q4_K, QK_K, sizeof(struct block_q4_K)},
+    [DTYPE_Q5_K] = {"q5_k", GGML_TYPE_Q5_K, QK_K, sizeof(struct block_q5_K)},
+    [DTYPE_Q6_K] = {"q6_k", GGML_TYPE_Q6_K, QK_K, sizeof(struct block_q6_K)},
+    [DTYPE_Q8_K] = {"q8_k", GGML_TYPE_Q8_K, QK_K, sizeof(struct block_q8_K)},
+    [DTYPE_IQ4_NL] = {"iq4_nl", GGML_TYPE_IQ4_NL, QK4_NL, sizeof(struct block_iq4_nl)},
+    [DTYPE_IQ4_XS] = {"iq4_xs", GGML_TYPE_IQ4_XS, QK_K, sizeof(struct block_iq4_xs)},
+};
+
+const char *dtype_name(enum dtype t) { return (unsigned)t < DTYPE_COUNT ? info[t].name : "unknown"; }
+
+int dtype_block_size(enum dtype t) { return (unsigned)t < DTYPE_COUNT ? info[t].block : 1; }
+
+size_t dtype_block_bytes(enum dtype t) { return (unsigned)t < DTYPE_COUNT ? info[t].bytes : 0; }
 
 size_t dtype_row_bytes(enum dtype t, int64_t n) {
-  switch (t) {
-  case DTYPE_F32:
-  case DTYPE_I32:
-    return (size_t)n * 4;
-  case DTYPE_F16:
-  case DTYPE_BF16:
-    return (size_t)n * 2;
-  case DTYPE_Q8_0:
-    return (size_t)(n / Q8_0_BLOCK) * Q8_0_BYTES;
-  case DTYPE_F8E4M3:
-    return (size_t)n;
-  default:
+  if ((unsigned)t >= DTYPE_COUNT)
     return 0;
-  }
+  return (size_t)(n / info[t].block) * info[t].bytes;
+}
+
+int dtype_from_ggml(uint32_t ggml_type) {
+  for (int t = 0; t < DTYPE_COUNT; t++)
+    if (info[t].ggml >= 0 && (uint32_t)info[t].ggml == ggml_type && t != DTYPE_Q8_K)
+      return t; /* Q8_K is an activation format: never read from files */
+  return -1;
+}
+
+int dtype_to_ggml(enum dtype t) { return (unsigned)t < DTYPE_COUNT ? info[t].ggml : -1; }
+
+int dtype_from_name(const char *s) {
+  for (int t = 0; t < DTYPE_COUNT; t++)
+    if (strcasecmp(s, info[t].name) == 0)
+      return t;
+  return -1;
 }
 
 float f16_to_f32(uint16_t h) {
@@ -95,6 +131,7 @@ void dtype_to_f32(float *dst, const void *src, enum dtype t, int64_t n) {
     break;
   }
   default:
+    quant_dequantize_row((int)t, src, dst, n);
     break;
   }
 }

@@ -239,8 +239,10 @@ static void test_damaged_gguf(const char *stories) {
   gguf_case(orig, n, "output_norm.weight", -1, "output_norX.weight", "'output_norm.weight'");
   /* A norm vector in Q8_0 (64 values = 2 blocks, so the file itself stays valid). */
   gguf_case(orig, n, "blk.0.attn_norm.weight", 8, NULL, "Q8_0");
-  /* A ggml type pagoda cannot read (Q4_K = 12): 172 is not a multiple of 256, use attn_q. */
-  gguf_case(orig, n, "blk.1.attn_q.weight", 12, NULL, "ggml type 12");
+  /* A ggml type pagoda cannot read (IQ2_XXS = 16): named by id and name. */
+  gguf_case(orig, n, "blk.1.attn_q.weight", 16, NULL, "ggml type 16 (IQ2_XXS)");
+  /* Q4_K rows must be whole super-blocks: attn_q's rows of 64 are not. */
+  gguf_case(orig, n, "blk.1.attn_q.weight", 12, NULL, "not a multiple of its block size 256");
   /* Without output.weight the model loads tied. */
   gguf_case(orig, n, "output.weight", -1, "outpuX.weight", NULL);
   free(orig);
