@@ -73,6 +73,9 @@ struct pagoda_engine_params {
   /* Optional: called for every output of a step, before pagoda_engine_step returns. */
   void (*on_output)(const struct pagoda_output *out, void *user);
   void *user;
+  /* In-situ quantization of the float weight matrices at load: "q4_0", "q4_k", "q5_k", "q6_k",
+   * "q8_0", or "4" (q4_k) / "8" (q8_0); NULL: none (docs/model-formats.md). */
+  const char *isq;
 };
 
 /* Fills P with the defaults above. */

@@ -7,11 +7,15 @@ For every type T:
   T.deq     gguf-py's dequantization of T.blocks (f32, little-endian)
 For the types gguf-py can quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
   T.q       gguf-py's quantization of src.f32
+For --isq (tests/c/test_isq.c): llama_wq.T for T in q4_0, q8_0: gguf-py's quantization of
+  model.layers.0.self_attn.q_proj.weight of tests/fixtures/llama (f32 safetensors).
 src.f32: N_ELEMS random f32 values (normal, some outliers, one all-zero block of 256).
 
 Usage: .venv/bin/python tools/gen_quant_fixtures.py [OUT_DIR]   (needs: pip install gguf numpy)
 """
+import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -53,6 +57,21 @@ def main():
         if t in QUANTIZABLE:
             q = quants.quantize(src.reshape(1, -1), t)
             q.tofile(os.path.join(out, name + ".q"))
+    isq_fixtures(out)
+
+
+def isq_fixtures(out):
+    path = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "llama", "model.safetensors")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        info = header["model.layers.0.self_attn.q_proj.weight"]
+        assert info["dtype"] == "F32"
+        a, b = info["data_offsets"]
+        f.seek(8 + n + a)
+        w = np.frombuffer(f.read(b - a), dtype=np.float32).reshape(info["shape"])
+    for t in (T.Q4_0, T.Q8_0):
+        quants.quantize(w, t).tofile(os.path.join(out, "llama_wq." + t.name.lower()))
 
 
 if __name__ == "__main__":

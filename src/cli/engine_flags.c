@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/quant_isq.h"
+#include "util/log.h"
+
 int flag_value(const char *name, int argc, char **argv, int *i, const char **value) {
   const char *a = argv[*i];
   size_t n = strlen(name);
@@ -82,6 +85,16 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
       return -1;
     }
     p->device = v;
+    return 1;
+  }
+  TRY("--isq") {
+    if (r < 0)
+      return -1;
+    if (isq_parse(v) < 0) {
+      fprintf(stderr, "error: %s\n", err_last());
+      return -1;
+    }
+    p->isq = v;
     return 1;
   }
   TRY("--threads") return r < 0 || flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
@@ -161,6 +174,8 @@ void engine_flags_usage(FILE *f) {
           "                                fetched by scripts/setup.sh --model)\n"
           "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
           "  -t, --threads N               CPU threads (default 0 = all cores)\n"
+          "  --isq q4_0|q4_k|q5_k|q6_k|q8_0|4|8\n"
+          "                                quantize float weights at load (4 = q4_k, 8 = q8_0)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"
           "  --pa-block-size 8|16|32       tokens per KV block (default 32)\n"
           "  --pa-memory-mb N              KV pool size in MiB            } at most one; default: 90%% of\n"

@@ -249,7 +249,7 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   if (!(e->be = backend_create(&bp)))
     goto fail;
   st = PAGODA_ERR_FORMAT;
-  if (!(e->model = model_load(p->model, e->be)))
+  if (!(e->model = model_load_isq(p->model, e->be, p->isq)))
     goto fail;
   if (!(e->tok = tokenizer_load(p->model)))
     goto fail;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/model_file.h"
+#include "model/quant_isq.h"
 #include "util/log.h"
 
 struct model_layer {
@@ -154,10 +155,19 @@ void model_free(struct model *m) {
   free(m);
 }
 
-struct model *model_load(const char *path, struct backend *be) {
+struct model *model_load(const char *path, struct backend *be) { return model_load_isq(path, be, NULL); }
+
+struct model *model_load_isq(const char *path, struct backend *be, const char *isq) {
+  int isq_t = -1;
+  if (isq && (isq_t = isq_parse(isq)) < 0)
+    return NULL;
   struct model_file *f = model_file_open(path);
   if (!f)
     return NULL;
+  if (isq_t >= 0 && model_file_isq(f, (enum dtype)isq_t, be->n_threads) != 0) {
+    model_file_close(f);
+    return NULL;
+  }
   struct model *m = calloc(1, sizeof *m);
   if (!m) {
     model_file_close(f);

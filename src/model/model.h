@@ -35,6 +35,9 @@ struct model;
  * Returns NULL with err_last() naming the file and tensor on any problem.
  * The model borrows BE (which must outlive it). Free with model_free. */
 struct model *model_load(const char *path, struct backend *be);
+/* As model_load, with the float weight matrices quantized at load to ISQ (an --isq value:
+ * "q4_0", "q4_k", "q5_k", "q6_k", "q8_0", "4", "8"; NULL: none). See model/quant_isq.h. */
+struct model *model_load_isq(const char *path, struct backend *be, const char *isq);
 void model_free(struct model *m);
 const struct model_config *model_get_config(const struct model *m);
 

@@ -266,6 +266,16 @@ struct model_file *model_file_open(const char *path) {
   return mf;
 }
 
+int model_file_own(struct model_file *mf, void *buf) {
+  struct model_file_priv *p = mf->priv;
+  void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->n_copies + 1));
+  if (!nc)
+    return ERR("out of memory");
+  p->copies = nc;
+  p->copies[p->n_copies++] = buf;
+  return 0;
+}
+
 void model_file_close(struct model_file *mf) {
   if (!mf)
     return;

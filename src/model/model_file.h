@@ -39,5 +39,7 @@ struct model_file {
  * Free with model_file_close (tensor data stays valid until then). */
 struct model_file *model_file_open(const char *path);
 void model_file_close(struct model_file *f);
+/* Hands BUF (malloc'd, e.g. a tensor quantized at load) to F: freed by model_file_close. */
+int model_file_own(struct model_file *f, void *buf);
 
 #endif

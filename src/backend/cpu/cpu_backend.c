@@ -78,20 +78,22 @@ static size_t elem_align(enum dtype t) {
   case DTYPE_BF16:
     return 2;
   default:
-    return 1; /* Q8_0 blocks are 34 bytes: read with memcpy, any alignment */
+    return 2; /* quantized blocks: even sizes, read through structs with f16 fields */
   }
 }
 
 static int cpu_weight_from_host(struct backend *be, struct weight *w, const void *host, enum dtype src_t,
                                 int64_t rows, int64_t cols) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
-  if (src_t != DTYPE_F32 && src_t != DTYPE_F16 && src_t != DTYPE_BF16 && src_t != DTYPE_Q8_0)
-    return ERR("cpu backend: weights of dtype %s are not supported (use f32, f16, bf16 or q8_0)",
-               dtype_name(src_t));
+  if (src_t != DTYPE_F32 && src_t != DTYPE_F16 && src_t != DTYPE_BF16 &&
+      !(dtype_is_quant(src_t) && src_t != DTYPE_Q8_K))
+    return ERR("cpu backend: weights of dtype %s are not supported (use f32, f16, bf16 or a GGUF "
+               "quant type)", dtype_name(src_t));
   if (rows <= 0 || cols <= 0 || cols > INT32_MAX)
     return ERR("cpu backend: bad weight shape (%lld, %lld)", (long long)rows, (long long)cols);
-  if (src_t == DTYPE_Q8_0 && cols % Q8_0_BLOCK != 0)
-    return ERR("cpu backend: q8_0 weight with %lld columns (must be a multiple of 32)", (long long)cols);
+  if (cols % dtype_block_size(src_t) != 0)
+    return ERR("cpu backend: %s weight with %lld columns (must be a multiple of %d)",
+               dtype_name(src_t), (long long)cols, dtype_block_size(src_t));
   w->dtype = src_t;
   w->rows = rows;
   w->cols = cols;
@@ -139,11 +141,12 @@ float cpu_weight_elem(const struct weight *w, int64_t i) {
     return f16_to_f32(((const uint16_t *)w->data)[i]);
   case DTYPE_BF16:
     return bf16_to_f32(((const uint16_t *)w->data)[i]);
-  default: {
-    float block[Q8_0_BLOCK];
-    const uint8_t *p = (const uint8_t *)w->data + (i / Q8_0_BLOCK) * Q8_0_BYTES;
-    dtype_to_f32(block, p, DTYPE_Q8_0, Q8_0_BLOCK);
-    return block[i % Q8_0_BLOCK];
+  default: { /* a quantized type: dequantize the block holding element i */
+    float block[256];
+    int bs = dtype_block_size(w->dtype);
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)(i / bs) * dtype_block_bytes(w->dtype);
+    dtype_to_f32(block, p, w->dtype, bs);
+    return block[i % bs];
   }
   }
 }

@@ -18,7 +18,9 @@
 #endif
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_quant.h"
 #include "util/log.h"
+#include "util/quant.h"
 
 #define MM_ROWS 16 /* output rows per task */
 #define MM_KC 256  /* columns per chunk: a multiple of Q8_0_BLOCK and of 8 */
@@ -77,8 +79,11 @@ static void tile_to_f32(float *tile, const struct weight *w, int64_t r0, int nr,
       }
       break;
     }
-    default: /* F32 is read in place, never converted */
+    case DTYPE_F32: /* read in place, never converted */
       memcpy(dst, (const float *)row + k0, (size_t)kc * sizeof(float));
+      break;
+    default: /* other quant types (only without AVX2): k0 and kc are whole blocks */
+      quant_dequantize_row((int)w->dtype, row + dtype_row_bytes(w->dtype, k0), dst, kc);
       break;
     }
   }
@@ -190,8 +195,13 @@ static void mm_tile_scalar(const void *const *w, int nr, int nt, const float *x,
 int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight *w,
                const struct weight *bias, int T, int out_f32) {
   (void)out_f32; /* the CPU's activations are f32 already */
-  if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16 && w->dtype != DTYPE_F16 && w->dtype != DTYPE_Q8_0)
+  if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16 && w->dtype != DTYPE_F16 &&
+      !(dtype_is_quant(w->dtype) && w->dtype != DTYPE_Q8_K))
     return ERR("matmul: weight dtype %s not supported on cpu", dtype_name(w->dtype));
+  /* GGUF quant types other than Q8_0: integer dot products with 8-bit activations
+   * (cpu_quant_dot.c). Q8_0 keeps the f32-activation kernels below (bench/RESULTS.md compares). */
+  if (w->dtype != DTYPE_Q8_0 && cpu_quant_supported(w->dtype))
+    return cpu_quant_matmul(be, out, x, w, bias, T);
   if (bias && bias->cols * bias->rows != w->rows)
     return ERR("matmul: bias of %lld elements for %lld outputs", (long long)(bias->cols * bias->rows),
                (long long)w->rows);

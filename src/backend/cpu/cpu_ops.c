@@ -22,7 +22,7 @@ int cpu_embed(struct backend *be, void *out, const struct weight *emb, const int
 
 int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
                 int T, int dim, float eps) {
-  if (w->cols != dim || w->dtype == DTYPE_Q8_0)
+  if (w->cols != dim || dtype_is_quant(w->dtype))
     return ERR("rmsnorm: weight of %lld %s elements for dim %d", (long long)w->cols,
                dtype_name(w->dtype), dim);
   float *o = out;              /* (T, dim) */
