@@ -113,3 +113,12 @@ def test_pagoda_model_env_resolution(tmp_path):
     p = subprocess.run([BIN, "run", "-p", "Once upon a time", "-n", "4", "--temperature", "0"], capture_output=True,
                        timeout=120, env={**os.environ, "PAGODA_MODEL": str(DATA / "models" / "stories260K.gguf")})
     assert p.returncode == 0 and p.stdout, p.stderr
+
+
+def test_default_model_chats(reader):
+    # no -m and no PAGODA_MODEL: the default model answers a user turn through its ChatML template
+    env = {k: v for k, v in os.environ.items() if k != "PAGODA_MODEL"}
+    p = subprocess.run([BIN, "run", "-p", "What is the capital of France? Answer in one sentence.", "--temperature",
+                        "0", "-n", "24", "--max-model-len", "512"], capture_output=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    assert "Paris" in p.stdout.decode(), p.stdout
