@@ -2,7 +2,8 @@
 which `make test` runs): its tokenizer (pre `smollm`) against HF tokenizers built from the same
 GGUF vocabulary and merges with SmolLM2's tokenizer.json pipeline (Digits(individual) then
 ByteLevel regex, no normalizer), its ChatML template from the metadata rendered by pagoda
-against jinja2 (what HF's apply_chat_template runs), and the default-model resolution."""
+against jinja2 (what HF's apply_chat_template runs), a chat answer from it without -m, and the
+default-model resolution."""
 import json
 import os
 import subprocess
