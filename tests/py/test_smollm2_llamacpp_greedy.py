@@ -29,8 +29,10 @@ PREFIX = 48
 # copy is within 1% of llama.cpp's (test_llamacpp_perplexity.py): the texts part after the first
 # words at close calls. Not investigated yet (issue 11, item 5 open: the quantized CPU dot
 # products and the tied embedding/output tensor of the copies are the first suspects); each
-# model is held at its measured floor so that a regression still fails.
-REQUIRED = {"Q4_1": 25, "Q8_0": 19, "Q4_0": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q6_K": 14}
+# model is held at its measured count less one (slack for summation order on other core counts)
+# so that a regression still fails.
+MEASURED = {"Q4_1": 25, "Q8_0": 19, "Q4_0": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q6_K": 14}
+REQUIRED = {k: v - 1 for k, v in MEASURED.items()}
 
 
 def fixtures():
