@@ -2,8 +2,8 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
-MODEL      ?= ../shared/testdata/models/stories260K.gguf
-PROMPT     ?= Once upon a time
+MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT     ?= What is the capital of France? Answer in one sentence.
 ARGS       ?=
 CMAKE_ARGS ?=
 
@@ -18,8 +18,10 @@ build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Chats with the default model: the prompt is a user turn rendered with its ChatML template.
 run: build
-	$(BUILD)/pagoda run -m $(MODEL) -p "$(PROMPT)" $(ARGS)
+	@scripts/setup.sh --model
+	$(BUILD)/pagoda run -m $(MODEL) -p "$(PROMPT)" --temperature 0 -n 128 $(ARGS)
 
 test: build
 	@scripts/setup.sh --test

@@ -65,7 +65,8 @@ enum pagoda_cache_type {
 
 struct pagoda_engine_params {
   const char *model;          /* HF directory, .gguf file, or a Hugging Face repo id org/name
-                                 (pagoda_resolve_model; a local path that exists wins) */
+                                 (pagoda_resolve_model; a local path that exists wins); NULL:
+                                 $PAGODA_MODEL when set, else pagoda_default_model() */
   const char *revision;       /* repo id only: branch, tag or commit (NULL: "main") */
   const char *hf_file;        /* repo id only: the one file to use (a .gguf); NULL: the
                                  safetensors weights, else the repo's single .gguf */
@@ -95,6 +96,9 @@ struct pagoda_engine_params {
 
 /* Fills P with the defaults above. */
 void pagoda_engine_params_default(struct pagoda_engine_params *p);
+/* The model used when params.model is NULL and PAGODA_MODEL is unset: the path (fixed at build
+ * time) where scripts/setup.sh --model puts SmolLM2-135M-Instruct Q4_1. */
+const char *pagoda_default_model(void);
 
 /* Resolves MODEL to a local path, *PATH (malloc'd; free with free()). A local file or directory
  * that exists is used as it is (FILE, when given, names a file inside that directory).
@@ -136,6 +140,9 @@ struct pagoda_sampling_params {
    * before logit_bias, penalties, temperature and truncation (vLLM's default "raw_logprobs"). */
   int logprobs;               /* 1: report each sampled token's logprob (default 0) */
   int top_logprobs;           /* [0, 20]: also the most likely tokens at each position */
+  int prompt_logprobs;        /* 1: report log P(prompt[i+1] | prompt[0..i]) for every prompt
+                                 position (the logits of all of them are computed; the request
+                                 skips the prefix cache so that none is left out). Default 0 */
 };
 
 /* Fills P with the defaults above. */
@@ -171,6 +178,11 @@ struct pagoda_output {
   const int32_t *top_logprob_ids;
   const float *top_logprobs;
   int num_top_logprobs;
+  /* Requests with prompt_logprobs: set once, on the output of sample 0 in the step that finished
+   * the prompt; entry i = natural-log probability of prompt token i+1 given tokens 0..i, from the
+   * raw logits (no sampling processors). Else NULL and 0. */
+  const float *prompt_logprobs; /* (num_prompt_logprobs) = prompt tokens - 1 */
+  int num_prompt_logprobs;
 };
 
 /* Loads the model and tokenizer, sizes and allocates the KV pool. *OUT: free with

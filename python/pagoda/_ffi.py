@@ -91,6 +91,7 @@ class SamplingParams(ctypes.Structure):
         ("skip_special_tokens", _c_int),
         ("logprobs", _c_int),
         ("top_logprobs", _c_int),
+        ("prompt_logprobs", _c_int),
     ]
 
 

@@ -7,6 +7,7 @@
 int cli_run(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
+int cli_perplexity(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_render_template(int argc, char **argv);
 int cli_serve(int argc, char **argv);

@@ -10,7 +10,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: pagoda bench -m MODEL [options]\n\n"
+          "usage: pagoda bench [-m MODEL] [options]\n\n"
           "Offline throughput: NUM_PROMPTS synthetic prompts of random token ids are queued at once and\n"
           "run to completion (EOS ignored). Reports tokens/s, TTFT and TPOT percentiles, KV usage and\n"
           "waste, prefix-cache hit rate and preemptions.\n\n"
@@ -93,10 +93,6 @@ int cli_bench(int argc, char **argv) {
       return 2;
     }
 #undef TRY
-  }
-  if (!ep.model) {
-    fprintf(stderr, "error: no model given (-m MODEL)\n");
-    return 2;
   }
   pagoda_engine_t *e;
   if (pagoda_engine_create(&ep, &e)) {

@@ -10,7 +10,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: pagoda run -m MODEL [-p PROMPT] [options]\n\n"
+          "usage: pagoda run [-m MODEL] [-p PROMPT] [options]\n\n"
           "Generates text. With -p, prints only the generated text on stdout (logs and timings go to\n"
           "stderr); without -p, an interactive chat reading one user turn per line from stdin.\n\n"
           "  -p, --prompt TEXT             the prompt (a user turn when the model has a chat template)\n"
@@ -194,10 +194,6 @@ int cli_run(int argc, char **argv) {
 #undef TRY
   }
   sp.stop = stops;
-  if (!ep.model) {
-    fprintf(stderr, "error: no model given (-m MODEL)\n");
-    return 2;
-  }
   pagoda_engine_t *e;
   if (pagoda_engine_create(&ep, &e)) {
     fprintf(stderr, "error: %s\n", pagoda_last_error());

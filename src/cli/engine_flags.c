@@ -186,7 +186,9 @@ void engine_flags_usage(FILE *f) {
   fprintf(f,
           "engine options:\n"
           "  -m, --model PATH|ORG/NAME     model: HF directory (config.json + safetensors), .gguf file, or a\n"
-          "                                Hugging Face repo id (cache, else download; docs/model-formats.md)\n"
+          "                                Hugging Face repo id (cache, else download; docs/model-formats.md);\n"
+          "                                default: $PAGODA_MODEL, else SmolLM2-135M-Instruct Q4_1\n"
+          "                                (fetched by scripts/setup.sh --model)\n"
           "  --revision REV                repo id: branch, tag or commit (default main)\n"
           "  --hf-file FILE                repo id: use this file of the repo (e.g. model-Q8_0.gguf)\n"
           "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"

@@ -14,6 +14,7 @@ struct command {
 static const struct command commands[] = {
     {"run", cli_run, "generate text from a model (interactive chat without -p)"},
     {"bench", cli_bench, "offline throughput benchmark"},
+    {"perplexity", cli_perplexity, "perplexity of a model on a text file (as llama-perplexity)"},
     {"tokenize", cli_tokenize, "text on stdin -> token ids on stdout"},
     {"detokenize", cli_detokenize, "token ids on stdin -> text on stdout"},
     {"render-template", cli_render_template, "render a chat template with a JSON context"},

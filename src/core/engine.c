@@ -49,7 +49,11 @@ struct pagoda_engine {
   int32_t *block_tables;   /* (max_num_seqs, max_blocks_per_seq); row stride is per step */
   int32_t *logits_idx;     /* (max_num_seqs) */
   int32_t *logit_row;      /* (max_num_seqs) logits row of each scheduled item, -1: none */
-  float *logits;           /* (max_num_seqs, vocab) */
+  float *logits;           /* (logits_cap, vocab): max_num_seqs rows, more while prompt logprobs run */
+  int logits_cap;
+  /* Prompt logprobs of scheduled item b: rows [lp_row0[b], + lp_n[b]) score prompt positions
+   * lp_pos0[b].. (each row predicts the next prompt token). */
+  int32_t *lp_row0, *lp_pos0, *lp_n; /* (max_num_seqs) */
   int32_t *copy_src, *copy_dst; /* (max_num_seqs) */
   struct request *live;    /* doubly linked list of unfinished (or unreported) requests */
   struct request *dead;    /* reported finished: freed at the start of the next step */
@@ -154,14 +158,18 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->query_start = malloc((size_t)(B + 1) * 4);
   e->seq_lens = malloc((size_t)B * 4);
   e->block_tables = malloc((size_t)B * e->max_blocks_per_seq * 4);
-  e->logits_idx = malloc((size_t)B * 4);
+  e->logits_idx = malloc((size_t)(B + T) * 4); /* sampling rows + prompt-logprob rows */
+  e->lp_row0 = malloc((size_t)B * 4);
+  e->lp_pos0 = malloc((size_t)B * 4);
+  e->lp_n = malloc((size_t)B * 4);
+  e->logits_cap = B;
   e->logit_row = malloc((size_t)B * 4);
   e->logits = malloc((size_t)B * e->vocab * sizeof(float));
   e->copy_src = malloc((size_t)B * 4);
   e->copy_dst = malloc((size_t)B * 4);
   e->picked = malloc((size_t)B * 4);
   if (!e->picked ||!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
-      !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst)
+      !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst || !e->lp_row0 || !e->lp_pos0 || !e->lp_n)
     return ERR("out of memory for the step buffers (lower --max-num-batched-tokens or --max-num-seqs)");
   return 0;
 }
@@ -187,6 +195,23 @@ static int kv_dtype_for(const struct pagoda_engine_params *p, const struct backe
   return 0;
 }
 
+const char *pagoda_default_model(void) { return PAGODA_DEFAULT_MODEL; }
+
+/* No model given: PAGODA_MODEL when set and non-empty, else the default model, which must exist
+ * (NULL with an error saying how to get it). */
+static const char *resolve_model(void) {
+  const char *env = getenv("PAGODA_MODEL");
+  if (env && *env)
+    return env;
+  FILE *f = fopen(PAGODA_DEFAULT_MODEL, "rb");
+  if (!f)
+    return ERR("no model given (-m MODEL or PAGODA_MODEL) and the default model %s is missing: run "
+               "scripts/setup.sh --model (or make run) to fetch SmolLM2-135M-Instruct Q4_1", PAGODA_DEFAULT_MODEL),
+           NULL;
+  fclose(f);
+  return PAGODA_DEFAULT_MODEL;
+}
+
 int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engine_t **out) {
   *out = NULL;
   struct pagoda_engine *e = calloc(1, sizeof *e);
@@ -199,8 +224,8 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
     ERR("libsodium failed to initialize");
     goto fail;
   }
-  if (!p->model) {
-    ERR("no model given (-m MODEL)");
+  if (!p->model && !(p->model = resolve_model())) {
+    st = PAGODA_ERR_IO;
     goto fail;
   }
   if ((st = pagoda_resolve_model(p->model, p->revision, p->hf_file, &e->model_path)) != PAGODA_OK)
@@ -351,6 +376,9 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   free(e->seq_lens);
   free(e->block_tables);
   free(e->logits_idx);
+  free(e->lp_row0);
+  free(e->lp_pos0);
+  free(e->lp_n);
   free(e->logit_row);
   free(e->logits);
   free(e->copy_src);
@@ -420,6 +448,8 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     return ERR("the prompt is empty"), PAGODA_ERR_INVALID_ARG;
   if (validate(e, ids, n, &sp))
     return PAGODA_ERR_INVALID_ARG;
+  if (sp.prompt_logprobs && sp.beam_width > 1)
+    return ERR("prompt_logprobs cannot be combined with beam search"), PAGODA_ERR_INVALID_ARG;
   if (sp.beam_width > 1 && !kv_manager_can_fork(&e->kv))
     return ERR("beam search needs the paged KV cache (it shares blocks between beams): drop --paged-attn off"),
            PAGODA_ERR_UNSUPPORTED;
@@ -466,6 +496,7 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     return PAGODA_ERR_OUT_OF_MEMORY;
   r->t_arrival = now_s();
   r->seqs[0].started = 1;
+  r->seqs[0].s.no_prefix_hit = r->prompt_lp != NULL;
   scheduler_add(&e->sched, &r->seqs[0].s);
   r->next = e->live;
   if (e->live)
@@ -616,12 +647,58 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     max_len = start + n > max_len ? start + n : max_len;
   }
   e->query_start[o->num_items] = t;
+  for (int b = 0; b < o->num_items; b++) { /* prompt positions whose next token is scored */
+    const struct sched_seq *s = o->items[b].seq;
+    int start = s->num_computed, end = start + o->items[b].num_new;
+    if (end > s->num_prompt - 1)
+      end = s->num_prompt - 1;
+    e->lp_n[b] = 0;
+    if (!((const struct sequence *)s)->req->prompt_lp || end <= start)
+      continue;
+    e->lp_row0[b] = nl;
+    e->lp_pos0[b] = start;
+    e->lp_n[b] = end - start;
+    for (int j = start; j < end; j++)
+      e->logits_idx[nl++] = e->query_start[b] + (j - start);
+  }
+  if (nl > e->logits_cap) { /* grows only while prompt logprobs are asked for */
+    float *g = realloc(e->logits, (size_t)nl * e->vocab * sizeof(float));
+    if (!g)
+      return ERR("out of memory for %d rows of prompt logprobs (lower --max-num-batched-tokens)", nl);
+    e->logits = g;
+    e->logits_cap = nl;
+  }
   struct batch batch = {
       .num_tokens = t, .num_seqs = o->num_items, .max_blocks_per_seq = stride, .max_seq_len = max_len,
       .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
   return model_forward(e->model, &batch, e->logits);
+}
+
+/* log softmax of each prompt-logprob row at its next prompt token, into the request's array;
+ * before scheduler_update (num_computed is still the chunk start). */
+static void prompt_logprobs(struct pagoda_engine *e, const struct scheduler_output *o) {
+  for (int b = 0; b < o->num_items; b++) {
+    if (!e->lp_n[b])
+      continue;
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    struct request *r = s->req;
+    int n = e->lp_n[b], pos0 = e->lp_pos0[b], row0 = e->lp_row0[b], V = e->vocab;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int j = 0; j < n; j++) {
+      const float *lg = e->logits + (size_t)(row0 + j) * V;
+      float mx = lg[0];
+      for (int v = 1; v < V; v++)
+        mx = lg[v] > mx ? lg[v] : mx;
+      double sum = 0;
+      for (int v = 0; v < V; v++)
+        sum += exp((double)lg[v] - mx);
+      r->prompt_lp[pos0 + j] = (float)((double)lg[s->s.tokens[pos0 + j + 1]] - mx - log(sum));
+    }
+    if (pos0 + n == r->num_prompt - 1)
+      r->prompt_lp_done = 1;
+  }
 }
 
 static void collect_outputs(struct pagoda_engine *e, int *n_outs) {
@@ -644,6 +721,13 @@ static void collect_outputs(struct pagoda_engine *e, int *n_outs) {
     for (int k = 0; k < r->n_seqs; k++)
       o->usage.completion_tokens += sequence_num_output(&r->seqs[k]);
     o->usage.cached_prompt_tokens = r->seqs[0].s.num_cached_prompt;
+    o->prompt_logprobs = NULL;
+    o->num_prompt_logprobs = 0;
+    if (s->index == 0 && r->prompt_lp && r->prompt_lp_done && !r->prompt_lp_sent) {
+      o->prompt_logprobs = r->prompt_lp;
+      o->num_prompt_logprobs = r->num_prompt - 1;
+      r->prompt_lp_sent = 1;
+    }
     o->logprobs = NULL;
     o->top_logprob_ids = NULL;
     o->top_logprobs = NULL;
@@ -713,6 +797,7 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
       return PAGODA_ERR_BACKEND;
     }
     e->steps++;
+    prompt_logprobs(e, o);
     scheduler_update(&e->sched);
     /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
      * thread its own scratch): processors, then the token for plain samples. Forks and beams

@@ -33,6 +33,8 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
   int beam = sp->beam_width > 1;
   r->n_seqs = beam ? sp->beam_width : sp->n;
   int fail = 0;
+  if (sp->prompt_logprobs && n_prompt > 1)
+    fail |= !(r->prompt_lp = malloc((size_t)(n_prompt - 1) * sizeof *r->prompt_lp));
   if (sp->n_stop) {
     r->stop = calloc((size_t)sp->n_stop, sizeof *r->stop);
     fail |= !r->stop;
@@ -138,6 +140,7 @@ void request_free(struct request *r) {
   free(r->bias_ids);
   free(r->bias_values);
   free(r->suppress);
+  free(r->prompt_lp);
   free(r);
 }
 

@@ -51,6 +51,8 @@ struct request {
   struct sampler_params sampler;
   int num_prompt, max_tokens, num_cached_prompt;
   struct beam_state *beam;          /* beam search state; NULL for sampling */
+  float *prompt_lp;                 /* (num_prompt - 1) sp.prompt_logprobs: log P(prompt[i+1] | ..i) */
+  int prompt_lp_done, prompt_lp_sent; /* all computed / reported */
   struct sequence *seqs;            /* (n_seqs) */
   int n_seqs, n_live;
   double t_arrival;

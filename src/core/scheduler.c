@@ -179,10 +179,10 @@ int scheduler_schedule(struct scheduler *s, const struct scheduler_output **out)
     return 0; /* the pool is short: admitting more would only preempt again */
   while (s->waiting.head && o->num_items < s->p.max_num_seqs && budget > 0) {
     struct sched_seq *seq = s->waiting.head;
-    int hit = kv_manager_match_prefix(s->kv, &seq->kv, seq->tokens, seq->num_tokens);
+    int hit = seq->no_prefix_hit ? 0 : kv_manager_match_prefix(s->kv, &seq->kv, seq->tokens, seq->num_tokens);
     seq->num_computed = hit;
     int n = min3(seq->num_tokens - hit, budget, s->p.prefill_chunk_size);
-    int rc = prefix_in_flight(s, seq, hit) ? 1 : kv_manager_allocate(s->kv, &seq->kv, n, &cp);
+    int rc = !seq->no_prefix_hit && prefix_in_flight(s, seq, hit) ? 1 : kv_manager_allocate(s->kv, &seq->kv, n, &cp);
     if (rc != 0) {
       kv_manager_release(s->kv, &seq->kv); /* give the hit blocks back; retried next step */
       seq->num_computed = 0;

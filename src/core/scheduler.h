@@ -20,6 +20,7 @@ struct sched_seq {
   int num_cached_prompt;  /* prompt tokens served by the prefix cache at first admission */
   int num_preemptions;
   int admitted;           /* 1 once it was first admitted (prefix stats count that admission) */
+  int no_prefix_hit;      /* 1: never served from the prefix cache (every position is computed) */
   enum sched_state state;
   struct sched_seq *prev, *next; /* links in the waiting or running queue */
 };

@@ -67,5 +67,6 @@ def test_tiny_pool_preempts_without_loss():
 def test_bench_bad_flags():
     r = subprocess.run([BIN, "bench", "-m", str(MODEL), "--num-prompts", "0"], capture_output=True)
     assert r.returncode == 2 and b"--num-prompts" in r.stderr
-    r = subprocess.run([BIN, "bench", "--input-len", "5"], capture_output=True)
-    assert r.returncode == 2 and b"-m MODEL" in r.stderr
+    r = subprocess.run([BIN, "bench", "--input-len", "5"], capture_output=True,
+                       env={**os.environ, "PAGODA_MODEL": "/nonexistent/env-model.gguf"})
+    assert r.returncode == 1 and b"/nonexistent/env-model.gguf" in r.stderr

@@ -77,9 +77,11 @@ def test_missing_model():
     assert b"/nonexistent/model.gguf" in r.stderr
 
 
-def test_no_model():
-    r = run("-p", "hi")
-    assert r.returncode == 2 and b"-m MODEL" in r.stderr
+def test_no_model_uses_pagoda_model():
+    # without -m: $PAGODA_MODEL, then the default model (tests/py/test_default_model.py)
+    r = subprocess.run([BIN, "run", "-p", "hi"], capture_output=True,
+                       env={**os.environ, "PAGODA_MODEL": "/nonexistent/env-model.gguf"})
+    assert r.returncode == 1 and r.stderr.startswith(b"error: ") and b"/nonexistent/env-model.gguf" in r.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
