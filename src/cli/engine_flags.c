@@ -158,7 +158,7 @@ void engine_flags_usage(FILE *f) {
           "engine options:\n"
           "  -m, --model PATH              model: HF directory (config.json + safetensors) or .gguf file\n"
           "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
-          "  -t, --threads N               CPU threads (default 0 = all cores)\n"
+          "  -t, --threads N               CPU threads at most (default 0 = all idle cores)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"
           "  --pa-block-size 8|16|32       tokens per KV block (default 32)\n"
           "  --pa-memory-mb N              KV pool size in MiB            } at most one; default: 90%% of\n"
