@@ -41,31 +41,36 @@ static char *read_text(const char *path, size_t *len) {
 }
 
 int cli_render_template(int argc, char **argv) {
-  if (argc != 3 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fprintf(stderr, "usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n");
+  if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+    printf("usage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n\n"
+           "Renders the chat template with the JSON object CONTEXT as its variables; prints the text.\n");
+    return 0;
+  }
+  if (argc != 3) {
+    fprintf(stderr, "error: expected TEMPLATE.jinja CONTEXT.json\nusage: pagoda render-template TEMPLATE.jinja CONTEXT.json\n");
     return 2;
   }
   size_t tlen, clen;
   char *tmpl = read_text(argv[1], &tlen);
   if (!tmpl) {
-    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[1]);
+    fprintf(stderr, "error: cannot read %s\n", argv[1]);
     return 1;
   }
   if (strlen(tmpl) != tlen) {
-    fprintf(stderr, "pagoda render-template: %s contains a NUL byte\n", argv[1]);
+    fprintf(stderr, "error: %s contains a NUL byte\n", argv[1]);
     free(tmpl);
     return 1;
   }
   char *ctext = read_text(argv[2], &clen);
   if (!ctext) {
-    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[2]);
+    fprintf(stderr, "error: cannot read %s\n", argv[2]);
     free(tmpl);
     return 1;
   }
   cJSON *ctx = jinja_context_parse(ctext, clen);
   free(ctext);
   if (!ctx || !cJSON_IsObject(ctx)) {
-    fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);
+    fprintf(stderr, "error: %s is not a JSON object\n", argv[2]);
     cJSON_Delete(ctx);
     free(tmpl);
     return 1;
@@ -76,14 +81,14 @@ int cli_render_template(int argc, char **argv) {
   cJSON_Delete(ctx);
   free(tmpl);
   if (!out) {
-    fprintf(stderr, "%s\n", err ? err : "template error");
+    fprintf(stderr, "%s\n", err ? err : "template error"); /* the message as Jinja2 words it (shared .err files) */
     free(err);
     return 1;
   }
   int ok = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0;
   free(out);
   if (!ok) {
-    fprintf(stderr, "pagoda render-template: cannot write the output\n");
+    fprintf(stderr, "error: cannot write the output\n");
     return 1;
   }
   return 0;

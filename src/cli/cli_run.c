@@ -282,7 +282,7 @@ static ssize_t read_message(char **buf, size_t *cap, char **line, size_t *lcap) 
     }
     cont = !block && n && (*line)[n - 1] == '\\';
     if (cont)
-      (*line)[--n] = '\n';
+      (*line)[n - 1] = '\n';
     if (len + (size_t)n + 2 > *cap) {
       size_t nc = (*cap + (size_t)n + 2) * 2;
       char *b = realloc(*buf, nc);

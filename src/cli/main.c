@@ -47,6 +47,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   set_omp_wait_policy(argv);
   if (argc < 2) {
+    fprintf(stderr, "error: no command given\n\n");
     usage(stderr);
     return 2;
   }
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name))
       return commands[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "pagoda: unknown command '%s'\n\n", argv[1]);
+  fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;
 }
