@@ -436,6 +436,7 @@ int cli_run(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   int rc = 0, templated = pagoda_has_chat_template(e) && !raw;
   struct gen g;
+  memset(&g, 0, sizeof g);
   cJSON *msgs = cJSON_CreateArray();
   if (!msgs || (system && add_message(msgs, "system", system))) {
     fprintf(stderr, "error: out of memory\n");
