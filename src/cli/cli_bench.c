@@ -1,5 +1,6 @@
 /* cli_bench.c - `pagoda bench`: offline throughput over synthetic prompts (like vllm bench
  * throughput): every request is queued at time 0 and the engine runs until all are done. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -8,21 +9,30 @@
 #include "cli/engine_flags.h"
 #include "pagoda.h"
 
-static void usage(FILE *f) {
+/* The bench's own flags, with their defaults (usage prints these). */
+struct bench_opts {
+  int num_prompts, input_len, output_len, shared, json;
+  double ratio, temp;
+  long long seed;
+};
+
+static void usage(FILE *f, const struct bench_opts *o, const struct pagoda_engine_params *ep) {
   fprintf(f,
           "usage: pagoda bench [-m MODEL] [options]\n\n"
           "Offline throughput: NUM_PROMPTS synthetic prompts of random token ids are queued at once and\n"
           "run to completion (EOS ignored). Reports tokens/s, TTFT and TPOT percentiles, KV usage and\n"
           "waste, prefix-cache hit rate and preemptions.\n\n"
-          "  --num-prompts N               requests (default 64)\n"
-          "  --input-len N                 prompt tokens (default 256)\n"
-          "  --output-len N                generated tokens per request (default 128)\n"
-          "  --random-range-ratio R        lengths uniform in [len*(1-R), len*(1+R)] (default 0: fixed)\n"
-          "  --shared-prefix-len N         the first N prompt tokens are the same in every request (default 0)\n"
-          "  --temperature T               default 1.0 (0: greedy)\n"
-          "  --seed S                      prompts and sampling seed (default 0)\n"
-          "  --json                        print one JSON object on stdout\n\n");
-  engine_flags_usage(f);
+          "  --num-prompts N               requests (default %d)\n"
+          "  --input-len N                 prompt tokens (default %d)\n"
+          "  --output-len N                generated tokens per request (default %d)\n"
+          "  --random-range-ratio R        lengths uniform in [len*(1-R), len*(1+R)] (default %g: fixed)\n"
+          "  --shared-prefix-len N         the first N prompt tokens are the same in every request (default %d;\n"
+          "                                less than --input-len)\n"
+          "  --temperature T               default %g (0: greedy)\n"
+          "  --seed S                      prompts and sampling seed (default %lld)\n"
+          "  --json                        print one JSON object on stdout\n\n",
+          o->num_prompts, o->input_len, o->output_len, o->ratio, o->shared, o->temp, o->seed);
+  engine_flags_usage(f, ep);
 }
 
 static double now_s(void) {
@@ -63,14 +73,13 @@ static int len_of(int base, double ratio, uint64_t *rng) {
 int cli_bench(int argc, char **argv) {
   struct pagoda_engine_params ep;
   pagoda_engine_params_default(&ep);
-  int num_prompts = 64, input_len = 256, output_len = 128, shared = 0, json = 0, r;
-  double ratio = 0, temp = 1;
-  long long seed = 0;
+  struct bench_opts o = {.num_prompts = 64, .input_len = 256, .output_len = 128, .temp = 1};
+  int r;
   const char *v;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      usage(stdout);
+      usage(stdout, &o, &ep);
       return 0;
     }
     if ((r = engine_flags_parse(&ep, argc, argv, &i)) != 0) {
@@ -80,20 +89,31 @@ int cli_bench(int argc, char **argv) {
     }
 #define TRY(name) if ((r = flag_value(name, argc, argv, &i, &v)) < 0) return 2; else if (r)
     if (!strcmp(a, "--json"))
-      json = 1;
-    else TRY("--num-prompts") { if (flag_int("--num-prompts", v, 1, 1 << 24, &num_prompts)) return 2; }
-    else TRY("--input-len") { if (flag_int("--input-len", v, 1, 1 << 24, &input_len)) return 2; }
-    else TRY("--output-len") { if (flag_int("--output-len", v, 1, 1 << 24, &output_len)) return 2; }
-    else TRY("--shared-prefix-len") { if (flag_int("--shared-prefix-len", v, 0, 1 << 24, &shared)) return 2; }
-    else TRY("--random-range-ratio") { if (flag_double("--random-range-ratio", v, 0, 0.999, &ratio)) return 2; }
-    else TRY("--temperature") { if (flag_double("--temperature", v, 0, 100, &temp)) return 2; }
-    else TRY("--seed") { if (flag_int64("--seed", v, 0, 0x7fffffffffffffffLL, &seed)) return 2; }
+      o.json = 1;
+    else TRY("--num-prompts") { if (flag_int("--num-prompts", v, 1, 1 << 24, &o.num_prompts)) return 2; }
+    else TRY("--input-len") { if (flag_int("--input-len", v, 1, 1 << 24, &o.input_len)) return 2; }
+    else TRY("--output-len") { if (flag_int("--output-len", v, 1, 1 << 24, &o.output_len)) return 2; }
+    else TRY("--shared-prefix-len") { if (flag_int("--shared-prefix-len", v, 0, 1 << 24, &o.shared)) return 2; }
+    else TRY("--random-range-ratio") { if (flag_double("--random-range-ratio", v, 0, 0.999, &o.ratio)) return 2; }
+    else TRY("--temperature") { if (flag_double("--temperature", v, 0, 100, &o.temp)) return 2; }
+    else TRY("--seed") { if (flag_int64("--seed", v, 0, 0x7fffffffffffffffLL, &o.seed)) return 2; }
     else {
       fprintf(stderr, "error: unknown option '%s' (see pagoda bench --help)\n", a);
       return 2;
     }
 #undef TRY
   }
+  if (o.shared >= o.input_len) { /* every prompt keeps at least one token of its own */
+    fprintf(stderr, "error: --shared-prefix-len %d must be less than --input-len %d: lower it or raise --input-len\n",
+            o.shared, o.input_len);
+    return 2;
+  }
+  if (engine_flags_check(&ep))
+    return 2;
+  int num_prompts = o.num_prompts, input_len = o.input_len, output_len = o.output_len, shared = o.shared,
+      json = o.json;
+  double ratio = o.ratio, temp = o.temp;
+  long long seed = o.seed;
   pagoda_engine_t *e;
   if (pagoda_engine_create(&ep, &e)) {
     fprintf(stderr, "error: %s\n", pagoda_last_error());
@@ -202,6 +222,10 @@ int cli_bench(int argc, char **argv) {
     printf("prefix cache: hit rate %.1f%% (%lld of %lld prompt tokens); prompt tokens computed %lld\n",
            100 * hit_rate, (long long)st.prefix_hits, (long long)st.prefix_queries,
            (long long)st.prompt_tokens_computed);
+  }
+  if (fflush(stdout) || ferror(stdout)) {
+    fprintf(stderr, "error: cannot write the results to stdout: %s\n", strerror(errno ? errno : EIO));
+    goto done;
   }
   rc = 0;
 done:

@@ -25,7 +25,7 @@ static int parse_ids(const char *text, int32_t **ids_out) {
   int n = 0, cap = 256;
   int32_t *ids = malloc((size_t)cap * sizeof *ids);
   if (!ids) {
-    fprintf(stderr, "pagoda detokenize: out of memory\n");
+    fprintf(stderr, "error: out of memory\n");
     return -1;
   }
   const char *p = text;
@@ -42,7 +42,7 @@ static int parse_ids(const char *text, int32_t **ids_out) {
       const char *e = p;
       while (*e && *e != ' ' && *e != '\n' && *e != '\t' && *e != ',' && e - p < 40)
         e++;
-      fprintf(stderr, "pagoda detokenize: '%.*s' is not a token id\n", (int)(e - p), p);
+      fprintf(stderr, "error: '%.*s' is not a token id\n", (int)(e - p), p);
       free(ids);
       return -1;
     }
@@ -51,7 +51,7 @@ static int parse_ids(const char *text, int32_t **ids_out) {
       int32_t *m = realloc(ids, (size_t)cap * sizeof *ids);
       if (!m) {
         free(ids);
-        fprintf(stderr, "pagoda detokenize: out of memory\n");
+        fprintf(stderr, "error: out of memory\n");
         return -1;
       }
       ids = m;
@@ -69,13 +69,13 @@ int cli_detokenize(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
       if (++i >= argc) {
-        fprintf(stderr, "pagoda detokenize: %s needs a path\n", argv[i - 1]);
+        fprintf(stderr, "error: %s needs a path\n", argv[i - 1]);
         return 2;
       }
       path = argv[i];
     } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
       if (++i >= argc) {
-        fprintf(stderr, "pagoda detokenize: %s needs a value\n", argv[i - 1]);
+        fprintf(stderr, "error: %s needs a value\n", argv[i - 1]);
         return 2;
       }
       *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
@@ -85,32 +85,32 @@ int cli_detokenize(int argc, char **argv) {
       usage(stdout);
       return 0;
     } else {
-      fprintf(stderr, "pagoda detokenize: unknown option '%s'\n", argv[i]);
+      fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
       usage(stderr);
       return 2;
     }
   }
   if (!path) {
-    fprintf(stderr, "pagoda detokenize: -m PATH is required\n");
+    fprintf(stderr, "error: -m PATH is required\n");
     usage(stderr);
     return 2;
   }
   char *resolved = NULL;
   if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
-    fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
     return 1;
   }
   pagoda_tokenizer_t *t;
   int load_rc = pagoda_tokenizer_load(resolved, &t);
   free(resolved);
   if (load_rc != PAGODA_OK) {
-    fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
     return 1;
   }
   size_t len;
   char *text = cli_read_stdin(&len);
   if (!text) {
-    fprintf(stderr, "pagoda detokenize: cannot read stdin\n");
+    fprintf(stderr, "error: cannot read stdin\n");
     pagoda_tokenizer_free(t);
     return 1;
   }
@@ -118,18 +118,18 @@ int cli_detokenize(int argc, char **argv) {
   int32_t *ids = NULL;
   int n = strlen(text) == len ? parse_ids(text, &ids) : -1;
   if (n < 0 && strlen(text) != len)
-    fprintf(stderr, "pagoda detokenize: NUL byte in the input\n");
+    fprintf(stderr, "error: NUL byte in the input\n");
   if (n >= 0) {
     int need = pagoda_tokenizer_decode(t, ids, n, skip_special, NULL, 0);
     char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (need < 0) {
-      fprintf(stderr, "pagoda detokenize: %s\n", pagoda_last_error());
+      fprintf(stderr, "error: %s\n", pagoda_last_error());
     } else if (!out) {
-      fprintf(stderr, "pagoda detokenize: out of memory\n");
+      fprintf(stderr, "error: out of memory\n");
     } else {
       pagoda_tokenizer_decode(t, ids, n, skip_special, out, (size_t)need + 1);
       fwrite(out, 1, (size_t)need, stdout);
-      rc = fflush(stdout) ? 1 : 0;
+      rc = fflush(stdout) ? fprintf(stderr, "error: cannot write the output to stdout\n"), 1 : 0;
     }
     free(out);
   }

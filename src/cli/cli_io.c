@@ -1,23 +1,24 @@
-/* cli_io.c - reading all of stdin for the CLI subcommands. */
+/* cli_io.c - reading all of stdin or a file for the CLI subcommands. */
 #include "cli/cli_io.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-char *cli_read_stdin(size_t *len) {
+static char *read_all(FILE *in, size_t *len) {
   size_t cap = 1 << 16, n = 0;
   char *buf = malloc(cap + 1);
   if (!buf)
     return NULL;
   for (;;) {
-    size_t got = fread(buf + n, 1, cap - n, stdin);
+    size_t got = fread(buf + n, 1, cap - n, in);
     n += got;
     if (n < cap) {
-      if (ferror(stdin)) {
+      if (ferror(in)) {
         free(buf);
         return NULL;
       }
-      if (feof(stdin) || got == 0)
+      if (feof(in) || got == 0)
         break;
       continue;
     }
@@ -31,5 +32,18 @@ char *cli_read_stdin(size_t *len) {
   }
   buf[n] = 0;
   *len = n;
+  return buf;
+}
+
+char *cli_read_stdin(size_t *len) { return read_all(stdin, len); }
+
+char *cli_read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  char *buf = read_all(f, len);
+  int saved = errno;
+  fclose(f);
+  errno = saved;
   return buf;
 }

@@ -7,5 +7,7 @@
 /* Reads all of stdin into a NUL-terminated malloc'd buffer (free with free()); NULL on error.
  * *len gets the byte count (the text may contain NUL bytes). */
 char *cli_read_stdin(size_t *len);
+/* Likewise for the file PATH; NULL with errno set when it cannot be opened or read. */
+char *cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -32,7 +32,9 @@ static void usage(FILE *f) {
           "                                as parallel sequences; below ctx, windows are prefilled\n"
           "                                in chunks of N\n"
           "  --chunks N                    score at most N windows (default -1: all)\n\n");
-  engine_flags_usage(f);
+  struct pagoda_engine_params d; /* the values the parse starts from */
+  pagoda_engine_params_default(&d);
+  engine_flags_usage(f, &d);
 }
 
 static double now_s(void) {

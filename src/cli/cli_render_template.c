@@ -61,23 +61,24 @@ int cli_render_template(int argc, char **argv) {
     argv++;
   }
   if (argc != 3) {
+    fprintf(stderr, "error: expected [--error-location] TEMPLATE.jinja CONTEXT.json\n");
     usage(stderr);
     return 2;
   }
   size_t tlen, clen;
   char *tmpl = read_text(argv[1], &tlen);
   if (!tmpl) {
-    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[1]);
+    fprintf(stderr, "error: cannot read %s\n", argv[1]);
     return 1;
   }
   if (strlen(tmpl) != tlen) {
-    fprintf(stderr, "pagoda render-template: %s contains a NUL byte\n", argv[1]);
+    fprintf(stderr, "error: %s contains a NUL byte\n", argv[1]);
     free(tmpl);
     return 1;
   }
   char *ctext = read_text(argv[2], &clen);
   if (!ctext) {
-    fprintf(stderr, "pagoda render-template: cannot read %s\n", argv[2]);
+    fprintf(stderr, "error: cannot read %s\n", argv[2]);
     free(tmpl);
     return 1;
   }
@@ -92,7 +93,7 @@ int cli_render_template(int argc, char **argv) {
     return 1;
   }
   if (st == PAGODA_ERR_INVALID_ARG) {
-    fprintf(stderr, "pagoda render-template: %s is not a JSON object\n", argv[2]);
+    fprintf(stderr, "error: %s is not a JSON object\n", argv[2]);
     return 1;
   }
   if (st != PAGODA_OK) {
@@ -102,7 +103,7 @@ int cli_render_template(int argc, char **argv) {
   int ok = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0;
   free(out);
   if (!ok) {
-    fprintf(stderr, "pagoda render-template: cannot write the output\n");
+    fprintf(stderr, "error: cannot write the output\n");
     return 1;
   }
   return 0;

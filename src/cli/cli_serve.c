@@ -23,7 +23,9 @@ static void usage(FILE *f) {
           "  --shutdown-grace S     seconds running requests may finish after SIGTERM (default 30)\n"
           "  --max-body-mb N        largest request body (default 16)\n"
           "  --max-connections N    open connections (one thread each) at most (default 512)\n\n");
-  engine_flags_usage(f);
+  struct pagoda_engine_params d; /* the values the parse starts from */
+  pagoda_engine_params_default(&d);
+  engine_flags_usage(f, &d);
 }
 
 static char *read_text(const char *path) {

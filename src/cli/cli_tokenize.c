@@ -26,13 +26,13 @@ int cli_tokenize(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
       if (++i >= argc) {
-        fprintf(stderr, "pagoda tokenize: %s needs a path\n", argv[i - 1]);
+        fprintf(stderr, "error: %s needs a path\n", argv[i - 1]);
         return 2;
       }
       path = argv[i];
     } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
       if (++i >= argc) {
-        fprintf(stderr, "pagoda tokenize: %s needs a value\n", argv[i - 1]);
+        fprintf(stderr, "error: %s needs a value\n", argv[i - 1]);
         return 2;
       }
       *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
@@ -44,32 +44,32 @@ int cli_tokenize(int argc, char **argv) {
       usage(stdout);
       return 0;
     } else {
-      fprintf(stderr, "pagoda tokenize: unknown option '%s'\n", argv[i]);
+      fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
       usage(stderr);
       return 2;
     }
   }
   if (!path) {
-    fprintf(stderr, "pagoda tokenize: -m PATH is required\n");
+    fprintf(stderr, "error: -m PATH is required\n");
     usage(stderr);
     return 2;
   }
   char *resolved = NULL;
   if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
-    fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
     return 1;
   }
   pagoda_tokenizer_t *t;
   int load_rc = pagoda_tokenizer_load(resolved, &t);
   free(resolved);
   if (load_rc != PAGODA_OK) {
-    fprintf(stderr, "pagoda tokenize: %s\n", pagoda_last_error());
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
     return 1;
   }
   size_t len;
   char *text = cli_read_stdin(&len);
   if (!text) {
-    fprintf(stderr, "pagoda tokenize: cannot read stdin\n");
+    fprintf(stderr, "error: cannot read stdin\n");
     pagoda_tokenizer_free(t);
     return 1;
   }
@@ -83,12 +83,12 @@ int cli_tokenize(int argc, char **argv) {
     n = more ? pagoda_tokenizer_encode(t, text, len, add_special, parse_special, ids, n) : -1;
   }
   if (n < 0) {
-    fprintf(stderr, "pagoda tokenize: %s\n", ids ? pagoda_last_error() : "out of memory");
+    fprintf(stderr, "error: %s\n", ids ? pagoda_last_error() : "out of memory");
   } else {
     for (int i = 0; i < n; i++)
       printf(i ? " %d" : "%d", (int)ids[i]);
     putchar('\n');
-    rc = fflush(stdout) ? 1 : 0;
+    rc = fflush(stdout) ? fprintf(stderr, "error: cannot write the output to stdout\n"), 1 : 0;
   }
   free(ids);
   free(text);

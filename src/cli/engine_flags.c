@@ -182,7 +182,27 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
   return 0;
 }
 
-void engine_flags_usage(FILE *f) {
+int engine_flags_check(const struct pagoda_engine_params *p) {
+  int n = (p->pa_memory_mb > 0) + (p->pa_memory_fraction > 0) + (p->pa_context_len > 0);
+  if (n > 1) {
+    fprintf(stderr, "error: --pa-memory-mb, --pa-memory-fraction and --pa-context-len are mutually exclusive: "
+                    "give at most one\n");
+    return -1;
+  }
+  return 0;
+}
+
+static const char *cache_type_name(enum pagoda_cache_type t) {
+  switch (t) {
+  case PAGODA_CACHE_TYPE_F32: return "f32";
+  case PAGODA_CACHE_TYPE_F16: return "f16";
+  case PAGODA_CACHE_TYPE_BF16: return "bf16";
+  case PAGODA_CACHE_TYPE_F8E4M3: return "f8e4m3";
+  default: return "auto";
+  }
+}
+
+void engine_flags_usage(FILE *f, const struct pagoda_engine_params *d) {
   fprintf(f,
           "engine options:\n"
           "  -m, --model PATH|ORG/NAME     model: HF directory (config.json + safetensors), .gguf file, or a\n"
@@ -191,20 +211,25 @@ void engine_flags_usage(FILE *f) {
           "                                (fetched by scripts/setup.sh --model)\n"
           "  --revision REV                repo id: branch, tag or commit (default main)\n"
           "  --hf-file FILE                repo id: use this file of the repo (e.g. model-Q8_0.gguf)\n"
-          "  --device cpu|cuda             default: cuda when a GPU is present, else cpu\n"
-          "  -t, --threads N               CPU threads (default 0 = all cores)\n"
+          "  --device cpu|cuda             default: %s\n"
+          "  -t, --threads N               CPU threads at most (default %d%s)\n"
           "  --isq q4_0|q4_k|q5_k|q6_k|q8_0|4|8\n"
           "                                quantize float weights at load (4 = q4_k, 8 = q8_0)\n"
-          "  --paged-attn auto|on|off      PagedAttention block pool (auto = on); off: contiguous cache\n"
-          "  --pa-block-size 8|16|32       tokens per KV block (default 32)\n"
+          "  --paged-attn auto|on|off      PagedAttention block pool (default %s; auto = on); off: contiguous cache\n"
+          "  --pa-block-size 8|16|32       tokens per KV block (default %d)\n"
           "  --pa-memory-mb N              KV pool size in MiB            } at most one; default: 90%% of\n"
           "  --pa-memory-fraction F        fraction of free memory (0,1]  } the memory left after the\n"
           "  --pa-context-len N            room for max-num-seqs x N tokens } weights\n"
           "  --pa-cache-type auto|f32|f16|bf16|f8e4m3\n"
-          "                                KV dtype (auto: f16 for GGUF on CPU, else compute dtype)\n"
-          "  --prefix-cache-n N            prefix caching (default 16; 0 disables)\n"
-          "  --max-num-seqs N              sequences per step (default 256)\n"
-          "  --max-num-batched-tokens N    tokens per step (default 8192)\n"
-          "  --prefill-chunk-size N        prompt tokens per sequence per step (default 4096)\n"
-          "  --max-model-len N             longest prompt + output (default: the model's context)\n");
+          "                                KV dtype (default %s; auto: f16 for GGUF on CPU, else compute dtype)\n"
+          "  --prefix-cache-n N            prefix caching (default %d; 0 disables)\n"
+          "  --max-num-seqs N              sequences per step (default %d)\n"
+          "  --max-num-batched-tokens N    tokens per step (default %d)\n"
+          "  --prefill-chunk-size N        prompt tokens per sequence per step (default %d)\n"
+          "  --max-model-len N             longest prompt + output (default: %s)\n",
+          d->device ? d->device : "cuda when a GPU is present, else cpu", d->threads,
+          d->threads ? "" : " = all idle cores",
+          d->paged_attn == PAGODA_PAGED_ATTN_ON ? "on" : d->paged_attn == PAGODA_PAGED_ATTN_OFF ? "off" : "auto",
+          d->block_size, cache_type_name(d->cache_type), d->prefix_cache_n, d->max_num_seqs,
+          d->max_num_batched_tokens, d->prefill_chunk_size, "the model's context");
 }

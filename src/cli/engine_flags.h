@@ -11,7 +11,11 @@
  * --max-model-len; "--flag value" or "--flag=value"), stores it in P, advances *i past its value
  * and returns 1; returns 0 when it is not one, -1 after printing a message for a bad value. */
 int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, int *i);
-void engine_flags_usage(FILE *f);
+/* Usage of the engine flags; the defaults printed are D's, the values the command starts its
+ * parse from, so --help and the parser cannot disagree. */
+void engine_flags_usage(FILE *f, const struct pagoda_engine_params *d);
+/* After parsing: -1 with an `error:` line for flags that exclude each other (a usage error). */
+int engine_flags_check(const struct pagoda_engine_params *p);
 
 /* Helpers for the subcommands' own flags: flag NAME at argv[*i] with its value (either form).
  * Return 1 and set *VALUE when argv[*i] is NAME, 0 when not, -1 (message printed) when the value

@@ -1,9 +1,26 @@
 /* main.c - the pagoda command: dispatches to one subcommand. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "pagoda.h"
+
+/* OpenMP threads that finish a parallel op early spin (busy-wait) for the next one, 300000 spins
+ * by default: on a machine whose cores are busy with other processes the spinning threads take
+ * the time the working ones need. libgomp reads GOMP_SPINCOUNT once, in its initializer, before
+ * main() runs (and libc's initializer discards a setenv made any earlier), so when neither it nor
+ * OMP_WAIT_POLICY is set, the command sets a short spin (about 10 us, then a futex sleep) and
+ * executes itself again. Returns only when no re-execution happened. */
+#define PAGODA_OMP_SPINCOUNT "10000"
+static void set_omp_wait_policy(char **argv) {
+  if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
+    return;
+  if (setenv("GOMP_SPINCOUNT", PAGODA_OMP_SPINCOUNT, 1))
+    return;
+  execv("/proc/self/exe", argv); /* on failure: go on with the default policy */
+}
 
 struct command {
   const char *name;
@@ -30,7 +47,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  set_omp_wait_policy(argv);
   if (argc < 2) {
+    fprintf(stderr, "error: no command given\n\n");
     usage(stderr);
     return 2;
   }
@@ -45,7 +64,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name))
       return commands[i].fn(argc - 1, argv + 1);
-  fprintf(stderr, "pagoda: unknown command '%s'\n\n", argv[1]);
+  fprintf(stderr, "error: unknown command '%s'\n\n", argv[1]);
   usage(stderr);
   return 2;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -628,9 +629,20 @@ static int test_attention_f16(struct backend *be) {
   return 0;
 }
 
+/* Threads follow the op's size: stories260K-sized ops (dim 64, vocab 512, 8 sequences) run on
+ * one thread, large ones on all of them, never more than the backend's count. */
+static void test_threads_for(struct backend *be) {
+  CHECK(cpu_threads_for(be, 64 * 64 * 8) == 1, "q projection of a tiny model: 1 thread");
+  CHECK(cpu_threads_for(be, 512 * 64 * 8) == 1, "lm head of a tiny model, 8 tokens: 1 thread");
+  CHECK(cpu_threads_for(be, 0) == 1, "empty op: 1 thread");
+  CHECK(cpu_threads_for(be, (int64_t)4096 * 4096 * 8) == be->n_threads, "large matmul: all threads");
+  CHECK(cpu_threads_for(be, (int64_t)3 * CPU_WORK_PER_THREAD / 2) == 1, "1.5 units of work: 1 thread");
+}
+
 int main(void) {
   struct backend *be = backend_cpu_create(2);
   REQUIRE(be != NULL, "backend: %s", err_last());
+  test_threads_for(be);
   CHECK(strcmp(be->ops->name, "cpu") == 0 && be->act_dtype == DTYPE_F32, "cpu backend, f32 activations");
   CHECK(be->ops->mem_available(be) > ((size_t)1 << 20), "MemAvailable read from /proc/meminfo");
   test_matmul(be);

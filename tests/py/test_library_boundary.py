@@ -89,7 +89,7 @@ def test_tokenize_loads_no_cuda_library():
 def test_render_template_help_is_not_a_usage_error(flag):
     r = run(["render-template", flag])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(b"usage: pagoda render-template TEMPLATE.jinja CONTEXT.json")
+    assert r.stdout.startswith(b"usage: pagoda render-template [--error-location] TEMPLATE.jinja CONTEXT.json")
     assert r.stderr == b""
 
 

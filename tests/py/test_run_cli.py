@@ -102,8 +102,9 @@ def test_impossible_budget_names_the_flag():
     r = run("-m", str(MODEL), "-p", "hi", "--pa-memory-mb", "1")
     assert r.returncode == 1
     assert b"raise --pa-memory-mb" in r.stderr
+    # mutually exclusive flags are a usage error (exit 2), found before the model is loaded
     r = run("-m", str(MODEL), "-p", "hi", "--pa-memory-mb", "64", "--pa-context-len", "512")
-    assert r.returncode == 1 and b"mutually exclusive" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith(b"error: ") and b"mutually exclusive" in r.stderr
 
 
 @needs_model

@@ -87,7 +87,7 @@ def bad(args, stdin=b"", code=1):
     r = run(args, stdin)
     assert r.returncode == code, (args, r.returncode, r.stderr)
     err = r.stderr.decode()
-    assert err.startswith("pagoda ") and "Traceback" not in err and len(err) < 2000
+    assert err.startswith("error: ") and "Traceback" not in err and len(err) < 2000
     return err
 
 

@@ -235,9 +235,13 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   const float *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
+  int64_t keys = 0; /* (query, key) pairs of the step: QK and PV cost 2 x head_dim each per head */
+  for (int s = 0; s < b->num_seqs; s++)
+    keys += (int64_t)(b->query_start[s + 1] - b->query_start[s]) * b->seq_lens[s];
+  const int n_thr = cpu_threads_for(be, keys * n_heads * 2 * kv->head_dim);
   if (kv->dtype == DTYPE_F16) {
     const int64_t n_items = (int64_t)T * n_heads;
-#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(n_thr) if (n_items > 1) schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; item++) {
       int t = (int)(item / n_heads), h = (int)(item % n_heads);
       att_head_f16(o, qs, kv->k, kv->v, kv, b, n_heads, scale, t, att_seq_of(b, t), h / group, h);
@@ -246,12 +250,12 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   }
   /* Heads sharing a KV head run together (one read of K/V for the group) when that still leaves
    * enough work items for the threads; else one head per item. Results are the same either way. */
-  int gsz = (int64_t)T * nkv >= 2 * (int64_t)be->n_threads ? group : 1;
+  int gsz = (int64_t)T * nkv >= 2 * (int64_t)n_thr ? group : 1;
   gsz = gsz > ATT_GROUP ? ATT_GROUP : gsz;
   const int n_sub = (group + gsz - 1) / gsz;
   const int64_t n_items = (int64_t)T * nkv * n_sub;
 
-#pragma omp parallel for num_threads(be->n_threads) if (n_items > 1) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(n_thr) if (n_items > 1) schedule(dynamic, 1)
   for (int64_t item = 0; item < n_items; item++) {
     int t = (int)(item / (nkv * n_sub)), rest = (int)(item % (nkv * n_sub));
     int kvh = rest / n_sub, sub = rest % n_sub;

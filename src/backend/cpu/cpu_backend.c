@@ -195,6 +195,10 @@ struct backend *backend_cpu_create(int n_threads) {
   cb->base.ops = &cpu_ops;
   cb->base.act_dtype = DTYPE_F32;
   cb->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+  /* All cores by default, but no more threads than the cores other processes leave idle: on a
+   * busy machine a team larger than that waits on its descheduled members at every barrier. An
+   * explicit --threads N is taken as it is. */
+  omp_set_dynamic(n_threads == 0);
   if (cb->base.n_threads < 1)
     cb->base.n_threads = 1;
   return &cb->base;

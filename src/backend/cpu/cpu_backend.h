@@ -13,6 +13,18 @@ struct cpu_backend {
   int n_owned, cap_owned;
 };
 
+/* Threads for a parallel op of about WORK multiply-adds (or element updates): one per
+ * CPU_WORK_PER_THREAD of work, at least 1 and at most be->n_threads. A fork/join costs tens of
+ * microseconds (more on a busy machine, where a descheduled thread stalls the whole team), so
+ * small ops (every decode op of a tiny model such as stories260K) run on the calling thread
+ * alone. With the default thread count (--threads 0), OpenMP's dynamic adjustment is on as well:
+ * a team has at most as many threads as cores not busy with other work (by the load average). */
+#define CPU_WORK_PER_THREAD (1 << 20)
+static inline int cpu_threads_for(const struct backend *be, int64_t work) {
+  int64_t n = work / CPU_WORK_PER_THREAD;
+  return n < 1 ? 1 : n > be->n_threads ? be->n_threads : (int)n;
+}
+
 /* Element i of a 1-D weight (F32/F16/BF16) as f32; biases and norm weights. */
 float cpu_weight_elem(const struct weight *w, int64_t i);
 

@@ -216,7 +216,7 @@ int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight
   const int direct = MM_SIMD && T < 4;
   const size_t row_bytes = dtype_row_bytes(w->dtype, K);
 
-#pragma omp parallel num_threads(be->n_threads) if (n_tasks > 1)
+#pragma omp parallel num_threads(cpu_threads_for(be, N * K * T)) if (n_tasks > 1)
   {
     _Alignas(64) float tile[MM_ROWS * MM_KC]; /* (MM_ROWS, MM_KC) converted weights */
 #pragma omp for schedule(static)

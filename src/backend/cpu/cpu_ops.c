@@ -28,7 +28,7 @@ int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, co
   float *o = out;              /* (T, dim) */
   float *res = residual;       /* (T, dim) or NULL */
   const float *xs = x;         /* (T, dim) */
-#pragma omp parallel for num_threads(be->n_threads) if (T > 1) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)T * dim * 4)) if (T > 1) schedule(static)
   for (int t = 0; t < T; t++) {
     float *r = res ? res + (size_t)t * dim : NULL;
     const float *xi = xs + (size_t)t * dim;
@@ -72,7 +72,7 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
     return ERR("rope: rot_dim %d with head_dim %d", rp->rot_dim, head_dim);
   float *qs = q; /* (T, n_heads, head_dim) */
   float *ks = k; /* (T, n_kv_heads, head_dim) */
-#pragma omp parallel for num_threads(be->n_threads) if (T > 1) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)T * (half * 16 + (n_heads + n_kv_heads) * head_dim))) if (T > 1) schedule(static)
   for (int t = 0; t < T; t++) {
     float cs[CPU_MAX_HEAD_DIM / 2], sn[CPU_MAX_HEAD_DIM / 2];
     for (int i = 0; i < half; i++) {
@@ -95,7 +95,7 @@ int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up
   const float *g = gate;  /* (T, F) */
   const float *u = up;    /* (T, F) */
   size_t n = (size_t)T * F;
-#pragma omp parallel for num_threads(be->n_threads) if (n > 65536) schedule(static)
+#pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)n * 8)) if (n > 65536) schedule(static)
   for (size_t i = 0; i < n; i++)
     o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
   return 0;
