@@ -112,6 +112,7 @@ struct server {
   pagoda_async_t *async;
   const pagoda_engine_t *e;
   const char *tmpl; /* effective chat template (NULL: none) */
+  char tmpl_fault[600]; /* non-empty: the template failed a one-message render at start-up */
   enum tool_format tool_fmt;
   pthread_mutex_t mu; /* metrics below */
   struct hist ttft, tpot, itl, e2e;
@@ -577,6 +578,8 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
   if (!J->S->tmpl)
     return fail(pe, 400, "messages",
                 "the model has no chat template: use /v1/completions, or start the server with --chat-template FILE");
+  if (J->S->tmpl_fault[0]) /* a server-side fault, not the request's */
+    return fail(pe, 500, "messages", "%s", J->S->tmpl_fault);
   cJSON *arr = cJSON_CreateArray();
   const cJSON *m;
   int i = 0;
@@ -1451,6 +1454,15 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   S.e = pagoda_async_engine(S.async);
   S.tmpl = cfg->chat_template ? cfg->chat_template : pagoda_chat_template(S.e);
   S.tool_fmt = tool_format_from_template(S.tmpl);
+  if (S.tmpl) { /* a template that cannot render one user message is the server's fault (500), not the client's */
+    char *probe = NULL;
+    if (pagoda_render_chat_ext(S.e, S.tmpl, "[{\"role\":\"user\",\"content\":\"hi\"}]", NULL, 1, &probe) != PAGODA_OK) {
+      snprintf(S.tmpl_fault, sizeof S.tmpl_fault, "the server's chat template is broken: %s", pagoda_last_error());
+      fprintf(stderr, "pagoda serve: warning: %s (chat requests get 500; fix it with --chat-template FILE)\n",
+              S.tmpl_fault);
+    }
+    free(probe);
+  }
 
   struct sockaddr_in addr = {0};
   addr.sin_family = AF_INET;
