@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
@@ -55,6 +56,60 @@ static void buf_add(struct buf *b, const char *s, size_t n) {
 }
 
 static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+/* S (N bytes, may hold NUL bytes) as a JSON string literal into B: quotes, backslashes and
+ * control bytes escaped, NUL as \u0000, so a string keeps its length. */
+static void buf_json_string(struct buf *b, const char *s, size_t n) {
+  buf_add(b, "\"", 1);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\') {
+      char e[2] = {'\\', (char)ch};
+      buf_add(b, e, 2);
+    } else if (ch == '\n') {
+      buf_add(b, "\\n", 2);
+    } else if (ch < 0x20) {
+      char e[8];
+      snprintf(e, sizeof e, "\\u%04x", ch);
+      buf_add(b, e, 6);
+    } else {
+      buf_add(b, (const char *)&ch, 1);
+    }
+  }
+  buf_add(b, "\"", 1);
+}
+
+/* A cJSON item that prints as the JSON string of S (N bytes, NUL bytes kept as \u0000). */
+static cJSON *json_string_n(const char *s, size_t n) {
+  struct buf b = {0};
+  buf_json_string(&b, s, n);
+  buf_add(&b, "", 1);
+  cJSON *j = cJSON_CreateRaw(b.p);
+  free(b.p);
+  return j;
+}
+
+/* Byte offset of the first \u0000 escape in the JSON text BODY (LEN bytes), or -1. cJSON keeps
+ * C strings, so such a string would be cut short silently: the server refuses it instead. */
+static long json_nul_escape(const char *body, size_t len) {
+  for (size_t i = 0; i + 5 < len; i++) {
+    if (body[i] != '\\')
+      continue;
+    if (body[i + 1] == 'u' && body[i + 2] == '0' && body[i + 3] == '0' && body[i + 4] == '0' && body[i + 5] == '0')
+      return (long)i;
+    i++; /* skip the escaped character (an escaped backslash is not the start of an escape) */
+  }
+  return -1;
+}
+
+/* *OUT = the integral JSON number V when it lies in [LO, HI); 0, else -1. */
+static int int_in_range(const cJSON *v, double lo, double hi, int32_t *out) {
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) ||
+      v->valuedouble < lo || v->valuedouble >= hi)
+    return -1;
+  *out = (int32_t)v->valuedouble;
+  return 0;
+}
 
 static void buf_fmt(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void buf_fmt(struct buf *b, const char *fmt, ...) {
@@ -347,9 +402,9 @@ static int parse_stop(struct job *J, const cJSON *req, struct perr *pe) {
     const cJSON *it;
     int vocab = pagoda_vocab_size(J->S->e);
     cJSON_ArrayForEach(it, sid) {
-      if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= vocab)
-        return fail(pe, 400, "stop_token_ids", "'stop_token_ids' entries must be token ids in [0, %d)", vocab);
-      J->stop_ids[k++] = (int32_t)it->valuedouble;
+      if (int_in_range(it, 0, vocab, &J->stop_ids[k]))
+        return fail(pe, 400, "stop_token_ids", "'stop_token_ids' entries must be integer token ids in [0, %d)", vocab);
+      k++;
     }
     J->sp.stop_token_ids = J->stop_ids;
     J->sp.n_stop_token_ids = k;
@@ -532,9 +587,9 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
     J->ids[0] = malloc((size_t)n * sizeof(int32_t));
     const cJSON *it;
     cJSON_ArrayForEach(it, p) {
-      if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= vocab)
-        return fail(pe, 400, "prompt", "prompt token ids must be in [0, %d)", vocab);
-      J->ids[0][k++] = (int32_t)it->valuedouble;
+      if (int_in_range(it, 0, vocab, &J->ids[0][k]))
+        return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
+      k++;
     }
     J->n_ids[0] = k;
     return 0;
@@ -555,9 +610,9 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
       J->ids[k] = malloc((size_t)m * sizeof(int32_t));
       const cJSON *t;
       cJSON_ArrayForEach(t, it) {
-        if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab)
-          return fail(pe, 400, "prompt", "prompt token ids must be in [0, %d)", vocab);
-        J->ids[k][j++] = (int32_t)t->valuedouble;
+        if (int_in_range(t, 0, vocab, &J->ids[k][j]))
+          return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
+        j++;
       }
       J->n_ids[k] = j;
     } else {
@@ -1224,11 +1279,12 @@ static enum MHD_Result handle_detokenize(struct server *S, struct MHD_Connection
   int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
   const cJSON *it;
   cJSON_ArrayForEach(it, t) {
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble)) {
+    int vocab = pagoda_vocab_size(S->e);
+    if (int_in_range(it, 0, vocab, &ids[k])) {
       free(ids);
-      return send_error(S, conn, 400, "tokens", "'tokens' must be an array of integers");
+      return send_error(S, conn, 400, "tokens", "'tokens' must be an array of integer token ids in [0, %d)", vocab);
     }
-    ids[k++] = (int32_t)it->valuedouble;
+    k++;
   }
   char *text;
   size_t len;
@@ -1237,7 +1293,7 @@ static enum MHD_Result handle_detokenize(struct server *S, struct MHD_Connection
   if (st != PAGODA_OK)
     return send_error(S, conn, 400, "tokens", "%s", pagoda_last_error());
   cJSON *out = cJSON_CreateObject();
-  cJSON_AddStringToObject(out, "prompt", text);
+  cJSON_AddItemToObject(out, "prompt", json_string_n(text, len)); /* NUL bytes kept as \u0000 */
   free(text);
   return send_json(S, conn, 200, out);
 }
@@ -1333,10 +1389,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     pthread_mutex_lock(&S->mu);
     S->inflight++;
     pthread_mutex_unlock(&S->mu);
+    /* An oversized body is refused from its header, before any of it is read. */
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+      char *end;
+      errno = 0;
+      unsigned long long n = strtoull(cl, &end, 10);
+      if (end != cl && (errno == ERANGE || n > S->cfg->max_body)) {
+        ctx->too_large = 1;
+        return send_error(S, conn, 413, NULL, "the request body (Content-Length %s) is larger than %zu bytes (--max-body-mb)",
+                          cl, S->cfg->max_body);
+      }
+    }
     return MHD_YES;
   }
   if (*upload_size) {
-    if (ctx->body.len + *upload_size > S->cfg->max_body)
+    if (ctx->too_large || ctx->body.len + *upload_size > S->cfg->max_body)
       ctx->too_large = 1;
     else
       buf_add(&ctx->body, upload, *upload_size);
@@ -1393,9 +1461,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return send_error(S, conn, 413, NULL, "the request body is larger than %zu bytes", S->cfg->max_body);
   const char *parse_end = NULL;
   cJSON *req = ctx->body.p ? cJSON_ParseWithOpts(ctx->body.p, &parse_end, 1) : NULL;
-  if (!req) {
-    size_t off = parse_end && ctx->body.p ? (size_t)(parse_end - ctx->body.p) : 0;
+  size_t off = parse_end && ctx->body.p ? (size_t)(parse_end - ctx->body.p) : 0;
+  if (req && off != ctx->body.len) { /* cJSON stops at a NUL byte: what follows it is not JSON */
+    cJSON_Delete(req);
+    req = NULL;
+  }
+  if (!req)
     return send_error(S, conn, 400, NULL, "the body is not valid JSON (at byte %zu)", off);
+  long nul = json_nul_escape(ctx->body.p, ctx->body.len);
+  if (nul >= 0) {
+    cJSON_Delete(req);
+    return send_error(S, conn, 400, NULL,
+                      "a JSON string holds a NUL character (\\u0000 at byte %ld): NUL is not supported in requests",
+                      nul);
   }
   if (!cJSON_IsObject(req)) {
     cJSON_Delete(req);

@@ -7,11 +7,13 @@ disconnect mid-stream -> blocks back, a full waiting queue -> 429, SIGTERM with 
 import json
 import math
 import socket
+import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from serve_util import GREEDY, MODEL, QWEN_TEMPLATE, Server, http, metrics
+from serve_util import BIN, GREEDY, MODEL, QWEN_TEMPLATE, Server, http, metrics
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.skipif(not MODEL.exists() or not QWEN_TEMPLATE.exists(),
@@ -184,7 +186,12 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "logit_bias": {"x": 1}}, 400, "'logit_bias' key 'x'"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 500}}, 400, "[-100, 100]"),
     ("/v1/completions", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
-    ("/v1/completions", {"prompt": [1, 99999]}, 400, "token ids must be in [0, 512)"),
+    ("/v1/completions", {"prompt": [1, 99999]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": [346.9]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": [[1, 2.5]]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": "a", "stop_token_ids": [2.5]}, 400, "'stop_token_ids' entries must be integer"),
+    ("/v1/completions", b'{"prompt": "\\u0000a"}', 400, "NUL character (\\u0000 at byte 12)"),
+    ("/v1/completions", b'{"prompt": "a"}\x00{"garbage', 400, "not valid JSON (at byte 15)"),
     ("/v1/completions", {"prompt": [1] * 3000, "max_tokens": 4}, 400, "2048"),
     ("/v1/completions", {"prompt": [1] + [300] * 1999, "max_tokens": 100}, 400,
      "the prompt (2000 tokens) plus max_tokens (100) exceeds the maximum sequence length of 2048"),
@@ -200,7 +207,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True}, 400,
      "/v1/completions only"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
-    ("/detokenize", {"tokens": [1, 100000]}, 400, "outside the vocabulary"),
+    ("/detokenize", {"tokens": [1, 100000]}, 400, "integer token ids in [0, 512)"),
+    ("/detokenize", {"tokens": [4294967642]}, 400, "integer token ids in [0, 512)"),
+    ("/detokenize", {"tokens": [-1]}, 400, "integer token ids in [0, 512)"),
     ("/tokenize", {"text": "a"}, 400, "/tokenize takes"),
 ]
 
@@ -211,6 +220,43 @@ def test_bad_requests(server, path, body, status, msg):
     assert s == status, r
     assert r["error"]["code"] == status and msg in r["error"]["message"], r
     assert r["error"]["type"] and "param" in r["error"]
+
+
+def test_escaped_backslash_is_not_a_nul(server):
+    # "\\u0000" in JSON is a backslash then "u0000": a plain prompt, not a NUL.
+    s, r = http(server.url + "/tokenize", b'{"prompt": "a\\\\u0000"}')
+    assert s == 200 and r["count"] > 1, r
+
+
+def test_detokenize_keeps_nul_bytes(server):
+    raw = urllib.request.urlopen(urllib.request.Request(server.url + "/detokenize", data=b'{"tokens":[3,4,5]}',
+                                                         headers={"Content-Type": "application/json"})).read()
+    assert b"\\u0000" in raw, raw
+    assert json.loads(raw)["prompt"] == "\x00\x01\x02"
+
+
+def test_oversized_content_length_is_413_before_the_body(server):
+    host, port = server.url[len("http://"):].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 99999999999\r\n\r\n")  # no body follows: the answer must not wait for it
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 413"), got
+
+
+def test_broken_chat_template_refused_at_start(tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }}\n{% if %}{% endfor %}")
+    p = subprocess.run([BIN, "serve", "-m", str(MODEL), "--device", "cpu", "--port", "0",
+                        "--chat-template", str(bad)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"error: --chat-template {bad}: line 2 column "), p.stderr
 
 
 def test_wrong_method_and_still_serving(server, client):
