@@ -76,7 +76,11 @@ int cli_serve(int argc, char **argv) {
     } else if ((r = flag_value("--api-key", argc, argv, &i, &v)) != 0) {
       if (r < 0)
         return 2;
-      cfg.api_key = v[0] ? v : NULL;
+      if (!v[0]) {
+        fprintf(stderr, "error: --api-key is empty: give a key, or leave the flag out to serve without one\n");
+        return 2;
+      }
+      cfg.api_key = v;
     } else if ((r = flag_value("--served-model-name", argc, argv, &i, &v)) != 0) {
       if (r < 0)
         return 2;

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -376,6 +377,8 @@ static int parse_stop(struct job *J, const cJSON *req, struct perr *pe) {
   const cJSON *st = cJSON_GetObjectItemCaseSensitive(req, "stop");
   if (st && !cJSON_IsNull(st)) {
     if (cJSON_IsString(st)) {
+      if (!st->valuestring[0])
+        return fail(pe, 400, "stop", "'stop' must be a string or an array of non-empty strings");
       J->stop = malloc(sizeof *J->stop);
       J->stop[J->n_stop++] = strdup(st->valuestring);
     } else if (cJSON_IsArray(st)) {
@@ -579,7 +582,7 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
     return tokenize_prompt(J, 0, p->valuestring, 0, pe);
   }
   if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
-    return fail(pe, 400, "prompt", "'prompt' must be a string, an array of strings, or token ids");
+    return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
   const cJSON *first = cJSON_GetArrayItem(p, 0);
   if (cJSON_IsNumber(first)) { /* one prompt of token ids */
     alloc_prompts(J, 1);
@@ -587,6 +590,8 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
     J->ids[0] = malloc((size_t)n * sizeof(int32_t));
     const cJSON *it;
     cJSON_ArrayForEach(it, p) {
+      if (!cJSON_IsNumber(it))
+        return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
       if (int_in_range(it, 0, vocab, &J->ids[0][k]))
         return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
       k++;
@@ -610,13 +615,15 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
       J->ids[k] = malloc((size_t)m * sizeof(int32_t));
       const cJSON *t;
       cJSON_ArrayForEach(t, it) {
+        if (!cJSON_IsNumber(t))
+          return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
         if (int_in_range(t, 0, vocab, &J->ids[k][j]))
           return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
         j++;
       }
       J->n_ids[k] = j;
     } else {
-      return fail(pe, 400, "prompt", "'prompt' array entries must be strings or arrays of token ids");
+      return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
     }
     k++;
   }
@@ -667,6 +674,11 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
       }
       cJSON_ReplaceItemInObjectCaseSensitive(copy, "content", cJSON_CreateString(t.p ? t.p : ""));
       free(t.p);
+    } else if ((cJSON_IsNull(content) || !content) && strcmp(role->valuestring, "assistant")) {
+      cJSON_Delete(copy);
+      cJSON_Delete(arr);
+      return fail(pe, 400, "messages", "messages[%d].content is missing: a %s message needs 'content'", i,
+                  role->valuestring);
     } else if (!cJSON_IsString(content) &&
                !(cJSON_IsNull(content) || !content) /* assistant messages with tool_calls only */) {
       cJSON_Delete(copy);
@@ -694,6 +706,11 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
         cJSON_free(mj);
         return fail(pe, 400, "tools", "each tool needs {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
+    }
+    if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+      cJSON_free(mj);
+      return fail(pe, 400, "tool_choice",
+                  "tool_choice \"required\" is not supported (use \"auto\" or \"none\"): the model is not forced to call a tool");
     }
     int none = cJSON_IsString(choice) && !strcmp(choice->valuestring, "none");
     if (!none && cJSON_GetArraySize(tools) > 0) {
@@ -1366,7 +1383,7 @@ static int authorized(struct server *S, struct MHD_Connection *conn) {
   if (!S->cfg->api_key)
     return 1;
   const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-  if (!h || strncmp(h, "Bearer ", 7))
+  if (!h || strncasecmp(h, "Bearer ", 7)) /* the scheme is case-insensitive (RFC 9110) */
     return 0;
   const char *k = h + 7, *want = S->cfg->api_key;
   size_t n = strlen(want);

@@ -172,11 +172,23 @@ def test_chat_page_served(server):
         "<script>")[0].replace("http-equiv", "")
 
 
+PM = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 BAD = [
     # (path, body, status, message substring)
     ("/v1/completions", b"{not json", 400, "not valid JSON"),
     ("/v1/completions", b"[1,2]", 400, "must be a JSON object"),
     ("/v1/completions", {"max_tokens": 4}, 400, "'prompt' must be"),
+    ("/v1/completions", {"prompt": [[[1]]]}, 400, PM),
+    ("/v1/completions", {"prompt": [1, [2]]}, 400, PM),
+    ("/v1/completions", {"prompt": [{"a": 1}]}, 400, PM),
+    ("/v1/completions", {"prompt": "a", "stop": ""}, 400, "'stop' must be a string or an array of non-empty strings"),
+    ("/v1/completions", {"prompt": "a", "stop": [""]}, 400, "'stop' must be a string or an array of non-empty strings"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content is missing"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": None}]},
+     400, "messages[1].content is missing"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tool_choice \"required\" is not supported"),
     ("/v1/completions", {"prompt": "a", "max_tokens": "x"}, 400, "'max_tokens' must be an integer"),
     ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "'max_tokens' must be in"),
     ("/v1/completions", {"prompt": "a", "temperature": 5}, 400, "'temperature' must be in"),
@@ -334,8 +346,16 @@ def test_auth(tmp_path):
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
         assert good.completions.create(model="stories", prompt="a", max_tokens=1).usage.completion_tokens == 1
         assert http(s.url + "/health")[0] == 200
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive
+            assert http(s.url + "/v1/models", headers={"Authorization": scheme + " sekret"})[0] == 200
     finally:
         assert s.stop() == 0
+
+
+def test_empty_api_key_refused_at_start():
+    p = subprocess.run([BIN, "serve", "-m", str(MODEL), "--device", "cpu", "--port", "0", "--api-key", ""],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --api-key is empty"), p.stderr
 
 
 def test_sigterm_lets_running_request_finish(tmp_path):
