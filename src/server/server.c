@@ -857,7 +857,7 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
       cJSON_AddStringToObject(d, "role", "assistant");
       c->role_sent = 1;
     }
-    if (len || !tool_calls)
+    if (len || (!tool_calls && !finish)) /* the last chunk's delta is {} (no empty content) */
       cJSON_AddStringToObject(d, "content", t);
     if (tool_calls)
       cJSON_AddItemToObject(d, "tool_calls", tool_calls);
@@ -898,12 +898,13 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
   }
 }
 
-/* Numbers CALLS (a tool_calls array) on from choice C's count: "index" and a request-unique id. */
-static void name_calls(struct job *J, int *count, cJSON *calls) {
+/* Numbers CALLS (a tool_calls array) of choice IDX on from its count: "index" and a request-unique
+ * id (the choice is part of it: with n > 1 every choice has its own calls). */
+static void name_calls(struct job *J, int idx, int *count, cJSON *calls) {
   cJSON *it;
   cJSON_ArrayForEach(it, calls) {
-    char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", J->id, *count);
+    char id[112];
+    snprintf(id, sizeof id, "call_%s_%d_%d", J->id, idx, *count);
     cJSON_ReplaceItemInObjectCaseSensitive(it, "id", cJSON_CreateString(id));
     if (J->stream)
       cJSON_AddNumberToObject(it, "index", *count);
@@ -913,7 +914,7 @@ static void name_calls(struct job *J, int *count, cJSON *calls) {
 
 /* Streaming: CALLS of choice IDX in one delta.tool_calls chunk (takes ownership). */
 static void emit_calls(struct job *J, int idx, cJSON *calls) {
-  name_calls(J, &J->ch[idx].n_calls, calls);
+  name_calls(J, idx, &J->ch[idx].n_calls, calls);
   stream_chunk(J, idx, "", 0, NULL, calls, NULL);
 }
 
@@ -1048,7 +1049,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
         cJSON_AddStringToObject(m, "content", content);
       free(content);
       if (calls) {
-        name_calls(J, &c->n_calls, calls);
+        name_calls(J, i, &c->n_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
         if (c->finish == PAGODA_FINISH_STOP)
           fin = "tool_calls";

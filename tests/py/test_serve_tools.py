@@ -69,3 +69,37 @@ def test_without_tools_the_text_is_content(client):
     r = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, tool_choice="none",
                                        max_tokens=16, temperature=0)
     assert r.choices[0].message.tool_calls is None
+
+
+def test_n2_choices_have_their_own_call_ids(client):
+    r = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=16, temperature=0,
+                                       n=2)
+    ids = [ch.message.tool_calls[0].id for ch in r.choices]
+    assert len(ids) == 2 and ids[0] != ids[1], ids
+    assert all(ch.finish_reason == "tool_calls" for ch in r.choices)
+
+
+def test_call_cut_off_by_max_tokens_is_content(client):
+    # Two tokens: <tool_call> and the call's JSON, but no </tool_call>: not a complete call.
+    r = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=2, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "length" and ch.message.tool_calls is None
+    assert ch.message.content == "<tool_call>" + CALL_JSON
+    stream = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=2,
+                                            temperature=0, stream=True)
+    content, calls, finish = "", [], []
+    for c in stream:
+        content += c.choices[0].delta.content or ""
+        calls += c.choices[0].delta.tool_calls or []
+        if c.choices[0].finish_reason:
+            finish.append(c.choices[0].finish_reason)
+    assert content == "<tool_call>" + CALL_JSON and calls == [] and finish == ["length"]
+
+
+def test_last_stream_chunk_has_no_empty_content(client):
+    for tools in (TOOLS, None):
+        kw = {"tools": tools} if tools else {}
+        chunks = list(client.chat.completions.create(model="stories", messages=MSGS, max_tokens=16, temperature=0,
+                                                     stream=True, **kw))
+        last = chunks[-1].choices[0]
+        assert last.finish_reason and last.delta.content is None, last
