@@ -848,9 +848,6 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
   struct choice *c = &J->ch[idx];
   cJSON *j = chunk_base(J), *choices = cJSON_AddArrayToObject(j, "choices"), *ch = cJSON_CreateObject();
   cJSON_AddNumberToObject(ch, "index", idx);
-  char *t = malloc(len + 1);
-  memcpy(t, text, len);
-  t[len] = 0;
   if (J->chat) {
     cJSON *d = cJSON_AddObjectToObject(ch, "delta");
     if (!c->role_sent) {
@@ -858,7 +855,7 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
       c->role_sent = 1;
     }
     if (len || (!tool_calls && !finish)) /* the last chunk's delta is {} (no empty content) */
-      cJSON_AddStringToObject(d, "content", t);
+      cJSON_AddItemToObject(d, "content", json_string_n(text, len)); /* NUL bytes as \u0000 */
     if (tool_calls)
       cJSON_AddItemToObject(d, "tool_calls", tool_calls);
     if (lp) {
@@ -868,13 +865,12 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
       cJSON_AddNullToObject(ch, "logprobs");
     }
   } else {
-    cJSON_AddStringToObject(ch, "text", t);
+    cJSON_AddItemToObject(ch, "text", json_string_n(text, len));
     if (lp)
       cJSON_AddItemToObject(ch, "logprobs", lp);
     else
       cJSON_AddNullToObject(ch, "logprobs");
   }
-  free(t);
   if (finish)
     cJSON_AddStringToObject(ch, "finish_reason", finish);
   else
@@ -1042,12 +1038,10 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
       size_t content_end = c->text.len;
       cJSON *calls = J->tools ? tool_calls_parse(J->S->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &content_end)
                               : NULL;
-      char *content = strndup(c->text.p ? c->text.p : "", content_end);
       if (calls && content_end == 0)
         cJSON_AddNullToObject(m, "content");
       else
-        cJSON_AddStringToObject(m, "content", content);
-      free(content);
+        cJSON_AddItemToObject(m, "content", json_string_n(c->text.p ? c->text.p : "", content_end));
       if (calls) {
         name_calls(J, i, &c->n_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
@@ -1068,7 +1062,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
         buf_str(&t, J->prompt_text[p]);
       if (c->text.len)
         buf_add(&t, c->text.p, c->text.len);
-      cJSON_AddStringToObject(ch, "text", t.p ? t.p : "");
+      cJSON_AddItemToObject(ch, "text", json_string_n(t.p ? t.p : "", t.len));
       free(t.p);
       if (c->lp) {
         cJSON_AddItemToObject(ch, "logprobs", c->lp);

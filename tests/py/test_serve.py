@@ -472,3 +472,21 @@ def test_hostile_bodies_never_hurt_the_server(server, client):
     case = greedy_case()
     r = client.completions.create(model="stories", prompt=case["prompt"], max_tokens=64, temperature=0)
     assert r.choices[0].text == case["continuation"]
+
+
+def test_generated_nul_bytes_are_kept(server):
+    # logit_bias forces token 3 (the byte token <0x00>): the text is one NUL, written as \u0000.
+    body = {"prompt": "Once", "max_tokens": 2, "temperature": 0, "logit_bias": {"3": 100}}
+    for stream in (False, True):
+        raw = urllib.request.urlopen(urllib.request.Request(
+            server.url + "/v1/completions", data=json.dumps({**body, "stream": stream}).encode(),
+            headers={"Content-Type": "application/json"})).read().decode()
+        if stream:
+            text = "".join(json.loads(l[6:])["choices"][0]["text"] for l in raw.splitlines()
+                           if l.startswith("data: {") and json.loads(l[6:])["choices"])
+        else:
+            text = json.loads(raw)["choices"][0]["text"]
+        assert text == "\x00\x00", raw
+    s, r = http(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                                                      "temperature": 0, "logit_bias": {"3": 100}})
+    assert s == 200 and r["choices"][0]["message"]["content"] == "\x00\x00", r
