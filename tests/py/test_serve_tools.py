@@ -103,3 +103,39 @@ def test_last_stream_chunk_has_no_empty_content(client):
                                                      stream=True, **kw))
         last = chunks[-1].choices[0]
         assert last.finish_reason and last.delta.content is None, last
+
+
+def test_broken_model_template_is_a_server_error(tmp_path):
+    # The model's own template fails to render (a runtime error, not the request's): chats get 500
+    # and the start-up log says why; completions still work.
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from serve_util import BIN, http
+    model = write(str(tmp_path / "model"))
+    cfg_path = os.path.join(model, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["chat_template"] = "{% for m in messages %}{{ m.content.no_such_method() }}{% endfor %}"
+    json.dump(cfg, open(cfg_path, "w"))
+    log = tmp_path / "server.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen([BIN, "serve", "-m", model, "--device", "cpu", "--threads", "1", "--pa-memory-mb", "16",
+                              "--port", "0"], stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        url = None
+        deadline = time.time() + 60
+        while url is None and time.time() < deadline and p.poll() is None:
+            m = re.search(r"listening on (http://[\d.]+:\d+)", log.read_text(errors="replace"))
+            url = m.group(1) if m else time.sleep(0.05)
+        assert url, log.read_text(errors="replace")
+        assert "warning: the server's chat template is broken" in log.read_text(errors="replace")
+        s, r = http(url + "/v1/chat/completions", {"messages": MSGS, "max_tokens": 2})
+        assert s == 500 and "chat template is broken" in r["error"]["message"], r
+        s, r = http(url + "/v1/completions", {"prompt": "a", "max_tokens": 1})
+        assert s == 200, r
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
