@@ -1416,13 +1416,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (*upload_size) {
-    if (ctx->too_large || ctx->body.len + *upload_size > S->cfg->max_body)
-      ctx->too_large = 1;
-    else
-      buf_add(&ctx->body, upload, *upload_size);
+    if (ctx->body.len + *upload_size > S->cfg->max_body) {
+      /* A chunked body (no Content-Length) past the limit: libmicrohttpd cannot queue a response
+       * in the middle of an upload, so the connection is closed rather than read on. */
+      fprintf(stderr, "pagoda serve: a %s %s body grew past --max-body-mb (%zu bytes): connection closed\n", method,
+              url, S->cfg->max_body);
+      return MHD_NO;
+    }
+    buf_add(&ctx->body, upload, *upload_size);
     *upload_size = 0;
     return MHD_YES;
   }
+  if (ctx->too_large) /* the 413 is queued already */
+    return MHD_YES;
   int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
   if (!strcmp(method, "OPTIONS")) {
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -1469,8 +1475,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   }
   if (!post)
     return send_error(S, conn, 405, NULL, "use POST for %s", url);
-  if (ctx->too_large)
-    return send_error(S, conn, 413, NULL, "the request body is larger than %zu bytes", S->cfg->max_body);
   const char *parse_end = NULL;
   cJSON *req = ctx->body.p ? cJSON_ParseWithOpts(ctx->body.p, &parse_end, 1) : NULL;
   size_t off = parse_end && ctx->body.p ? (size_t)(parse_end - ctx->body.p) : 0;

@@ -490,3 +490,28 @@ def test_generated_nul_bytes_are_kept(server):
     s, r = http(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
                                                       "temperature": 0, "logit_bias": {"3": 100}})
     assert s == 200 and r["choices"][0]["message"]["content"] == "\x00\x00", r
+
+
+def test_chunked_body_over_the_limit_is_not_read_on(tmp_path):
+    # Without Content-Length the size is known only while reading: past the limit the connection
+    # is closed (libmicrohttpd cannot answer mid-upload) instead of reading the rest.
+    s = Server("--max-body-mb", "1", log_path=tmp_path / "big.log")
+    try:
+        host, port = s.url[len("http://"):].split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * (1 << 19)
+        closed = False
+        try:
+            for _ in range(64):  # 32 MiB if it were read on; no last chunk ever follows
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            closed = sock.recv(4096) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            closed = True
+        sock.close()
+        assert closed
+        assert "body grew past --max-body-mb" in s.stderr()
+        assert http(s.url + "/health")[0] == 200
+    finally:
+        assert s.stop() == 0
