@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "cli/engine_flags.h"
+#include "pagoda.h"
 #include "server/server.h"
 
 static void usage(FILE *f) {
@@ -77,7 +78,11 @@ int cli_serve(int argc, char **argv) {
     } else if ((r = flag_value("--api-key", argc, argv, &i, &v)) != 0) {
       if (r < 0)
         return 2;
-      cfg.api_key = v[0] ? v : NULL;
+      if (!v[0]) {
+        fprintf(stderr, "error: --api-key is empty: give a key, or leave the flag out to serve without one\n");
+        return 2;
+      }
+      cfg.api_key = v;
     } else if ((r = flag_value("--served-model-name", argc, argv, &i, &v)) != 0) {
       if (r < 0)
         return 2;
@@ -117,6 +122,23 @@ int cli_serve(int argc, char **argv) {
   if (tmpl_path && !(tmpl = read_text(tmpl_path))) {
     fprintf(stderr, "error: cannot read --chat-template %s\n", tmpl_path);
     return 2;
+  }
+  if (tmpl) { /* refuse a broken template now rather than answer every chat with an error */
+    static const char probe[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                "\"add_generation_prompt\":true,\"bos_token\":\"\",\"eos_token\":\"\"}";
+    char *out = NULL;
+    size_t out_len = 0;
+    if (pagoda_render_template(tmpl, probe, sizeof probe - 1, &out, &out_len) != PAGODA_OK) {
+      int line, col;
+      if (pagoda_template_error_location(&line, &col))
+        fprintf(stderr, "error: --chat-template %s: line %d column %d: %s\n", tmpl_path, line, col,
+                pagoda_last_error());
+      else
+        fprintf(stderr, "error: --chat-template %s: %s\n", tmpl_path, pagoda_last_error());
+      free(tmpl);
+      return 2;
+    }
+    free(out);
   }
   cfg.chat_template = tmpl;
   int rc = server_run(&ep, &cfg);

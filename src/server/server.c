@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +57,60 @@ static void buf_add(struct buf *b, const char *s, size_t n) {
 }
 
 static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+/* S (N bytes, may hold NUL bytes) as a JSON string literal into B: quotes, backslashes and
+ * control bytes escaped, NUL as \u0000, so a string keeps its length. */
+static void buf_json_string(struct buf *b, const char *s, size_t n) {
+  buf_add(b, "\"", 1);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\') {
+      char e[2] = {'\\', (char)ch};
+      buf_add(b, e, 2);
+    } else if (ch == '\n') {
+      buf_add(b, "\\n", 2);
+    } else if (ch < 0x20) {
+      char e[8];
+      snprintf(e, sizeof e, "\\u%04x", ch);
+      buf_add(b, e, 6);
+    } else {
+      buf_add(b, (const char *)&ch, 1);
+    }
+  }
+  buf_add(b, "\"", 1);
+}
+
+/* A cJSON item that prints as the JSON string of S (N bytes, NUL bytes kept as \u0000). */
+static cJSON *json_string_n(const char *s, size_t n) {
+  struct buf b = {0};
+  buf_json_string(&b, s, n);
+  buf_add(&b, "", 1);
+  cJSON *j = cJSON_CreateRaw(b.p);
+  free(b.p);
+  return j;
+}
+
+/* Byte offset of the first \u0000 escape in the JSON text BODY (LEN bytes), or -1. cJSON keeps
+ * C strings, so such a string would be cut short silently: the server refuses it instead. */
+static long json_nul_escape(const char *body, size_t len) {
+  for (size_t i = 0; i + 5 < len; i++) {
+    if (body[i] != '\\')
+      continue;
+    if (body[i + 1] == 'u' && body[i + 2] == '0' && body[i + 3] == '0' && body[i + 4] == '0' && body[i + 5] == '0')
+      return (long)i;
+    i++; /* skip the escaped character (an escaped backslash is not the start of an escape) */
+  }
+  return -1;
+}
+
+/* *OUT = the integral JSON number V when it lies in [LO, HI); 0, else -1. */
+static int int_in_range(const cJSON *v, double lo, double hi, int32_t *out) {
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble) ||
+      v->valuedouble < lo || v->valuedouble >= hi)
+    return -1;
+  *out = (int32_t)v->valuedouble;
+  return 0;
+}
 
 static void buf_fmt(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void buf_fmt(struct buf *b, const char *fmt, ...) {
@@ -112,6 +168,7 @@ struct server {
   pagoda_async_t *async;
   const pagoda_engine_t *e;
   const char *tmpl; /* effective chat template (NULL: none) */
+  char tmpl_fault[600]; /* non-empty: the template failed a one-message render at start-up */
   enum tool_format tool_fmt;
   pthread_mutex_t mu; /* metrics below */
   struct hist ttft, tpot, itl, e2e;
@@ -320,6 +377,8 @@ static int parse_stop(struct job *J, const cJSON *req, struct perr *pe) {
   const cJSON *st = cJSON_GetObjectItemCaseSensitive(req, "stop");
   if (st && !cJSON_IsNull(st)) {
     if (cJSON_IsString(st)) {
+      if (!st->valuestring[0])
+        return fail(pe, 400, "stop", "'stop' must be a string or an array of non-empty strings");
       J->stop = malloc(sizeof *J->stop);
       J->stop[J->n_stop++] = strdup(st->valuestring);
     } else if (cJSON_IsArray(st)) {
@@ -346,9 +405,9 @@ static int parse_stop(struct job *J, const cJSON *req, struct perr *pe) {
     const cJSON *it;
     int vocab = pagoda_vocab_size(J->S->e);
     cJSON_ArrayForEach(it, sid) {
-      if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= vocab)
-        return fail(pe, 400, "stop_token_ids", "'stop_token_ids' entries must be token ids in [0, %d)", vocab);
-      J->stop_ids[k++] = (int32_t)it->valuedouble;
+      if (int_in_range(it, 0, vocab, &J->stop_ids[k]))
+        return fail(pe, 400, "stop_token_ids", "'stop_token_ids' entries must be integer token ids in [0, %d)", vocab);
+      k++;
     }
     J->sp.stop_token_ids = J->stop_ids;
     J->sp.n_stop_token_ids = k;
@@ -523,7 +582,7 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
     return tokenize_prompt(J, 0, p->valuestring, 0, pe);
   }
   if (!cJSON_IsArray(p) || cJSON_GetArraySize(p) == 0)
-    return fail(pe, 400, "prompt", "'prompt' must be a string, an array of strings, or token ids");
+    return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
   const cJSON *first = cJSON_GetArrayItem(p, 0);
   if (cJSON_IsNumber(first)) { /* one prompt of token ids */
     alloc_prompts(J, 1);
@@ -531,9 +590,11 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
     J->ids[0] = malloc((size_t)n * sizeof(int32_t));
     const cJSON *it;
     cJSON_ArrayForEach(it, p) {
-      if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= vocab)
-        return fail(pe, 400, "prompt", "prompt token ids must be in [0, %d)", vocab);
-      J->ids[0][k++] = (int32_t)it->valuedouble;
+      if (!cJSON_IsNumber(it))
+        return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
+      if (int_in_range(it, 0, vocab, &J->ids[0][k]))
+        return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
+      k++;
     }
     J->n_ids[0] = k;
     return 0;
@@ -554,13 +615,15 @@ static int parse_completion_prompt(struct job *J, const cJSON *req, struct perr 
       J->ids[k] = malloc((size_t)m * sizeof(int32_t));
       const cJSON *t;
       cJSON_ArrayForEach(t, it) {
-        if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble >= vocab)
-          return fail(pe, 400, "prompt", "prompt token ids must be in [0, %d)", vocab);
-        J->ids[k][j++] = (int32_t)t->valuedouble;
+        if (!cJSON_IsNumber(t))
+          return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
+        if (int_in_range(t, 0, vocab, &J->ids[k][j]))
+          return fail(pe, 400, "prompt", "prompt token ids must be integers in [0, %d)", vocab);
+        j++;
       }
       J->n_ids[k] = j;
     } else {
-      return fail(pe, 400, "prompt", "'prompt' array entries must be strings or arrays of token ids");
+      return fail(pe, 400, "prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids");
     }
     k++;
   }
@@ -577,6 +640,8 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
   if (!J->S->tmpl)
     return fail(pe, 400, "messages",
                 "the model has no chat template: use /v1/completions, or start the server with --chat-template FILE");
+  if (J->S->tmpl_fault[0]) /* a server-side fault, not the request's */
+    return fail(pe, 500, "messages", "%s", J->S->tmpl_fault);
   cJSON *arr = cJSON_CreateArray();
   const cJSON *m;
   int i = 0;
@@ -609,6 +674,11 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
       }
       cJSON_ReplaceItemInObjectCaseSensitive(copy, "content", cJSON_CreateString(t.p ? t.p : ""));
       free(t.p);
+    } else if ((cJSON_IsNull(content) || !content) && strcmp(role->valuestring, "assistant")) {
+      cJSON_Delete(copy);
+      cJSON_Delete(arr);
+      return fail(pe, 400, "messages", "messages[%d].content is missing: a %s message needs 'content'", i,
+                  role->valuestring);
     } else if (!cJSON_IsString(content) &&
                !(cJSON_IsNull(content) || !content) /* assistant messages with tool_calls only */) {
       cJSON_Delete(copy);
@@ -636,6 +706,11 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
         cJSON_free(mj);
         return fail(pe, 400, "tools", "each tool needs {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
+    }
+    if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) {
+      cJSON_free(mj);
+      return fail(pe, 400, "tool_choice",
+                  "tool_choice \"required\" is not supported (use \"auto\" or \"none\"): the model is not forced to call a tool");
     }
     int none = cJSON_IsString(choice) && !strcmp(choice->valuestring, "none");
     if (!none && cJSON_GetArraySize(tools) > 0) {
@@ -773,17 +848,14 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
   struct choice *c = &J->ch[idx];
   cJSON *j = chunk_base(J), *choices = cJSON_AddArrayToObject(j, "choices"), *ch = cJSON_CreateObject();
   cJSON_AddNumberToObject(ch, "index", idx);
-  char *t = malloc(len + 1);
-  memcpy(t, text, len);
-  t[len] = 0;
   if (J->chat) {
     cJSON *d = cJSON_AddObjectToObject(ch, "delta");
     if (!c->role_sent) {
       cJSON_AddStringToObject(d, "role", "assistant");
       c->role_sent = 1;
     }
-    if (len || !tool_calls)
-      cJSON_AddStringToObject(d, "content", t);
+    if (len || (!tool_calls && !finish)) /* the last chunk's delta is {} (no empty content) */
+      cJSON_AddItemToObject(d, "content", json_string_n(text, len)); /* NUL bytes as \u0000 */
     if (tool_calls)
       cJSON_AddItemToObject(d, "tool_calls", tool_calls);
     if (lp) {
@@ -793,13 +865,12 @@ static void stream_chunk(struct job *J, int idx, const char *text, size_t len, c
       cJSON_AddNullToObject(ch, "logprobs");
     }
   } else {
-    cJSON_AddStringToObject(ch, "text", t);
+    cJSON_AddItemToObject(ch, "text", json_string_n(text, len));
     if (lp)
       cJSON_AddItemToObject(ch, "logprobs", lp);
     else
       cJSON_AddNullToObject(ch, "logprobs");
   }
-  free(t);
   if (finish)
     cJSON_AddStringToObject(ch, "finish_reason", finish);
   else
@@ -823,12 +894,13 @@ static void note_timing(struct job *J, const struct pagoda_event *ev) {
   }
 }
 
-/* Numbers CALLS (a tool_calls array) on from choice C's count: "index" and a request-unique id. */
-static void name_calls(struct job *J, int *count, cJSON *calls) {
+/* Numbers CALLS (a tool_calls array) of choice IDX on from its count: "index" and a request-unique
+ * id (the choice is part of it: with n > 1 every choice has its own calls). */
+static void name_calls(struct job *J, int idx, int *count, cJSON *calls) {
   cJSON *it;
   cJSON_ArrayForEach(it, calls) {
-    char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", J->id, *count);
+    char id[112];
+    snprintf(id, sizeof id, "call_%s_%d_%d", J->id, idx, *count);
     cJSON_ReplaceItemInObjectCaseSensitive(it, "id", cJSON_CreateString(id));
     if (J->stream)
       cJSON_AddNumberToObject(it, "index", *count);
@@ -838,7 +910,7 @@ static void name_calls(struct job *J, int *count, cJSON *calls) {
 
 /* Streaming: CALLS of choice IDX in one delta.tool_calls chunk (takes ownership). */
 static void emit_calls(struct job *J, int idx, cJSON *calls) {
-  name_calls(J, &J->ch[idx].n_calls, calls);
+  name_calls(J, idx, &J->ch[idx].n_calls, calls);
   stream_chunk(J, idx, "", 0, NULL, calls, NULL);
 }
 
@@ -966,14 +1038,12 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
       size_t content_end = c->text.len;
       cJSON *calls = J->tools ? tool_calls_parse(J->S->tool_fmt, c->text.p ? c->text.p : "", c->text.len, &content_end)
                               : NULL;
-      char *content = strndup(c->text.p ? c->text.p : "", content_end);
       if (calls && content_end == 0)
         cJSON_AddNullToObject(m, "content");
       else
-        cJSON_AddStringToObject(m, "content", content);
-      free(content);
+        cJSON_AddItemToObject(m, "content", json_string_n(c->text.p ? c->text.p : "", content_end));
       if (calls) {
-        name_calls(J, &c->n_calls, calls);
+        name_calls(J, i, &c->n_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
         if (c->finish == PAGODA_FINISH_STOP)
           fin = "tool_calls";
@@ -992,7 +1062,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
         buf_str(&t, J->prompt_text[p]);
       if (c->text.len)
         buf_add(&t, c->text.p, c->text.len);
-      cJSON_AddStringToObject(ch, "text", t.p ? t.p : "");
+      cJSON_AddItemToObject(ch, "text", json_string_n(t.p ? t.p : "", t.len));
       free(t.p);
       if (c->lp) {
         cJSON_AddItemToObject(ch, "logprobs", c->lp);
@@ -1221,11 +1291,12 @@ static enum MHD_Result handle_detokenize(struct server *S, struct MHD_Connection
   int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
   const cJSON *it;
   cJSON_ArrayForEach(it, t) {
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble)) {
+    int vocab = pagoda_vocab_size(S->e);
+    if (int_in_range(it, 0, vocab, &ids[k])) {
       free(ids);
-      return send_error(S, conn, 400, "tokens", "'tokens' must be an array of integers");
+      return send_error(S, conn, 400, "tokens", "'tokens' must be an array of integer token ids in [0, %d)", vocab);
     }
-    ids[k++] = (int32_t)it->valuedouble;
+    k++;
   }
   char *text;
   size_t len;
@@ -1234,7 +1305,7 @@ static enum MHD_Result handle_detokenize(struct server *S, struct MHD_Connection
   if (st != PAGODA_OK)
     return send_error(S, conn, 400, "tokens", "%s", pagoda_last_error());
   cJSON *out = cJSON_CreateObject();
-  cJSON_AddStringToObject(out, "prompt", text);
+  cJSON_AddItemToObject(out, "prompt", json_string_n(text, len)); /* NUL bytes kept as \u0000 */
   free(text);
   return send_json(S, conn, 200, out);
 }
@@ -1307,7 +1378,7 @@ static int authorized(struct server *S, struct MHD_Connection *conn) {
   if (!S->cfg->api_key)
     return 1;
   const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-  if (!h || strncmp(h, "Bearer ", 7))
+  if (!h || strncasecmp(h, "Bearer ", 7)) /* the scheme is case-insensitive (RFC 9110) */
     return 0;
   const char *k = h + 7, *want = S->cfg->api_key;
   size_t n = strlen(want);
@@ -1330,16 +1401,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     pthread_mutex_lock(&S->mu);
     S->inflight++;
     pthread_mutex_unlock(&S->mu);
+    /* An oversized body is refused from its header, before any of it is read. */
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+      char *end;
+      errno = 0;
+      unsigned long long n = strtoull(cl, &end, 10);
+      if (end != cl && (errno == ERANGE || n > S->cfg->max_body)) {
+        ctx->too_large = 1;
+        return send_error(S, conn, 413, NULL, "the request body (Content-Length %s) is larger than %zu bytes (--max-body-mb)",
+                          cl, S->cfg->max_body);
+      }
+    }
     return MHD_YES;
   }
   if (*upload_size) {
-    if (ctx->body.len + *upload_size > S->cfg->max_body)
-      ctx->too_large = 1;
-    else
-      buf_add(&ctx->body, upload, *upload_size);
+    if (ctx->body.len + *upload_size > S->cfg->max_body) {
+      /* A chunked body (no Content-Length) past the limit: libmicrohttpd cannot queue a response
+       * in the middle of an upload, so the connection is closed rather than read on. */
+      fprintf(stderr, "pagoda serve: a %s %s body grew past --max-body-mb (%zu bytes): connection closed\n", method,
+              url, S->cfg->max_body);
+      return MHD_NO;
+    }
+    buf_add(&ctx->body, upload, *upload_size);
     *upload_size = 0;
     return MHD_YES;
   }
+  if (ctx->too_large) /* the 413 is queued already */
+    return MHD_YES;
   int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
   if (!strcmp(method, "OPTIONS")) {
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -1386,13 +1475,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   }
   if (!post)
     return send_error(S, conn, 405, NULL, "use POST for %s", url);
-  if (ctx->too_large)
-    return send_error(S, conn, 413, NULL, "the request body is larger than %zu bytes", S->cfg->max_body);
   const char *parse_end = NULL;
   cJSON *req = ctx->body.p ? cJSON_ParseWithOpts(ctx->body.p, &parse_end, 1) : NULL;
-  if (!req) {
-    size_t off = parse_end && ctx->body.p ? (size_t)(parse_end - ctx->body.p) : 0;
+  size_t off = parse_end && ctx->body.p ? (size_t)(parse_end - ctx->body.p) : 0;
+  if (req && off != ctx->body.len) { /* cJSON stops at a NUL byte: what follows it is not JSON */
+    cJSON_Delete(req);
+    req = NULL;
+  }
+  if (!req)
     return send_error(S, conn, 400, NULL, "the body is not valid JSON (at byte %zu)", off);
+  long nul = json_nul_escape(ctx->body.p, ctx->body.len);
+  if (nul >= 0) {
+    cJSON_Delete(req);
+    return send_error(S, conn, 400, NULL,
+                      "a JSON string holds a NUL character (\\u0000 at byte %ld): NUL is not supported in requests",
+                      nul);
   }
   if (!cJSON_IsObject(req)) {
     cJSON_Delete(req);
@@ -1451,6 +1548,15 @@ int server_run(const struct pagoda_engine_params *ep, const struct server_config
   S.e = pagoda_async_engine(S.async);
   S.tmpl = cfg->chat_template ? cfg->chat_template : pagoda_chat_template(S.e);
   S.tool_fmt = tool_format_from_template(S.tmpl);
+  if (S.tmpl) { /* a template that cannot render one user message is the server's fault (500), not the client's */
+    char *probe = NULL;
+    if (pagoda_render_chat_ext(S.e, S.tmpl, "[{\"role\":\"user\",\"content\":\"hi\"}]", NULL, 1, &probe) != PAGODA_OK) {
+      snprintf(S.tmpl_fault, sizeof S.tmpl_fault, "the server's chat template is broken: %s", pagoda_last_error());
+      fprintf(stderr, "pagoda serve: warning: %s (chat requests get 500; fix it with --chat-template FILE)\n",
+              S.tmpl_fault);
+    }
+    free(probe);
+  }
 
   struct sockaddr_in addr = {0};
   addr.sin_family = AF_INET;

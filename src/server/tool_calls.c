@@ -81,7 +81,9 @@ cJSON *tool_calls_parse(enum tool_format f, const char *text, size_t len, size_t
     while (p) {
       size_t i = skip_ws(text, len, (size_t)(p - text) + strlen("<tool_call>"));
       cJSON *obj = parse_at(text, len, &i);
-      if (obj)
+      /* Only a closed block is a call: one cut off (max_tokens) before </tool_call> is not. */
+      size_t j = obj ? skip_ws(text, len, i) : len;
+      if (obj && len - j >= 12 && !memcmp(text + j, "</tool_call>", 12))
         add_call(calls, obj);
       cJSON_Delete(obj);
       p = memfind(text + i, len - i, "<tool_call>");

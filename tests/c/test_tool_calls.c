@@ -49,6 +49,9 @@ int main(void) {
   CHECK(!tool_calls_parse(TOOL_FMT_HERMES, plain, strlen(plain), &end) && end == strlen(plain), "no call");
   const char *broken = "<tool_call>{\"name\": \"f\", \"argu";
   CHECK(!tool_calls_parse(TOOL_FMT_HERMES, broken, strlen(broken), &end), "truncated call is no call");
+  const char *unclosed = "Hi <tool_call>{\"name\": \"f\", \"arguments\": {}}"; /* cut before </tool_call> */
+  CHECK(!tool_calls_parse(TOOL_FMT_HERMES, unclosed, strlen(unclosed), &end) && end == strlen(unclosed),
+        "an unclosed call block is content");
 
   /* Llama 3.1: a JSON object with "parameters" (optionally after <|python_tag|>), ';'-joined. */
   const char *l = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; "

@@ -7,11 +7,13 @@ disconnect mid-stream -> blocks back, a full waiting queue -> 429, SIGTERM with 
 import json
 import math
 import socket
+import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from serve_util import GREEDY, MODEL, QWEN_TEMPLATE, Server, http, metrics
+from serve_util import BIN, GREEDY, MODEL, QWEN_TEMPLATE, Server, http, metrics
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.skipif(not MODEL.exists() or not QWEN_TEMPLATE.exists(),
@@ -170,11 +172,23 @@ def test_chat_page_served(server):
         "<script>")[0].replace("http-equiv", "")
 
 
+PM = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids"
 BAD = [
     # (path, body, status, message substring)
     ("/v1/completions", b"{not json", 400, "not valid JSON"),
     ("/v1/completions", b"[1,2]", 400, "must be a JSON object"),
     ("/v1/completions", {"max_tokens": 4}, 400, "'prompt' must be"),
+    ("/v1/completions", {"prompt": [[[1]]]}, 400, PM),
+    ("/v1/completions", {"prompt": [1, [2]]}, 400, PM),
+    ("/v1/completions", {"prompt": [{"a": 1}]}, 400, PM),
+    ("/v1/completions", {"prompt": "a", "stop": ""}, 400, "'stop' must be a string or an array of non-empty strings"),
+    ("/v1/completions", {"prompt": "a", "stop": [""]}, 400, "'stop' must be a string or an array of non-empty strings"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content is missing"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": None}]},
+     400, "messages[1].content is missing"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tool_choice \"required\" is not supported"),
     ("/v1/completions", {"prompt": "a", "max_tokens": "x"}, 400, "'max_tokens' must be an integer"),
     ("/v1/completions", {"prompt": "a", "max_tokens": 0}, 400, "'max_tokens' must be in"),
     ("/v1/completions", {"prompt": "a", "temperature": 5}, 400, "'temperature' must be in"),
@@ -184,7 +198,12 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "logit_bias": {"x": 1}}, 400, "'logit_bias' key 'x'"),
     ("/v1/completions", {"prompt": "a", "logit_bias": {"1": 500}}, 400, "[-100, 100]"),
     ("/v1/completions", {"prompt": "a", "stop": 3}, 400, "'stop' must be"),
-    ("/v1/completions", {"prompt": [1, 99999]}, 400, "token ids must be in [0, 512)"),
+    ("/v1/completions", {"prompt": [1, 99999]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": [346.9]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": [[1, 2.5]]}, 400, "token ids must be integers in [0, 512)"),
+    ("/v1/completions", {"prompt": "a", "stop_token_ids": [2.5]}, 400, "'stop_token_ids' entries must be integer"),
+    ("/v1/completions", b'{"prompt": "\\u0000a"}', 400, "NUL character (\\u0000 at byte 12)"),
+    ("/v1/completions", b'{"prompt": "a"}\x00{"garbage', 400, "not valid JSON (at byte 15)"),
     ("/v1/completions", {"prompt": [1] * 3000, "max_tokens": 4}, 400, "2048"),
     ("/v1/completions", {"prompt": [1] + [300] * 1999, "max_tokens": 100}, 400,
      "the prompt (2000 tokens) plus max_tokens (100) exceeds the maximum sequence length of 2048"),
@@ -200,7 +219,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "use_beam_search": True}, 400,
      "/v1/completions only"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
-    ("/detokenize", {"tokens": [1, 100000]}, 400, "outside the vocabulary"),
+    ("/detokenize", {"tokens": [1, 100000]}, 400, "integer token ids in [0, 512)"),
+    ("/detokenize", {"tokens": [4294967642]}, 400, "integer token ids in [0, 512)"),
+    ("/detokenize", {"tokens": [-1]}, 400, "integer token ids in [0, 512)"),
     ("/tokenize", {"text": "a"}, 400, "/tokenize takes"),
 ]
 
@@ -211,6 +232,43 @@ def test_bad_requests(server, path, body, status, msg):
     assert s == status, r
     assert r["error"]["code"] == status and msg in r["error"]["message"], r
     assert r["error"]["type"] and "param" in r["error"]
+
+
+def test_escaped_backslash_is_not_a_nul(server):
+    # "\\u0000" in JSON is a backslash then "u0000": a plain prompt, not a NUL.
+    s, r = http(server.url + "/tokenize", b'{"prompt": "a\\\\u0000"}')
+    assert s == 200 and r["count"] > 1, r
+
+
+def test_detokenize_keeps_nul_bytes(server):
+    raw = urllib.request.urlopen(urllib.request.Request(server.url + "/detokenize", data=b'{"tokens":[3,4,5]}',
+                                                         headers={"Content-Type": "application/json"})).read()
+    assert b"\\u0000" in raw, raw
+    assert json.loads(raw)["prompt"] == "\x00\x01\x02"
+
+
+def test_oversized_content_length_is_413_before_the_body(server):
+    host, port = server.url[len("http://"):].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 99999999999\r\n\r\n")  # no body follows: the answer must not wait for it
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 413"), got
+
+
+def test_broken_chat_template_refused_at_start(tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }}\n{% if %}{% endfor %}")
+    p = subprocess.run([BIN, "serve", "-m", str(MODEL), "--device", "cpu", "--port", "0",
+                        "--chat-template", str(bad)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"error: --chat-template {bad}: line 2 column "), p.stderr
 
 
 def test_wrong_method_and_still_serving(server, client):
@@ -288,8 +346,16 @@ def test_auth(tmp_path):
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
         assert good.completions.create(model="stories", prompt="a", max_tokens=1).usage.completion_tokens == 1
         assert http(s.url + "/health")[0] == 200
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive
+            assert http(s.url + "/v1/models", headers={"Authorization": scheme + " sekret"})[0] == 200
     finally:
         assert s.stop() == 0
+
+
+def test_empty_api_key_refused_at_start():
+    p = subprocess.run([BIN, "serve", "-m", str(MODEL), "--device", "cpu", "--port", "0", "--api-key", ""],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("error: --api-key is empty"), p.stderr
 
 
 def test_sigterm_lets_running_request_finish(tmp_path):
@@ -406,3 +472,46 @@ def test_hostile_bodies_never_hurt_the_server(server, client):
     case = greedy_case()
     r = client.completions.create(model="stories", prompt=case["prompt"], max_tokens=64, temperature=0)
     assert r.choices[0].text == case["continuation"]
+
+
+def test_generated_nul_bytes_are_kept(server):
+    # logit_bias forces token 3 (the byte token <0x00>): the text is one NUL, written as \u0000.
+    body = {"prompt": "Once", "max_tokens": 2, "temperature": 0, "logit_bias": {"3": 100}}
+    for stream in (False, True):
+        raw = urllib.request.urlopen(urllib.request.Request(
+            server.url + "/v1/completions", data=json.dumps({**body, "stream": stream}).encode(),
+            headers={"Content-Type": "application/json"})).read().decode()
+        if stream:
+            text = "".join(json.loads(l[6:])["choices"][0]["text"] for l in raw.splitlines()
+                           if l.startswith("data: {") and json.loads(l[6:])["choices"])
+        else:
+            text = json.loads(raw)["choices"][0]["text"]
+        assert text == "\x00\x00", raw
+    s, r = http(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                                                      "temperature": 0, "logit_bias": {"3": 100}})
+    assert s == 200 and r["choices"][0]["message"]["content"] == "\x00\x00", r
+
+
+def test_chunked_body_over_the_limit_is_not_read_on(tmp_path):
+    # Without Content-Length the size is known only while reading: past the limit the connection
+    # is closed (libmicrohttpd cannot answer mid-upload) instead of reading the rest.
+    s = Server("--max-body-mb", "1", log_path=tmp_path / "big.log")
+    try:
+        host, port = s.url[len("http://"):].split(":")
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * (1 << 19)
+        closed = False
+        try:
+            for _ in range(64):  # 32 MiB if it were read on; no last chunk ever follows
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+            closed = sock.recv(4096) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            closed = True
+        sock.close()
+        assert closed
+        assert "body grew past --max-body-mb" in s.stderr()
+        assert http(s.url + "/health")[0] == 200
+    finally:
+        assert s.stop() == 0
