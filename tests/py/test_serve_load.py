@@ -1,5 +1,5 @@
 """test_serve_load.py - `pagoda serve` under load on loopback: 64 concurrent streaming clients,
-1,000 requests per round, bounded time, zero failures, no RSS growth over three rounds; and one
+1,000 requests per round, bounded time, zero failures, no RSS growth over four rounds; and one
 round under AddressSanitizer (build-asan/pagoda, when built), with a disconnect and 300 hostile
 bodies, that must exit 0 with no report."""
 import http.client
@@ -81,15 +81,17 @@ def run_round(url, n_requests, concurrency, start):
 
 
 def test_load_64_clients_1000_requests_no_rss_growth(tmp_path):
-    """Three rounds of 1,000 streaming requests from 64 clients. The server runs with one malloc
-    arena (MALLOC_ARENA_MAX=1): with glibc's per-thread arenas (a connection thread per client)
-    RSS after a round swings by tens of MiB either way, hiding any trend; with one arena it
-    reflects live memory, so rounds 2 and 3 must not exceed round 1 by more than 8 MiB. Leaks
-    proper are also checked by the ASan round (LeakSanitizer)."""
-    s = Server("--pa-memory-mb", "4", log_path=tmp_path / "load.log", env={"MALLOC_ARENA_MAX": "1"})
+    """Four rounds of 1,000 streaming requests from 64 clients, RSS read after each. glibc's
+    malloc left to itself makes RSS after a round swing by tens of MiB with no trend (per-thread
+    arenas, and trim/mmap thresholds that adapt: measured 87-155 MiB over 7 rounds), so the server
+    runs with one arena and fixed thresholds (MALLOC_ARENA_MAX=1, MALLOC_TRIM_THRESHOLD_ and
+    MALLOC_MMAP_THRESHOLD_ = 128 KiB): freed memory goes back to the system and RSS follows live
+    memory (measured flat within 0.4 MiB over 6 rounds). Rounds 2-4 must stay within 4 MiB of
+    round 1. Leaks proper are also checked by the ASan round (LeakSanitizer)."""
+    s = Server("--pa-memory-mb", "4", log_path=tmp_path / "load.log", env={"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"})
     try:
         rss, times = [], []
-        for k in range(3):
+        for k in range(4):
             failures, dt = run_round(s.url, 1000, 64, 1000 * k)
             assert not failures, failures[:5]
             rss.append(s.rss_kib())
@@ -97,10 +99,10 @@ def test_load_64_clients_1000_requests_no_rss_growth(tmp_path):
         m = metrics(s.url)
         print(f"rounds: {[round(t, 1) for t in times]} s, RSS after each: {rss} KiB")
         assert max(times) < 120
-        assert max(rss[1:]) - rss[0] < 8 * 1024, f"RSS grew: {rss} KiB"
+        assert max(rss[1:]) - rss[0] < 4 * 1024, f"RSS grew: {rss} KiB"
         assert m["pagoda:kv_blocks_used"] == 0 and m["pagoda:num_requests_running"] == 0
-        assert m['pagoda:http_responses_total{code="2xx"}'] >= 3000
-        assert m["pagoda:e2e_request_latency_seconds_count"] >= 3000
+        assert m['pagoda:http_responses_total{code="2xx"}'] >= 4000
+        assert m["pagoda:e2e_request_latency_seconds_count"] >= 4000
     finally:
         assert s.stop() == 0
 
