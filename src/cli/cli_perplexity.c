@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/cli_io.h"
 #include "cli/engine_flags.h"
 #include "pagoda.h"
 
@@ -41,39 +42,6 @@ static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "error: %s: %s (check -f)\n", path, strerror(errno));
-    return NULL;
-  }
-  size_t cap = 1 << 16, n = 0, k;
-  char *buf = malloc(cap + 1);
-  while (buf && (k = fread(buf + n, 1, cap - n, f)) > 0) {
-    n += k;
-    if (n == cap) {
-      char *b = realloc(buf, cap * 2 + 1);
-      if (!b) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = b;
-      cap *= 2;
-    }
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (!buf || bad) {
-    fprintf(stderr, "error: %s: %s\n", path, buf ? "read failed" : "out of memory");
-    free(buf);
-    return NULL;
-  }
-  buf[n] = 0;
-  *len = n;
-  return buf;
 }
 
 int cli_perplexity(int argc, char **argv) {
@@ -119,9 +87,11 @@ int cli_perplexity(int argc, char **argv) {
     return 2;
   }
   size_t len = 0;
-  char *text = read_file(file, &len);
-  if (!text)
+  char *text = cli_read_file(file, &len);
+  if (!text) {
+    fprintf(stderr, "error: %s: %s (check -f)\n", file, strerror(errno));
     return 1;
+  }
   ep.max_num_seqs = n_seq;
   ep.max_num_batched_tokens = n_batch > n_ctx ? n_batch : n_ctx;
   ep.prefill_chunk_size = n_batch < n_ctx ? n_batch : n_ctx;

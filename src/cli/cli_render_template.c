@@ -5,38 +5,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_io.h"
 #include "pagoda.h"
-
-static char *read_text(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  size_t cap = 1 << 16, n = 0;
-  char *buf = malloc(cap);
-  size_t k;
-  while (buf && (k = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-    n += k;
-    if (n + 1 == cap) {
-      char *b = realloc(buf, cap * 2);
-      if (!b) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = b;
-      cap *= 2;
-    }
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (!buf || bad) {
-    free(buf);
-    return NULL;
-  }
-  buf[n] = 0;
-  *len = n;
-  return buf;
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -66,7 +36,7 @@ int cli_render_template(int argc, char **argv) {
     return 2;
   }
   size_t tlen, clen;
-  char *tmpl = read_text(argv[1], &tlen);
+  char *tmpl = cli_read_file(argv[1], &tlen);
   if (!tmpl) {
     fprintf(stderr, "error: cannot read %s\n", argv[1]);
     return 1;
@@ -76,7 +46,7 @@ int cli_render_template(int argc, char **argv) {
     free(tmpl);
     return 1;
   }
-  char *ctext = read_text(argv[2], &clen);
+  char *ctext = cli_read_file(argv[2], &clen);
   if (!ctext) {
     fprintf(stderr, "error: cannot read %s\n", argv[2]);
     free(tmpl);
