@@ -375,8 +375,18 @@ int cli_run(int argc, char **argv) {
     else TRY("-f") file = v;
     else TRY("--file") file = v;
     else TRY("--system") system = v;
-    else TRY("-n") { if (flag_int("-n", v, -1, 1 << 30, &sp.max_tokens) || !sp.max_tokens) return fprintf(stderr, "error: -n must be -1 or >= 1\n"), 2; }
-    else TRY("--max-tokens") { if (flag_int("--max-tokens", v, -1, 1 << 30, &sp.max_tokens) || !sp.max_tokens) return fprintf(stderr, "error: --max-tokens must be -1 or >= 1\n"), 2; }
+    else TRY("-n") {
+      if (flag_int("-n", v, -1, 1 << 30, &sp.max_tokens)) /* it printed the error */
+        return 2;
+      if (!sp.max_tokens)
+        return fprintf(stderr, "error: -n must be -1 or >= 1\n"), 2;
+    }
+    else TRY("--max-tokens") {
+      if (flag_int("--max-tokens", v, -1, 1 << 30, &sp.max_tokens)) /* it printed the error */
+        return 2;
+      if (!sp.max_tokens)
+        return fprintf(stderr, "error: --max-tokens must be -1 or >= 1\n"), 2;
+    }
     else TRY("--temperature") { if (flag_double("--temperature", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
     else TRY("--temp") { if (flag_double("--temp", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
     else TRY("--top-k") { if (flag_int("--top-k", v, -1, 1 << 30, &sp.top_k)) return 2; }

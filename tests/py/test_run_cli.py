@@ -133,3 +133,13 @@ def test_contiguous_cache_same_greedy_text():
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.decode() == case["continuation"]
     assert "Prefix caching enabled (sequence-level, contiguous cache" in r.stderr.decode()
+
+
+@pytest.mark.parametrize("args", [["-n", "abc"], ["-n", "0"], ["--max-tokens", "x"], ["--top-p", "2"],
+                                  ["--pa-block-size", "12"]])
+def test_bad_flag_value_is_one_error_line_exit_2(args):
+    """A bad value is a usage error (exit 2) reported by exactly one `error:` line."""
+    r = run("-m", str(MODEL), "-p", "hi", *args)
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.decode().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and args[0] in lines[0], lines
