@@ -231,7 +231,7 @@ def test_interrupted_download_resumes(hub, tmp_path):
     assert left[1] == 0
     assert r.returncode == 1
     err = r.stderr.decode()
-    assert "\npagoda tokenize: " in err  # the error line, after the progress lines
+    assert "\nerror: " in err  # the error line, after the progress lines
     assert "interrupted" in err and "run the command again to resume" in err
     blobs = repo_dir(tmp_path, "tester/resume") / "blobs"
     part = blobs / (hashlib.sha256(data).hexdigest() + ".incomplete")
@@ -253,7 +253,7 @@ def test_interrupted_download_resumes(hub, tmp_path):
 def test_token_sent_and_auth_errors(hub, tmp_path):
     r = tokenize("tester/private", env_for(tmp_path, hub))
     err = r.stderr.decode()
-    assert r.returncode == 1 and err.startswith("pagoda tokenize: ") and "401" in err and "set HF_TOKEN" in err
+    assert r.returncode == 1 and err.startswith("error: ") and "401" in err and "set HF_TOKEN" in err
     r = tokenize("tester/private", env_for(tmp_path, hub, HF_TOKEN="wrong"))
     assert r.returncode == 1 and b"HF_TOKEN was rejected" in r.stderr
     n = len(hub.requests())
@@ -280,7 +280,7 @@ def test_not_found_messages(hub, tmp_path):
     env = env_for(tmp_path, hub)
     r = tokenize("tester/missing", env)
     err = r.stderr.decode()
-    assert r.returncode == 1 and err.startswith("pagoda tokenize: ")
+    assert r.returncode == 1 and err.startswith("error: ")
     assert "repository tester/missing not found" in err and "HF_TOKEN" in err
     r = pagoda("run", "-m", "no/such/path.gguf", "-p", "x", env=env)
     assert r.returncode == 1 and b"no such file or directory" in r.stderr

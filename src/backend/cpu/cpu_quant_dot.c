@@ -86,139 +86,216 @@ static inline __m256i iq4_lookup(__m256i idx) {
   return _mm256_shuffle_epi8(tab, idx);
 }
 
-/* Every type is written as a chunk decoder: for chunk c (32 values) of block i it sets
- *   u: the 32 levels (unsigned 0..127 when SIGNED is 0, else signed),
- *   sc0, sc1: the scale of the first and second 16 values (f32, weight units),
- *   mn0, mn1: the offset of each half (w = sc * level + mn),
- * and the driver multiplies the decoded chunk with NT tokens' activations at once, so a prefill
- * unpacks each weight block once per 4 tokens. Each token's arithmetic is the same whatever NT
- * is, so its result does not depend on the batch. */
-#define QD_NT 4
+/* acc += p * (one scale for all 32) */
+#define ACC1(p, s) acc = _mm256_fmadd_ps((p), _mm256_set1_ps(s), acc)
+/* acc += p * (scale s0 for the first 16 values, s1 for the next 16) */
+#define ACC2(p, s0, s1) acc = _mm256_fmadd_ps((p), _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), acc)
 
-#define DEFINE_DOT(NAME, BT, QK, SIGNED, PREP, ...)                                               \
-  static inline __attribute__((always_inline)) void NAME##_nt(                                      \
-      const void *vw, const struct cpu_act_q8 *const *a, int nt, int64_t k, float *out) {           \
-    const BT *w = vw;                                                                               \
-    __m256 acc[QD_NT];                                                                              \
-    float bias[QD_NT];                                                                              \
-    for (int t = 0; t < nt; t++)                                                                    \
-      acc[t] = _mm256_setzero_ps(), bias[t] = 0.0f;                                                 \
-    for (int64_t i = 0; i < k / (QK); i++) {                                                        \
-      PREP;                                                                                         \
-      for (int c = 0; c < (QK) / 32; c++) {                                                         \
-        __m256i u;                                                                                  \
-        float sc0, sc1, mn0, mn1;                                                                   \
-        __VA_ARGS__;                                                                                \
-        for (int t = 0; t < nt; t++) {                                                              \
-          const struct cpu_act_q8 *ac = a[t] + i * ((QK) / 32) + c;                                 \
-          float ad = ac->d;                                                                         \
-          __m256 p = SIGNED ? idot_s(u, ac->qs) : idot_u(u, ac->qs);                                \
-          float s0 = sc0 * ad, s1 = sc1 * ad;                                                       \
-          acc[t] = _mm256_fmadd_ps(p, _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), acc[t]);      \
-          bias[t] += ad * (mn0 * (float)ac->s[0] + mn1 * (float)ac->s[1]);                          \
-        }                                                                                           \
-      }                                                                                             \
-    }                                                                                               \
-    for (int t = 0; t < nt; t++)                                                                    \
-      out[t] = hsum(acc[t]) + bias[t];                                                              \
-  }                                                                                                 \
-  static void NAME(const void *w, const struct cpu_act_q8 *const *a, int nt, int64_t k, float *out) { \
-    switch (nt) {                                                                                   \
-    case 4: NAME##_nt(w, a, 4, k, out); break;                                                      \
-    case 3: NAME##_nt(w, a, 3, k, out); break;                                                      \
-    case 2: NAME##_nt(w, a, 2, k, out); break;                                                      \
-    default: NAME##_nt(w, a, 1, k, out); break;                                                     \
-    }                                                                                               \
+static float dot_q4_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q4_0 *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  for (int64_t i = 0; i < k / 32; i++) {
+    float d = h2f(w[i].d) * a[i].d;
+    ACC1(idot_u(nibbles16(w[i].qs), a[i].qs), d);
+    bias -= 8.0f * d * (float)(a[i].s[0] + a[i].s[1]);
   }
-
-static inline uint32_t rd32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
+  return hsum(acc) + bias;
 }
 
-DEFINE_DOT(dot_q4_0, struct block_q4_0, 32, 0, float d = h2f(w[i].d),
-           u = nibbles16(w[i].qs); sc0 = sc1 = d; mn0 = mn1 = -8.0f * d)
-DEFINE_DOT(dot_q4_1, struct block_q4_1, 32, 0, (void)0,
-           u = nibbles16(w[i].qs); sc0 = sc1 = h2f(w[i].d); mn0 = mn1 = h2f(w[i].m))
-DEFINE_DOT(dot_q5_0, struct block_q5_0, 32, 0, float d = h2f(w[i].d),
-           u = _mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(rd32(w[i].qh))); sc0 = sc1 = d;
-           mn0 = mn1 = -16.0f * d)
-DEFINE_DOT(dot_q5_1, struct block_q5_1, 32, 0, (void)0,
-           u = _mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(rd32(w[i].qh)));
-           sc0 = sc1 = h2f(w[i].d); mn0 = mn1 = h2f(w[i].m))
-DEFINE_DOT(dot_q8_0, struct block_q8_0, 32, 1, (void)0,
-           u = _mm256_loadu_si256((const __m256i *)w[i].qs); sc0 = sc1 = h2f(w[i].d); mn0 = mn1 = 0.0f)
-DEFINE_DOT(dot_iq4_nl, struct block_iq4_nl, 32, 1, (void)0,
-           u = iq4_lookup(nibbles16(w[i].qs)); sc0 = sc1 = h2f(w[i].d); mn0 = mn1 = 0.0f)
-/* Q2_K: chunk c = 4h + p: bits 2p of qs[32h ..]; sub-blocks 2c, 2c + 1. */
-DEFINE_DOT(dot_q2_K, struct block_q2_K, QK_K, 0,
-           float d = h2f(w[i].d); float dmin = h2f(w[i].dmin),
-           {
-             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * (c / 4)));
-             u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), _mm256_set1_epi8(3));
-             uint8_t s0 = w[i].scales[2 * c], s1 = w[i].scales[2 * c + 1];
-             sc0 = d * (float)(s0 & 0xF), sc1 = d * (float)(s1 & 0xF);
-             mn0 = -dmin * (float)(s0 >> 4), mn1 = -dmin * (float)(s1 >> 4);
-           })
-/* Q3_K: level + 4 = low 2 bits + 4 * high bit (bit c of hmask), unsigned 0..7. */
-DEFINE_DOT(dot_q3_K, struct block_q3_K, QK_K, 0,
-           float d = h2f(w[i].d);
-           __m256i hm = _mm256_loadu_si256((const __m256i *)w[i].hmask),
-           {
-             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * (c / 4)));
-             __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), _mm256_set1_epi8(3));
-             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, c), _mm256_set1_epi8(1));
-             u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
-             sc0 = d * (float)q3_K_scale(w[i].scales, 2 * c);
-             sc1 = d * (float)q3_K_scale(w[i].scales, 2 * c + 1);
-             mn0 = -4.0f * sc0, mn1 = -4.0f * sc1;
-           })
-/* Q4_K: chunk c: low (c even) or high nibbles of qs[32 (c / 2) ..]. */
-DEFINE_DOT(dot_q4_K, struct block_q4_K, QK_K, 0,
-           float d = h2f(w[i].d); float dmin = h2f(w[i].dmin),
-           {
-             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * (c / 2)));
-             u = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
-             uint8_t sc, m;
-             get_scale_min_k4(c, w[i].scales, &sc, &m);
-             sc0 = sc1 = d * (float)sc;
-             mn0 = mn1 = -dmin * (float)m;
-           })
-DEFINE_DOT(dot_q5_K, struct block_q5_K, QK_K, 0,
-           float d = h2f(w[i].d); float dmin = h2f(w[i].dmin);
-           __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh),
-           {
-             __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * (c / 2)));
-             u = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0F));
-             __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, c), _mm256_set1_epi8(1));
-             u = _mm256_or_si256(u, _mm256_slli_epi16(hb, 4));
-             uint8_t sc, m;
-             get_scale_min_k4(c, w[i].scales, &sc, &m);
-             sc0 = sc1 = d * (float)sc;
-             mn0 = mn1 = -dmin * (float)m;
-           })
-/* Q6_K: chunk c = 4h + g: nibble g / 2 of ql[64h + 32 (g % 2) ..], bits 2g of qh[32h ..]. */
-DEFINE_DOT(dot_q6_K, struct block_q6_K, QK_K, 0, float d = h2f(w[i].d),
-           {
-             int h = c / 4, g = c % 4;
-             __m256i ql = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32 * (g % 2)));
-             __m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
-             __m256i lo = _mm256_and_si256(g / 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0F));
-             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), _mm256_set1_epi8(3));
-             u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-             sc0 = d * (float)w[i].scales[2 * c], sc1 = d * (float)w[i].scales[2 * c + 1];
-             mn0 = -32.0f * sc0, mn1 = -32.0f * sc1;
-           })
-DEFINE_DOT(dot_iq4_xs, struct block_iq4_xs, QK_K, 1, float d = h2f(w[i].d),
-           {
-             int ls = ((w[i].scales_l[c / 2] >> (4 * (c % 2))) & 0xF) | (((w[i].scales_h >> (2 * c)) & 3) << 4);
-             u = iq4_lookup(nibbles16(w[i].qs + 16 * c));
-             sc0 = sc1 = d * (float)(ls - 32);
-             mn0 = mn1 = 0.0f;
-           })
+static float dot_q4_1(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q4_1 *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  for (int64_t i = 0; i < k / 32; i++) {
+    ACC1(idot_u(nibbles16(w[i].qs), a[i].qs), h2f(w[i].d) * a[i].d);
+    bias += h2f(w[i].m) * a[i].d * (float)(a[i].s[0] + a[i].s[1]);
+  }
+  return hsum(acc) + bias;
+}
 
-typedef void (*dot_fn)(const void *w, const struct cpu_act_q8 *const *a, int nt, int64_t k, float *out);
+static float dot_q5_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q5_0 *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  for (int64_t i = 0; i < k / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, w[i].qh, 4);
+    float d = h2f(w[i].d) * a[i].d;
+    ACC1(idot_u(_mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(qh)), a[i].qs), d);
+    bias -= 16.0f * d * (float)(a[i].s[0] + a[i].s[1]);
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q5_1(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q5_1 *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  for (int64_t i = 0; i < k / 32; i++) {
+    uint32_t qh;
+    memcpy(&qh, w[i].qh, 4);
+    ACC1(idot_u(_mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(qh)), a[i].qs), h2f(w[i].d) * a[i].d);
+    bias += h2f(w[i].m) * a[i].d * (float)(a[i].s[0] + a[i].s[1]);
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q8_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q8_0 *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k / 32; i++)
+    ACC1(idot_s(_mm256_loadu_si256((const __m256i *)w[i].qs), a[i].qs), h2f(w[i].d) * a[i].d);
+  return hsum(acc);
+}
+
+static float dot_iq4_nl(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_iq4_nl *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k / 32; i++)
+    ACC1(idot_s(iq4_lookup(nibbles16(w[i].qs)), a[i].qs), h2f(w[i].d) * a[i].d);
+  return hsum(acc);
+}
+
+static float dot_q2_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q2_K *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+    for (int h = 0; h < 2; h++) {
+      __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * h));
+      for (int p = 0; p < 4; p++) {
+        int c = 4 * h + p;
+        uint8_t s0 = w[i].scales[2 * c], s1 = w[i].scales[2 * c + 1];
+        __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m3);
+        float ad = a[c].d;
+        ACC2(idot_u(u, a[c].qs), d * ad * (float)(s0 & 0xF), d * ad * (float)(s1 & 0xF));
+        bias -= dmin * ad * ((float)(s0 >> 4) * a[c].s[0] + (float)(s1 >> 4) * a[c].s[1]);
+      }
+    }
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q3_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q3_K *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d);
+    __m256i hm = _mm256_loadu_si256((const __m256i *)w[i].hmask);
+    for (int h = 0; h < 2; h++) {
+      __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * h));
+      for (int p = 0; p < 4; p++) {
+        int c = 4 * h + p;
+        /* level + 4 = low 2 bits + 4 * high bit: unsigned 0..7 */
+        __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m3);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
+        __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+        float ad = a[c].d;
+        float sc0 = d * ad * (float)q3_K_scale(w[i].scales, 2 * c);
+        float sc1 = d * ad * (float)q3_K_scale(w[i].scales, 2 * c + 1);
+        ACC2(idot_u(u, a[c].qs), sc0, sc1);
+        bias -= 4.0f * (sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+      }
+    }
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q4_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q4_K *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+    for (int p = 0; p < 4; p++) {
+      __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * p));
+      for (int half = 0; half < 2; half++) {
+        int c = 2 * p + half;
+        uint8_t sc, m;
+        get_scale_min_k4(c, w[i].scales, &sc, &m);
+        __m256i u = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+        float ad = a[c].d;
+        ACC1(idot_u(u, a[c].qs), d * ad * (float)sc);
+        bias -= dmin * ad * (float)m * (float)(a[c].s[0] + a[c].s[1]);
+      }
+    }
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q5_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q5_K *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+    __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
+    for (int p = 0; p < 4; p++) {
+      __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * p));
+      for (int half = 0; half < 2; half++) {
+        int c = 2 * p + half;
+        uint8_t sc, m;
+        get_scale_min_k4(c, w[i].scales, &sc, &m);
+        __m256i u = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+        __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, c), one);
+        u = _mm256_or_si256(u, _mm256_slli_epi16(hb, 4));
+        float ad = a[c].d;
+        ACC1(idot_u(u, a[c].qs), d * ad * (float)sc);
+        bias -= dmin * ad * (float)m * (float)(a[c].s[0] + a[c].s[1]);
+      }
+    }
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_q6_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_q6_K *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  float bias = 0.0f;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d);
+    for (int h = 0; h < 2; h++) {
+      __m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
+      __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h));
+      __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32));
+      for (int g = 0; g < 4; g++) {
+        int c = 4 * h + g;
+        __m256i ql = g % 2 ? ql1 : ql0;
+        __m256i lo = _mm256_and_si256(g / 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m3);
+        __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        float ad = a[c].d;
+        float sc0 = d * ad * (float)w[i].scales[2 * c], sc1 = d * ad * (float)w[i].scales[2 * c + 1];
+        ACC2(idot_u(u, a[c].qs), sc0, sc1);
+        bias -= 32.0f * (sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+      }
+    }
+  }
+  return hsum(acc) + bias;
+}
+
+static float dot_iq4_xs(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+  const struct block_iq4_xs *w = vw;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
+    float d = h2f(w[i].d);
+    for (int c = 0; c < 8; c++) {
+      int ls = ((w[i].scales_l[c / 2] >> (4 * (c % 2))) & 0xF) | (((w[i].scales_h >> (2 * c)) & 3) << 4);
+      ACC1(idot_s(iq4_lookup(nibbles16(w[i].qs + 16 * c)), a[c].qs), d * a[c].d * (float)(ls - 32));
+    }
+  }
+  return hsum(acc);
+}
+
+typedef float (*dot_fn)(const void *w, const struct cpu_act_q8 *a, int64_t k);
 
 static dot_fn dot_for(enum dtype t) {
   switch (t) {
@@ -242,16 +319,7 @@ int cpu_quant_supported(enum dtype t) { return dot_for(t) != NULL; }
 
 float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a, int64_t k) {
   dot_fn f = dot_for(t);
-  float r = NAN;
-  if (f)
-    f(w, &a, 1, k, &r);
-  return r;
-}
-
-/* out[j] = dot(row W, activations A[j]) for j < NT (<= 4). */
-static void vec_dot_nt(enum dtype t, const void *w, const struct cpu_act_q8 *const *a, int nt, int64_t k,
-                       float *out) {
-  dot_for(t)(w, a, nt, k, out);
+  return f ? f(w, a, k) : NAN;
 }
 #else
 int cpu_quant_supported(enum dtype t) {
@@ -271,12 +339,6 @@ float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a,
       s += (double)wf[j] * a[(k0 + j) / 32].d * a[(k0 + j) / 32].qs[(k0 + j) % 32];
   }
   return (float)s;
-}
-
-static void vec_dot_nt(enum dtype t, const void *w, const struct cpu_act_q8 *const *a, int nt, int64_t k,
-                       float *out) {
-  for (int j = 0; j < nt; j++)
-    out[j] = cpu_quant_vec_dot(t, w, a[j], k);
 }
 #endif
 
@@ -300,16 +362,8 @@ int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struc
     int64_t r0 = task * QROWS, r1 = r0 + QROWS < N ? r0 + QROWS : N;
     for (int64_t r = r0; r < r1; r++) {
       float b = bias ? cpu_weight_elem(bias, r) : 0.0f;
-      for (int t0 = 0; t0 < T; t0 += 4) { /* 4 tokens share each decoded weight block */
-        int nt = T - t0 < 4 ? T - t0 : 4;
-        const struct cpu_act_q8 *ap[4];
-        float o[4];
-        for (int j = 0; j < nt; j++)
-          ap[j] = act + (size_t)(t0 + j) * nb;
-        vec_dot_nt(dt, wd + (size_t)r * row_bytes, ap, nt, K, o);
-        for (int j = 0; j < nt; j++)
-          out[(size_t)(t0 + j) * N + r] = b + o[j];
-      }
+      for (int t = 0; t < T; t++)
+        out[(size_t)t * N + r] = b + cpu_quant_vec_dot(dt, wd + (size_t)r * row_bytes, act + (size_t)t * nb, K);
     }
   }
   free(act);
