@@ -441,6 +441,9 @@ int cli_run(int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   int rc = 0, templated = pagoda_has_chat_template(e) && !raw;
+  if (system && !templated)
+    fprintf(stderr, "note: --system ignored: %s\n",
+            raw ? "--raw sends the prompt as is" : "the model has no chat template");
   struct gen g;
   memset(&g, 0, sizeof g);
   cJSON *msgs = cJSON_CreateArray();

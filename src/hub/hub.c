@@ -1069,6 +1069,10 @@ int hub_resolve(const char *model, const char *revision, const char *file, char 
     return ERR("--hf-file '%s' must name a file inside the repository", file), PAGODA_ERR_INVALID_ARG;
   struct stat sb;
   if (stat(model, &sb) == 0) { /* a local path always wins */
+    if (revision)
+      log_warn("--revision %s ignored: %s is a local path, not a Hugging Face repo id", revision, model);
+    if (file && !S_ISDIR(sb.st_mode))
+      log_warn("--hf-file %s ignored: %s is a local file, not a Hugging Face repo id", file, model);
     if (file && S_ISDIR(sb.st_mode))
       *out = xasprintf("%s/%s", model, file);
     else

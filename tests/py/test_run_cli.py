@@ -143,3 +143,17 @@ def test_bad_flag_value_is_one_error_line_exit_2(args):
     assert r.returncode == 2, r.stderr
     lines = [l for l in r.stderr.decode().splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and args[0] in lines[0], lines
+
+
+@needs_model
+def test_ignored_options_say_so():
+    """Options that cannot apply are named on stderr instead of being dropped silently:
+    --system without a chat template, --revision / --hf-file with a local path."""
+    r = run("-m", str(MODEL), "--system", "be brief", "--revision", "v1", "--hf-file", "x.gguf",
+            "-p", "Once upon a time", "-n", "4", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "note: --system ignored: the model has no chat template" in err
+    assert "--revision v1 ignored" in err and "--hf-file x.gguf ignored" in err
+    r = run("-m", str(MODEL), "--system", "be brief", "--raw", "-p", "Once", "-n", "2")
+    assert "note: --system ignored: --raw sends the prompt as is" in r.stderr.decode()
