@@ -1,5 +1,6 @@
-/* cli_io.c - reading all of stdin or a file for the CLI subcommands. */
+/* cli_io.c - reading all of stdin or a file, and loading a tokenizer by path or repo id, for the CLI subcommands. */
 #include "cli/cli_io.h"
+#include "pagoda.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -46,4 +47,20 @@ char *cli_read_file(const char *path, size_t *len) {
   fclose(f);
   errno = saved;
   return buf;
+}
+
+struct pagoda_tokenizer *cli_load_tokenizer(const char *model, const char *revision, const char *hf_file) {
+  char *resolved = NULL;
+  if (pagoda_resolve_model(model, revision, hf_file, &resolved)) {
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
+    return NULL;
+  }
+  pagoda_tokenizer_t *t;
+  int rc = pagoda_tokenizer_load(resolved, &t);
+  free(resolved);
+  if (rc != PAGODA_OK) {
+    fprintf(stderr, "error: %s\n", pagoda_last_error());
+    return NULL;
+  }
+  return t;
 }

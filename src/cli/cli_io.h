@@ -10,4 +10,10 @@ char *cli_read_stdin(size_t *len);
 /* Likewise for the file PATH; NULL with errno set when it cannot be opened or read. */
 char *cli_read_file(const char *path, size_t *len);
 
+struct pagoda_tokenizer;
+/* The tokenizer of MODEL (a path or a Hugging Face repo id, with REVISION / HF_FILE as
+ * pagoda_resolve_model takes them); NULL after printing the `error:` line. Free with
+ * pagoda_tokenizer_free. */
+struct pagoda_tokenizer *cli_load_tokenizer(const char *model, const char *revision, const char *hf_file);
+
 #endif

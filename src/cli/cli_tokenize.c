@@ -54,18 +54,9 @@ int cli_tokenize(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  char *resolved = NULL;
-  if (pagoda_resolve_model(path, revision, hf_file, &resolved)) {
-    fprintf(stderr, "error: %s\n", pagoda_last_error());
+  pagoda_tokenizer_t *t = cli_load_tokenizer(path, revision, hf_file);
+  if (!t)
     return 1;
-  }
-  pagoda_tokenizer_t *t;
-  int load_rc = pagoda_tokenizer_load(resolved, &t);
-  free(resolved);
-  if (load_rc != PAGODA_OK) {
-    fprintf(stderr, "error: %s\n", pagoda_last_error());
-    return 1;
-  }
   size_t len;
   char *text = cli_read_stdin(&len);
   if (!text) {
