@@ -71,9 +71,9 @@ static int p_kv_write(struct backend *be, const struct kv_layer *kv, const void 
   P_END(be, P_KV_WRITE, rc);
 }
 static int p_attn(struct backend *be, void *out, const void *q, const struct kv_layer *kv, const struct batch *b,
-                  int nh, float scale) {
+                  const struct attn_params *ap) {
   P_BEGIN(be);
-  int rc = p_real->attention(be, out, q, kv, b, nh, scale);
+  int rc = p_real->attention(be, out, q, kv, b, ap);
   P_END(be, P_ATTN, rc);
 }
 static int p_gather(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim) {

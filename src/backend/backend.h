@@ -56,6 +56,19 @@ struct batch {
   const int32_t *logits_idx;    /* (num_logits) token indices (into T) whose logits are wanted */
 };
 
+/* How attention scores are formed and which keys a query sees. The kernels take this from the
+ * model, one per layer, so architectures differ only in these values:
+ * - score = softcap * tanh(q.k * scale / softcap) when softcap > 0 (Gemma 2), else q.k * scale;
+ * - a query at position p sees the keys at positions max(0, p - window + 1) .. p when window > 0
+ *   (sliding window: Mistral v0.1, Gemma 2's local layers, as transformers masks it: the key at
+ *   p - window is the first one outside), else 0 .. p. */
+struct attn_params {
+  int n_heads;   /* query heads; head h reads KV head h / (n_heads / kv->n_kv_heads) */
+  float scale;   /* usually 1 / sqrt(head_dim) */
+  float softcap; /* 0: off */
+  int window;    /* 0: off */
+};
+
 /* RoPE parameters; inv_freq already includes any scaling (llama3), computed once by the model. */
 struct rope_params {
   const float *inv_freq; /* (rot_dim / 2) in backend memory */
@@ -110,10 +123,12 @@ struct backend_ops {
   /* Writes k,v(T, n_kv_heads, head_dim) into the cache at batch->slot_mapping. */
   int (*kv_write)(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
                   const struct batch *b);
-  /* out(T, n_heads, head_dim): each query token attends causally (keys at positions <= its own)
-   * over its sequence's blocks; GQA maps head h to kv head h / (n_heads / n_kv_heads). */
+  /* out(T, ap->n_heads, head_dim): each query token attends causally (keys at positions <= its
+   * own, inside ap->window) over its sequence's blocks, scores as struct attn_params says.
+   * Host-side bounds of the batch (max_seq_len, max_query_len) may be loose upper bounds: the
+   * lengths are read from seq_lens / query_start (CUDA graphs capture with loose bounds). */
   int (*attention)(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
-                   const struct batch *b, int n_heads, float scale);
+                   const struct batch *b, const struct attn_params *ap);
   /* out(n, dim) = x[idx[i]] for i < n (rows of act_dtype). */
   int (*gather_rows)(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim);
   /* Copies block src to block dst in every layer's cache (copy-on-write), host arrays of ids. */

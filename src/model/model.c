@@ -545,7 +545,7 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   if (stage_batch(m, batch, &b) != 0)
     return -1;
   const int T = b.num_tokens, dim = c->dim, hd = c->head_dim;
-  const float scale = 1.0f / sqrtf((float)hd);
+  const struct attn_params ap = {.n_heads = c->n_heads, .scale = 1.0f / sqrtf((float)hd)};
   /* Each call returns nonzero with err_last() set; the first failure ends the step. */
 #define TRY(call)  \
   do {             \
@@ -563,7 +563,7 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
     TRY(op->matmul(be, m->v, m->xb, &L->wv, L->bv.data ? &L->bv : NULL, T, 0));
     TRY(op->rope(be, m->q, m->k, b.positions, T, c->n_heads, c->n_kv_heads, hd, &m->rope));
     TRY(op->kv_write(be, &m->kv[l], m->k, m->v, &b));
-    TRY(op->attention(be, m->att, m->q, &m->kv[l], &b, c->n_heads, scale));
+    TRY(op->attention(be, m->att, m->q, &m->kv[l], &b, &ap));
     TRY(op->matmul(be, m->xb2, m->att, &L->wo, NULL, T, 0));
     /* x += attention output; xb = norm(x) for the MLP */
     TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, &L->ffn_norm, T, dim, c->rms_eps));

@@ -301,6 +301,12 @@ static void seq_rows(uint64_t seed, int id, int p, float *k, float *v, float *q,
   }
 }
 
+/* The sliding window and softcap run_attention passes (struct attn_params); with a window, the
+ * blocks wholly before every query's window are unmapped (table entry 0, the null block, which
+ * holds NaN), so a kernel that reads them fails the check. */
+static int att_window;
+static float att_softcap;
+
 /* Runs one batch of CASE; returns the attention output (T, H, hd) in *out (malloc'd), and checks it
  * against the dense reference. Data comes from seed so that calls with other block sizes see the
  * same K/V/Q. */
@@ -318,7 +324,7 @@ static int run_attention(struct backend *be, const struct att_case *c, int bs, i
   float *kc = be->ops->alloc(be, sizeof(float) * num_blocks * blk);
   float *vc = be->ops->alloc(be, sizeof(float) * num_blocks * blk);
   for (size_t i = 0; i < num_blocks * blk; i++) /* unused slots hold garbage that must not leak in */
-    kc[i] = vc[i] = 1e3f * test_randf(&r);
+    kc[i] = vc[i] = i < blk && att_window ? NAN : 1e3f * test_randf(&r);
   /* shuffled physical ids 1..num_blocks-1 handed out to the sequences */
   int32_t *perm = malloc(sizeof(int32_t) * num_blocks);
   for (int i = 0; i < num_blocks - 1; i++)
@@ -361,6 +367,9 @@ static int run_attention(struct backend *be, const struct att_case *c, int bs, i
       memcpy(vnew + (size_t)t * KVH * HD, seqv[s] + (size_t)p * KVH * HD, sizeof(float) * KVH * HD);
     }
   }
+  for (int s = 0; s < c->n_seqs && att_window; s++) /* blocks no query of s can see */
+    for (int i = 0; (i + 1) * bs <= c->cached[s] - att_window + 1; i++)
+      tables[s * max_blocks + i] = 0;
   struct kv_layer kv = {kc, vc, NULL, NULL, DTYPE_F32, num_blocks, bs, KVH, HD};
   struct batch b = {0};
   b.num_tokens = T;
@@ -375,35 +384,37 @@ static int run_attention(struct backend *be, const struct att_case *c, int bs, i
   float scale = 1.0f / sqrtf((float)HD);
   int rc = be->ops->kv_write(be, &kv, knew, vnew, &b);
   CHECK(rc == 0, "kv_write: %s", err_last());
-  rc = rc ? rc : be->ops->attention(be, out, q, &kv, &b, H, scale);
+  struct attn_params ap = {.n_heads = H, .scale = scale, .softcap = att_softcap, .window = att_window};
+  rc = rc ? rc : be->ops->attention(be, out, q, &kv, &b, &ap);
   CHECK(rc == 0, "attention: %s", err_last());
-  /* dense reference: softmax over positions 0..p of the sequence, in double */
+  /* dense reference: softmax over positions j0..p of the sequence (j0 = p - window + 1 with a
+   * window, else 0), scores softcapped as transformers' Gemma 2 does, in double */
   for (int s = 0; s < c->n_seqs; s++)
     for (int t = qstart[s]; t < qstart[s + 1]; t++)
       for (int h = 0; h < H; h++) {
-        int kvh = h / (H / KVH), p = pos[t];
+        int kvh = h / (H / KVH), p = pos[t], j0 = att_window && p - att_window + 1 > 0 ? p - att_window + 1 : 0;
         double *w = malloc(sizeof(double) * (p + 1)), mx = -INFINITY, sum = 0;
         const float *qv = q + ((size_t)t * H + h) * HD;
-        for (int j = 0; j <= p; j++) {
+        for (int j = j0; j <= p; j++) {
           double d = 0;
           for (int i = 0; i < HD; i++)
             d += (double)qv[i] * seqk[s][((size_t)j * KVH + kvh) * HD + i];
-          w[j] = d * scale;
+          w[j] = att_softcap > 0 ? att_softcap * tanh(d * scale / att_softcap) : d * scale;
           mx = fmax(mx, w[j]);
         }
-        for (int j = 0; j <= p; j++)
+        for (int j = j0; j <= p; j++)
           sum += (w[j] = exp(w[j] - mx));
         for (int i = 0; i < HD; i++) {
           double a = 0;
-          for (int j = 0; j <= p; j++)
+          for (int j = j0; j <= p; j++)
             a += w[j] * seqv[s][((size_t)j * KVH + kvh) * HD + i];
           ref[((size_t)t * H + h) * HD + i] = (float)(a / sum);
         }
         free(w);
       }
   double e = test_rel_l2(out, ref, (size_t)T * H * HD);
-  CHECK(rc == 0 && e < TOL, "attention bs=%d H=%d KVH=%d HD=%d seqs=%d: rel L2 %g", bs, H, KVH, HD,
-        c->n_seqs, e);
+  CHECK(rc == 0 && e < TOL, "attention bs=%d H=%d KVH=%d HD=%d seqs=%d window=%d softcap=%g: rel L2 %g", bs,
+        H, KVH, HD, c->n_seqs, att_window, (double)att_softcap, e);
   for (int s = 0; s < c->n_seqs; s++)
     free(seqk[s]), free(seqv[s]);
   be->ops->free(be, kc);
@@ -414,7 +425,38 @@ static int run_attention(struct backend *be, const struct att_case *c, int bs, i
   return 0;
 }
 
+static int test_attention_variant(struct backend *be);
+
+/* Paged attention against the dense reference, and bitwise invariances (block size, batch
+ * neighbours, decode vs prefill chunk), without and with a sliding window and softcapping
+ * (windows that cut inside a chunk of ATT_CHUNK keys, one wider than every context). */
 static int test_attention(struct backend *be) {
+  const struct {
+    int window;
+    float softcap;
+  } variants[4] = {{0, 0}, {13, 0}, {0, 2.5f}, {40, 1.5f}};
+  for (int vi = 0; vi < 4; vi++) {
+    att_window = variants[vi].window;
+    att_softcap = variants[vi].softcap;
+    if (test_attention_variant(be))
+      return 1;
+  }
+  att_softcap = 0;
+  att_window = 100; /* wider than every context: bitwise the same as no window */
+  float *a, *w;
+  int T;
+  const struct att_case one = {2, {37, 50}, {11, 1}, {1, 2}};
+  if (run_attention(be, &one, 16, 4, 2, 64, 77, &w, &T))
+    return 1;
+  att_window = 0;
+  if (run_attention(be, &one, 16, 4, 2, 64, 77, &a, &T))
+    return 1;
+  CHECK(memcmp(a, w, sizeof(float) * T * 4 * 64) == 0, "a window wider than the context changes the output");
+  free(a), free(w);
+  return 0;
+}
+
+static int test_attention_variant(struct backend *be) {
   /* mixed: a prefill from scratch, a chunk over a cached prefix, two decodes */
   const struct att_case mixed = {4, {0, 37, 50, 5}, {20, 11, 1, 1}, {0, 1, 2, 3}};
   const int ratios[3] = {1, 2, 4};
@@ -576,7 +618,8 @@ static int test_attention_f16(struct backend *be) {
         bad += kc[c] != f32_to_f16(k[x]) || vc[c] != f32_to_f16(v[x]);
       }
   CHECK(!bad, "kv_write f16: %d elements differ from f32_to_f16", bad);
-  REQUIRE(be->ops->attention(be, out, q, &kv, &b, H, scale) == 0, "attention f16: %s", err_last());
+  struct attn_params ap = {.n_heads = H, .scale = scale};
+  REQUIRE(be->ops->attention(be, out, q, &kv, &b, &ap) == 0, "attention f16: %s", err_last());
   float *ref = malloc(sizeof(float) * N * H * HD), *exact = malloc(sizeof(float) * N * H * HD);
   double w[64], we[64];
   for (int t = 0; t < N; t++)
@@ -616,7 +659,7 @@ static int test_attention_f16(struct backend *be) {
   b.positions = pos + N - 1;
   b.slot_mapping = slots + N - 1;
   qstart[1] = 1;
-  REQUIRE(be->ops->attention(be, one, q + (size_t)(N - 1) * H * HD, &kv, &b, H, scale) == 0, "decode f16");
+  REQUIRE(be->ops->attention(be, one, q + (size_t)(N - 1) * H * HD, &kv, &b, &ap) == 0, "decode f16");
   CHECK(!memcmp(one, out + (size_t)(N - 1) * H * HD, sizeof(float) * H * HD), "f16 decode row == prefill row");
   /* copy_blocks: whole f16 blocks */
   int32_t src[1] = {table[0]}, dst[1] = {0};

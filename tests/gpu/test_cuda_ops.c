@@ -305,6 +305,8 @@ static const char *shape_name[SHAPE_COUNT] = {"decode", "prefill", "mixed", "chu
 struct kv_case {
   int bs, n_heads, n_kv, hd;
   enum shape shape;
+  int window;    /* struct attn_params: 0 = off */
+  float softcap; /* 0 = off */
 };
 
 /* Builds a batch of B sequences for the shape: per sequence, q_len new tokens after `cached`
@@ -449,7 +451,8 @@ static void test_paged(const struct kv_case *kc) {
     struct batch b = dev_batch(i, &hb, bufs[i]);
     if (pair_be[i]->ops->kv_write(pair_be[i], &kv, dk.p[i], dv.p[i], &b))
       pair_die("kv_write");
-    if (pair_be[i]->ops->attention(pair_be[i], out.p[i], dq.p[i], &kv, &b, kc->n_heads, scale))
+    struct attn_params ap = {.n_heads = kc->n_heads, .scale = scale, .softcap = kc->softcap, .window = kc->window};
+    if (pair_be[i]->ops->attention(pair_be[i], out.p[i], dq.p[i], &kv, &b, &ap))
       pair_die("attention");
   }
   char what[128];
@@ -464,8 +467,8 @@ static void test_paged(const struct kv_case *kc) {
   pair_expect(what, g, c, cache_n, TOL_EXACT);
   free(c);
   free(g);
-  snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d (T=%d B=%d)", kc->bs,
-           shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, T, hb.B);
+  snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d window %d softcap %g (T=%d B=%d)", kc->bs,
+           shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, kc->window, (double)kc->softcap, T, hb.B);
   pair_get_both(out, nq, &c, &g);
   pair_expect(what, g, c, nq, TOL_BF16_OUT);
   free(c);
@@ -590,7 +593,8 @@ static void test_errors(void) {
   CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted block size 64");
   CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
   kv.block_size = 12;
-  CHECK(g->ops->attention(g, buf, buf, &kv, &b, 1, 1.0f) == -1, "attention accepted block size 12");
+  struct attn_params ap1 = {.n_heads = 1, .scale = 1.0f};
+  CHECK(g->ops->attention(g, buf, buf, &kv, &b, &ap1) == -1, "attention accepted block size 12");
   CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
   kv.block_size = 16;
   kv.dtype = DTYPE_F8E4M3;
@@ -774,20 +778,29 @@ int main(void) {
   for (int bi = 0; bi < 3; bi++)
     for (int s = 0; s < SHAPE_COUNT; s++)
       for (int gi = 0; gi < 3; gi++) {
-        struct kv_case kc = {bss[bi], gqa[gi][0], gqa[gi][1], 64, (enum shape)s};
+        struct kv_case kc = {bss[bi], gqa[gi][0], gqa[gi][1], 64, (enum shape)s, 0, 0};
         test_paged(&kc);
         cases++;
       }
   /* other head dims: Llama-3.1-8B's 128 and stories260K's 8 (the grouped kernel); 3 query
    * heads per KV head (the per-head kernel); head_dim 96 (the generic kernel) */
   for (int s = 0; s < SHAPE_COUNT; s++) {
-    struct kv_case a = {16, 8, 2, 128, (enum shape)s}, b = {32, 8, 4, 8, (enum shape)s},
-                   c = {8, 6, 2, 96, (enum shape)s}, d = {16, 6, 2, 64, (enum shape)s};
+    struct kv_case a = {16, 8, 2, 128, (enum shape)s, 0, 0}, b = {32, 8, 4, 8, (enum shape)s, 0, 0},
+                   c = {8, 6, 2, 96, (enum shape)s, 0, 0}, d = {16, 6, 2, 64, (enum shape)s, 0, 0};
     test_paged(&a);
     test_paged(&b);
     test_paged(&c);
     test_paged(&d);
     cases += 4;
+  }
+  /* sliding window and softcapping (struct attn_params) through each kernel family */
+  for (int s = 0; s < SHAPE_COUNT; s++) {
+    struct kv_case w[4] = {{16, 8, 2, 128, (enum shape)s, 37, 0},
+                           {8, 6, 2, 64, (enum shape)s, 20, 2.5f},
+                           {32, 6, 2, 96, (enum shape)s, 50, 0},
+                           {16, 8, 4, 64, (enum shape)s, 0, 1.5f}};
+    for (int k = 0; k < 4; k++, cases++)
+      test_paged(&w[k]);
   }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);

@@ -4,7 +4,9 @@
  * order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks are fixed
  * in position space, and no other token takes part, so a token's result
  * is bit-for-bit the same whatever the block size, the other sequences in the batch, or whether
- * it is computed inside a prefill chunk or alone in a decode step.
+ * it is computed inside a prefill chunk or alone in a decode step. A sliding window (struct
+ * attn_params) starts the walk at the first key inside it; the chunks stay where they are, so a
+ * window wider than the context gives the same bits as no window.
  *
  * An F16 cache computes as llama.cpp's CPU attention without flash attention does (its default
  * KV type): K and V rounded to f16 when written, Q rounded to f16 for the scores, and the
@@ -57,6 +59,12 @@ static inline void att_axpby(float *acc, float c, float e, const float *v, int n
     acc[i] = acc[i] * c + e * v[i];
 }
 
+/* Gemma 2's attention logit softcapping: cap * tanh(s / cap), or s when cap <= 0. */
+static inline float att_cap(float s, float cap) { return cap > 0 ? cap * tanhf(s / cap) : s; }
+
+/* The first key position a query at POS sees under window W (0: no window). */
+static inline int att_first_key(int pos, int w) { return w > 0 && pos - w + 1 > 0 ? pos - w + 1 : 0; }
+
 /* Rejects batches whose metadata would read outside the cache (request-path input). */
 static int att_check(const struct kv_layer *kv, const struct batch *b, int n_heads) {
   if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16)
@@ -91,11 +99,12 @@ static int att_check(const struct kv_layer *kv, const struct batch *b, int n_hea
 /* Heads h0 .. h0 + nh - 1 (all mapped to KV head kvh) of query token t of sequence seq. They
  * share each key and value read; every head's arithmetic is the same as when it runs alone. */
 static void att_heads(float *o, const float *qs, const float *kc, const float *vc, const struct kv_layer *kv,
-                      const struct batch *b, int n_heads, float scale, int t, int seq, int kvh, int h0,
+                      const struct batch *b, const struct attn_params *ap, int t, int seq, int kvh, int h0,
                       int nh) {
-  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads, n_heads = ap->n_heads;
+  const float scale = ap->scale, cap = ap->softcap;
   const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
-  const int pos = b->positions[t];
+  const int pos = b->positions[t], first = att_first_key(pos, ap->window);
   float acc[ATT_GROUP][CPU_MAX_HEAD_DIM]; /* per head: sum of exp(score - m) * v */
   float sc[ATT_GROUP][ATT_CHUNK];
   float m[ATT_GROUP], l[ATT_GROUP];
@@ -108,26 +117,27 @@ static void att_heads(float *o, const float *qs, const float *kc, const float *v
     for (int i = 0; i < hd; i++)
       acc[g][i] = 0;
   }
-  for (int j0 = 0; j0 <= pos; j0 += ATT_CHUNK) {
+  for (int j0 = first / ATT_CHUNK * ATT_CHUNK; j0 <= pos; j0 += ATT_CHUNK) {
     int n = pos + 1 - j0 < ATT_CHUNK ? pos + 1 - j0 : ATT_CHUNK;
-    for (int jj = 0; jj < n; jj++) {
+    int jf = first > j0 ? first - j0 : 0; /* keys before the window are not read */
+    for (int jj = jf; jj < n; jj++) {
       int j = j0 + jj;
       size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
       for (int g = 0; g < nh; g++)
-        sc[g][jj] = att_dot(qv[g], kc + off, hd) * scale;
+        sc[g][jj] = att_cap(att_dot(qv[g], kc + off, hd) * scale, cap);
       vrow[jj] = vc + off;
     }
     for (int g = 0; g < nh; g++) {
       float cm = -INFINITY;
-      for (int jj = 0; jj < n; jj++)
+      for (int jj = jf; jj < n; jj++)
         cm = sc[g][jj] > cm ? sc[g][jj] : cm;
       float nm = m[g] > cm ? m[g] : cm;
       float corr = expf(m[g] - nm); /* 0 on the first chunk (m = -inf) */
       l[g] *= corr;
-      for (int jj = 0; jj < n; jj++) {
+      for (int jj = jf; jj < n; jj++) {
         float e = expf(sc[g][jj] - nm);
         l[g] += e;
-        att_axpby(acc[g], jj == 0 ? corr : 1.0f, e, vrow[jj], hd);
+        att_axpby(acc[g], jj == jf ? corr : 1.0f, e, vrow[jj], hd);
       }
       m[g] = nm;
     }
@@ -161,12 +171,12 @@ static inline float round_f16(float x) {
 
 /* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache). */
 static inline float att_score_f16(const float *q16, const uint16_t *kc, const struct kv_layer *kv,
-                                  const int32_t *table, int kvh, int j, float scale) {
+                                  const int32_t *table, int kvh, int j, float scale, float cap) {
   const int hd = kv->head_dim, bs = kv->block_size;
   const uint16_t *k = kc + (((size_t)table[j / bs] * kv->n_kv_heads + kvh) * bs + (size_t)(j % bs)) * hd;
   float kf[CPU_MAX_HEAD_DIM];
   f16_row(kf, k, hd);
-  return att_dot(q16, kf, hd) * scale;
+  return att_cap(att_dot(q16, kf, hd) * scale, cap);
 }
 
 /* Scores kept on the stack when the context fits (else recomputed per pass: same values). */
@@ -176,32 +186,33 @@ static inline float att_score_f16(const float *q16, const uint16_t *kc, const st
  * position order: the maximum score, the softmax denominator (in double, as ggml sums it), then
  * the f16-rounded probabilities times V. */
 static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const uint16_t *vc,
-                         const struct kv_layer *kv, const struct batch *b, int n_heads, float scale, int t,
-                         int seq, int kvh, int h) {
-  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads;
+                         const struct kv_layer *kv, const struct batch *b, const struct attn_params *ap,
+                         int t, int seq, int kvh, int h) {
+  const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads, n_heads = ap->n_heads;
+  const float scale = ap->scale, cap = ap->softcap;
   const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
-  const int pos = b->positions[t];
+  const int pos = b->positions[t], first = att_first_key(pos, ap->window);
   const float *q = qs + ((size_t)t * n_heads + h) * hd;
   float q16[CPU_MAX_HEAD_DIM], acc[CPU_MAX_HEAD_DIM], vf[CPU_MAX_HEAD_DIM];
-  float kept[ATT_F16_KEEP]; /* (pos + 1) scores when pos < ATT_F16_KEEP */
+  float kept[ATT_F16_KEEP]; /* scores of keys first .. pos at [j] when pos < ATT_F16_KEEP */
   const int keep = pos < ATT_F16_KEEP;
   for (int i = 0; i < hd; i++) {
     q16[i] = round_f16(q[i]);
     acc[i] = 0;
   }
   float m = -INFINITY;
-  for (int j = 0; j <= pos; j++) {
-    float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale);
+  for (int j = first; j <= pos; j++) {
+    float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale, cap);
     if (keep)
       kept[j] = sc;
     m = sc > m ? sc : m;
   }
   double sum = 0;
-  for (int j = 0; j <= pos; j++)
-    sum += expf((keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale)) - m);
+  for (int j = first; j <= pos; j++)
+    sum += expf((keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale, cap)) - m);
   const float inv = (float)(1.0 / sum);
-  for (int j = 0; j <= pos; j++) {
-    float sc = keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale);
+  for (int j = first; j <= pos; j++) {
+    float sc = keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale, cap);
     float p = round_f16(expf(sc - m) * inv);
     const uint16_t *v = vc + (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
     f16_row(vf, v, hd);
@@ -227,9 +238,12 @@ static int att_seq_of(const struct batch *b, int t) {
 }
 
 int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
-                  const struct batch *b, int n_heads, float scale) {
+                  const struct batch *b, const struct attn_params *ap) {
+  const int n_heads = ap->n_heads;
   if (att_check(kv, b, n_heads) != 0)
     return -1;
+  if (ap->window < 0 || !(ap->softcap >= 0))
+    return ERR("attention: window %d and softcap %g must be >= 0", ap->window, (double)ap->softcap);
   float *o = out;          /* (T, n_heads, head_dim) */
   const float *qs = q;     /* (T, n_heads, head_dim) */
   const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
@@ -237,14 +251,15 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
   int64_t keys = 0; /* (query, key) pairs of the step: QK and PV cost 2 x head_dim each per head */
   for (int s = 0; s < b->num_seqs; s++)
-    keys += (int64_t)(b->query_start[s + 1] - b->query_start[s]) * b->seq_lens[s];
+    keys += (int64_t)(b->query_start[s + 1] - b->query_start[s]) *
+            (ap->window > 0 && ap->window < b->seq_lens[s] ? ap->window : b->seq_lens[s]);
   const int n_thr = cpu_threads_for(be, keys * n_heads * 2 * kv->head_dim);
   if (kv->dtype == DTYPE_F16) {
     const int64_t n_items = (int64_t)T * n_heads;
 #pragma omp parallel for num_threads(n_thr) if (n_items > 1) schedule(dynamic, 1)
     for (int64_t item = 0; item < n_items; item++) {
       int t = (int)(item / n_heads), h = (int)(item % n_heads);
-      att_head_f16(o, qs, kv->k, kv->v, kv, b, n_heads, scale, t, att_seq_of(b, t), h / group, h);
+      att_head_f16(o, qs, kv->k, kv->v, kv, b, ap, t, att_seq_of(b, t), h / group, h);
     }
     return 0;
   }
@@ -261,7 +276,7 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
     int kvh = rest / n_sub, sub = rest % n_sub;
     int seq = att_seq_of(b, t), h0 = kvh * group + sub * gsz;
     int nh = group - sub * gsz < gsz ? group - sub * gsz : gsz;
-    att_heads(o, qs, kc, vc, kv, b, n_heads, scale, t, seq, kvh, h0, nh);
+    att_heads(o, qs, kc, vc, kv, b, ap, t, seq, kvh, h0, nh);
   }
   return 0;
 }

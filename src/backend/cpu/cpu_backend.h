@@ -31,7 +31,7 @@ float cpu_weight_elem(const struct weight *w, int64_t i);
 int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight *w,
                const struct weight *bias, int T, int out_f32);
 int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
-                  const struct batch *b, int n_heads, float scale);
+                  const struct batch *b, const struct attn_params *ap);
 
 int cpu_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
 int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,

@@ -4,7 +4,9 @@
  * Query token t of sequence b (query_start[b] <= t < query_start[b+1]) sees keys 0 .. ctx-1
  * with ctx = seq_lens[b] - q_len + (t - query_start[b]) + 1, i.e. its own position and everything
  * before it. The block size is a template parameter, so the logical -> physical slot split is a
- * shift and mask. Three part-1 kernels, chosen by shape:
+ * shift and mask. With a sliding window (struct attn_params) the walk starts at key
+ * ctx - window; with softcapping each score s becomes softcap * tanh(s / softcap).
+ * Three part-1 kernels, chosen by shape:
  * - paged_attention_group_kernel: one warp per (token, KV head) for all its query heads, for
  *   n_heads / n_kv_heads in {1, 2, 4, 8} and head_dim in {8, 16, 32, 64, 128} (real models);
  * - paged_attention_lanes_kernel: one warp per (token, query head), other group sizes;
@@ -26,6 +28,14 @@ __device__ __forceinline__ float attn_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1)
     v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+/* Gemma 2's attention logit softcapping (cap > 0), on a score that already includes the scale. */
+__device__ __forceinline__ float attn_cap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+
+/* The first key a query with CTX keys (its position + 1) sees under WINDOW (0: no window). */
+__device__ __forceinline__ int attn_first_key(int ctx, int window) {
+  return window > 0 && ctx > window ? ctx - window : 0;
 }
 
 /* q . k for one key row k(hd) of bf16 (16-byte aligned, hd a multiple of 8), q(hd) in shared f32. */
@@ -69,7 +79,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
                            const int32_t *query_start, /* (B+1) */
                            const int32_t *seq_lens,    /* (B) */
                            const int32_t *block_tables, /* (B, max_blocks) */
-                           int T, int B, int max_blocks, int n_heads, int n_kv, int hd, float scale) {
+                           int T, int B, int max_blocks, int n_heads, int n_kv, int hd, float scale,
+                           float softcap, int window) {
   __shared__ float q_sh[ATTN_WARPS][ATTN_MAX_HD];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t gw = (int64_t)blockIdx.x * ATTN_WARPS + warp;
@@ -95,14 +106,14 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   for (int a = 0; a < ATTN_MAX_HD / 32; a++)
     acc[a] = 0.0f;
 
-  for (int base = 0; base < ctx; base += 32) {
+  for (int base = attn_first_key(ctx, window); base < ctx; base += 32) {
     int j = base + lane;
     float s = -INFINITY;
     size_t row = 0; /* element offset of key j's row in kc / vc */
     if (j < ctx) {
       int blk = bt[j / BS];
       row = (size_t)blk * block_stride + (size_t)kvh * head_stride + (size_t)(j % BS) * hd;
-      s = attn_dot(qs, kc + row, hd);
+      s = attn_cap(attn_dot(qs, kc + row, hd), softcap);
     }
     float m_new = fmaxf(m, attn_warp_max(s)); /* finite: key `base` < ctx is always valid */
     float alpha = __expf(m - m_new);
@@ -151,7 +162,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
                                  const int32_t *query_start,  /* (B+1) */
                                  const int32_t *seq_lens,     /* (B) */
                                  const int32_t *block_tables, /* (B, max_blocks) */
-                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale) {
+                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale,
+                                 float softcap, int window) {
   __shared__ float q_sh[ATTN_WARPS][HD];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t gw = (int64_t)blockIdx.x * ATTN_WARPS + warp;
@@ -176,14 +188,14 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   for (int d = 0; d < HD; d++)
     acc[d] = 0.0f;
   float m = -INFINITY, l = 0.0f; /* m: warp-wide running max; l: this lane's sum of p */
-  for (int base = 0; base < ctx; base += 32) {
+  for (int base = attn_first_key(ctx, window); base < ctx; base += 32) {
     int j = base + lane;
     bool valid = j < ctx;
     float s = -INFINITY;
     size_t row = 0;
     if (valid) {
       row = (size_t)bt[j / BS] * block_stride + head_off + (size_t)(j % BS) * HD;
-      s = attn_dot(qs, kc + row, HD);
+      s = attn_cap(attn_dot(qs, kc + row, HD), softcap);
     }
     float m_new = fmaxf(m, attn_warp_max(s)); /* finite: key `base` < ctx is always valid */
     float alpha = __expf(m - m_new);
@@ -231,7 +243,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
                                  const int32_t *query_start,  /* (B+1) */
                                  const int32_t *seq_lens,     /* (B) */
                                  const int32_t *block_tables, /* (B, max_blocks) */
-                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale) {
+                                 int T, int B, int max_blocks, int n_heads, int n_kv, float scale,
+                                 float softcap, int window) {
   constexpr int LPR = HD / 8;   /* lanes per key row */
   constexpr int KPW = 32 / LPR; /* keys per warp step */
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -271,7 +284,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
   /* warp-uniform bounds (the shuffles need every lane); unrolled so that the loads of the next
    * steps are issued before this step's arithmetic waits on its own */
 #pragma unroll 4
-  for (int j0 = 0; j0 < ctx; j0 += KPW) {
+  for (int j0 = attn_first_key(ctx, window); j0 < ctx; j0 += KPW) {
     int j = j0 + sub;
     bool valid = j < ctx;
     uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
@@ -296,6 +309,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
 #pragma unroll
       for (int o = LPR / 2; o > 0; o >>= 1) /* within the aligned group of LPR lanes */
         s += __shfl_xor_sync(0xffffffffu, s, o);
+      s = attn_cap(s, softcap);
       if (valid) {
         float m_new = fmaxf(m[g], s);
         float alpha = __expf(m[g] - m_new); /* m = -inf at the group's first key: alpha = 0 */
@@ -335,7 +349,11 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
 }
 
 int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
-                      const struct batch *b, int n_heads, float scale) {
+                      const struct batch *b, const struct attn_params *ap) {
+  const int n_heads = ap->n_heads;
+  const float scale = ap->scale;
+  if (ap->window < 0 || !(ap->softcap >= 0.0f))
+    return ERR("cuda attention: window %d and softcap %g must be >= 0", ap->window, (double)ap->softcap);
   if (be->act_dtype != DTYPE_BF16)
     return ERR("cuda attention: activation dtype %s (expected bf16)", dtype_name(be->act_dtype));
   if (kv->dtype != DTYPE_BF16)
@@ -363,8 +381,8 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
 #define ATTN_ARGS                                                                                 \
   (bf16 *)out, (const bf16 *)q, (const bf16 *)kv->k, (const bf16 *)kv->v, b->query_start, b->seq_lens, \
       b->block_tables, b->num_tokens, b->num_seqs, b->max_blocks_per_seq, n_heads, kv->n_kv_heads
-#define ATTN_LANES(BS, HD) paged_attention_lanes_kernel<BS, HD><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale)
-#define ATTN_GROUP(BS, HD, G) paged_attention_group_kernel<BS, HD, G><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale)
+#define ATTN_LANES(BS, HD) paged_attention_lanes_kernel<BS, HD><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale, ap->softcap, ap->window)
+#define ATTN_GROUP(BS, HD, G) paged_attention_group_kernel<BS, HD, G><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, scale, ap->softcap, ap->window)
 #define ATTN_GROUP_G(BS, HD)                                                                      \
   do {                                                                                            \
     if (G == 1)                                                                                   \
@@ -395,7 +413,7 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
     case 64: ATTN_LANES(BS, 64); break;                                                           \
     case 128: ATTN_LANES(BS, 128); break;                                                         \
     default: /* other head sizes: the generic kernel */                                           \
-      paged_attention_kernel<BS><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, hd, scale); \
+      paged_attention_kernel<BS><<<(unsigned)blocks, ATTN_WARPS * 32, 0, st>>>(ATTN_ARGS, hd, scale, ap->softcap, ap->window); \
     }                                                                                             \
   } while (0)
   if (bs == 8)

@@ -77,7 +77,7 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
 int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int32_t *idx, int n, int dim);
 int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct weight *bias, int T);
 int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
-                      const struct batch *b, int n_heads, float scale);
+                      const struct batch *b, const struct attn_params *ap);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
 
