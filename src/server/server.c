@@ -694,6 +694,28 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
   char *extra = NULL;
   const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
   const cJSON *choice = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+  /* tool_choice: "auto" (default), "none", "required" (refused: nothing forces a call), or
+   * {"type": "function", "function": {"name": N}} with N one of the tools: then only that tool is
+   * offered to the model (it is not forced to call it either; docs/http.md). */
+  const char *named = NULL;
+  if (choice && !cJSON_IsNull(choice)) {
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(choice, "type");
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    if (cJSON_IsObject(choice) && cJSON_IsString(ty) && !strcmp(ty->valuestring, "function") && cJSON_IsString(nm))
+      named = nm->valuestring;
+    else if (!cJSON_IsString(choice) || (strcmp(choice->valuestring, "auto") && strcmp(choice->valuestring, "none") &&
+                                         strcmp(choice->valuestring, "required"))) {
+      cJSON_free(mj);
+      return fail(pe, 400, "tool_choice",
+                  "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}");
+    }
+    if (named && (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) == 0)) {
+      cJSON_free(mj);
+      return fail(pe, 400, "tool_choice", "tool_choice names function '%s' but the request has no 'tools'", named);
+    }
+  }
   if (tools && !cJSON_IsNull(tools)) {
     if (!cJSON_IsArray(tools)) {
       cJSON_free(mj);
@@ -712,10 +734,25 @@ static int parse_messages(struct job *J, const cJSON *req, struct perr *pe, char
       return fail(pe, 400, "tool_choice",
                   "tool_choice \"required\" is not supported (use \"auto\" or \"none\"): the model is not forced to call a tool");
     }
+    const cJSON *only = NULL; /* the named tool */
+    cJSON_ArrayForEach(t, tools) {
+      if (named && !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name")
+                               ->valuestring, named)) {
+        only = t;
+        break;
+      }
+    }
+    if (named && !only) {
+      cJSON_free(mj);
+      return fail(pe, 400, "tool_choice", "tool_choice names function '%s', which is not in 'tools'", named);
+    }
     int none = cJSON_IsString(choice) && !strcmp(choice->valuestring, "none");
     if (!none && cJSON_GetArraySize(tools) > 0) {
       cJSON *ctx = cJSON_CreateObject();
-      cJSON_AddItemToObject(ctx, "tools", cJSON_Duplicate(tools, 1));
+      cJSON *list = only ? cJSON_CreateArray() : cJSON_Duplicate(tools, 1);
+      if (only)
+        cJSON_AddItemToArray(list, cJSON_Duplicate(only, 1));
+      cJSON_AddItemToObject(ctx, "tools", list);
       extra = cJSON_PrintUnformatted(ctx);
       cJSON_Delete(ctx);
       J->tools = 1;

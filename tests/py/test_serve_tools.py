@@ -139,3 +139,17 @@ def test_broken_model_template_is_a_server_error(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=60) == 0
+
+
+def test_named_tool_choice_offers_that_tool_alone(client):
+    other = {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    both = client.chat.completions.create(model="stories", messages=MSGS, tools=[other] + TOOLS, max_tokens=16,
+                                          temperature=0)
+    named = client.chat.completions.create(model="stories", messages=MSGS, tools=[other] + TOOLS, max_tokens=16,
+                                           temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    alone = client.chat.completions.create(model="stories", messages=MSGS, tools=TOOLS, max_tokens=16, temperature=0)
+    # the prompt holds only the named tool: the same prompt as with that tool alone
+    assert named.usage.prompt_tokens == alone.usage.prompt_tokens < both.usage.prompt_tokens
+    assert named.choices[0].message.tool_calls[0].function.name == "get_weather"
