@@ -445,7 +445,7 @@ static void test_paged(const struct kv_case *kc) {
   float scale = 1.0f / sqrtf((float)kc->hd);
   void *bufs[2][6];
   for (int i = 0; i < 2; i++) {
-    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = NULL, .v_scale = NULL,
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = 1.0f, .v_scale = 1.0f,
                           .dtype = pair_be[i]->act_dtype, .num_blocks = hb.num_blocks,
                           .block_size = kc->bs, .n_kv_heads = kc->n_kv, .head_dim = kc->hd};
     struct batch b = dev_batch(i, &hb, bufs[i]);
