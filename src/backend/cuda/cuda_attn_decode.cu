@@ -18,6 +18,8 @@
  * partitions past a sequence's end exit at once. The scratch is allocated outside any capture:
  * at its largest size by cuda_attention_reserve or on the first (profiling) call; a captured
  * launch that would need more than exists uses fewer, longer partitions instead. */
+#include <type_traits>
+
 #include "backend/cuda/cuda_attn_common.cuh"
 
 #define DEC_WARPS 4
@@ -185,6 +187,228 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
   }
 }
 
+/* ---- the tensor-core variant (the default): mma.sync m16n8k16 with f32 accumulators, bf16
+ * operands for a bf16 cache and f16 for e4m3 (exact: e4m3 -> f16 by cvt; q is rounded to f16).
+ * Each warp takes 16 keys per step. QK: S[head][key] = Q (16 rows: the G <= 8 query heads of the
+ * KV head, the rest zero) x K^T, one mma per 16 dims and 8 keys, K fed as the B operand straight
+ * from 16-byte loads (thread (g, t) loads key g; the dims inside each 16-dim chunk are permuted
+ * the same way for Q and K, which a dot product allows). The score fragment is the PV mma's
+ * A operand as it stands (FlashAttention-2's register reuse); V is loaded as K was and turned
+ * into the B operand by movmatrix.trans (8x8 transposes in registers). Online softmax per head
+ * row: max over the 4 threads of a row group, partial sums per thread. */
+__device__ __forceinline__ void dec_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, bf16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void dec_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, __half) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t dec_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t dec_pack(float x, float y, bf16) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t dec_pack(float x, float y, __half) {
+  __half2 v = __floats2half2_rn(x, y);
+  return *(uint32_t *)&v;
+}
+/* 16 loaded bytes -> 16-bit pairs of the mma type: bf16 as they are, e4m3 -> f16x2 */
+__device__ __forceinline__ void dec_unpack(uint32_t w[4], uint4 u, bf16) { w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w; }
+__device__ __forceinline__ void dec_unpack(uint32_t w[8], uint4 u, __half) {
+  const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] >> 16), __NV_E4M3);
+    w[2 * i] = (uint32_t)lo.x | ((uint32_t)lo.y << 16);
+    w[2 * i + 1] = (uint32_t)hi.x | ((uint32_t)hi.y << 16);
+  }
+}
+
+template <int BS, int HD, class KV>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
+  typedef typename KV::elem E;
+  constexpr bool F8 = sizeof(E) == 1;
+  typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
+  constexpr int EPP = 16 / (int)sizeof(E); /* cache elements per 16-byte piece */
+  constexpr int NP = HD / (4 * EPP);       /* pieces per thread per row */
+  constexpr int R = EPP / 2;               /* 16-bit pairs per piece */
+  constexpr int CPP = R / 2;               /* 16-dim chunks per piece */
+  constexpr int NT = HD / 8;               /* PV n-tiles */
+  __shared__ float sm_o[DEC_WARPS][8][HD];
+  __shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
+
+  const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int G = a.n_heads / a.n_kv;
+  const int tok = a.query_start[b];
+  attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, tok, b, a.window);
+  if (tk.q_len <= 0)
+    return;
+  const int nkeys = tk.ctx - tk.first;
+  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  if (p >= (nparts > 0 ? nparts : 1))
+    return;
+  if (nparts == 0) {
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+      a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] = __float2bfloat16(0.0f);
+    return;
+  }
+  const int k0 = tk.first + p * a.part_len;
+  const int k1 = min(k0 + a.part_len, tk.ctx);
+
+  /* Q as the A operand, row g (head kvh * G + g; zero past G), in the permuted dim order */
+  uint32_t qa[NP * CPP][2];
+  {
+    const bf16 *qrow = a.q + ((size_t)tok * a.n_heads + kvh * G + (g < G ? g : 0)) * HD;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t w[R];
+#pragma unroll
+      for (int c = 0; c < EPP / 8; c++) {
+        uint4 u = g < G ? *(const uint4 *)(qrow + (i * 4 + t) * EPP + c * 8) : make_uint4(0, 0, 0, 0);
+        const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          if (F8) { /* bf16 pair -> f16 pair */
+            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+            w[c * 4 + k] = dec_pack(f.x, f.y, MT());
+          } else {
+            w[c * 4 + k] = x[k];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < CPP; h++)
+        qa[i * CPP + h][0] = w[2 * h], qa[i * CPP + h][1] = w[2 * h + 1];
+    }
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++)
+    o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const float sscale = a.scale * (F8 ? a.k_scale : 1.0f);
+  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD;
+  const size_t block_stride = (size_t)a.n_kv * BS * HD;
+
+  for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
+    uint4 kr[2][NP], vr[2][NP];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      int j = j0 + hf * 8 + g;
+      if (j < k1) {
+        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+          kr[hf][i] = __ldg((const uint4 *)(kc + row + (i * 4 + t) * EPP));
+          vr[hf][i] = __ldg((const uint4 *)(vc + row + (i * 4 + t) * EPP));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+          kr[hf][i] = vr[hf][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[2][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NP; i++) {
+        uint32_t w[R];
+        dec_unpack(w, kr[hf][i], MT());
+#pragma unroll
+        for (int h = 0; h < CPP; h++)
+          dec_mma(s[hf], qa[i * CPP + h][0], qa[i * CPP + h][1], w[2 * h], w[2 * h + 1], MT());
+      }
+    }
+    /* row g's scores: keys j0 + hf * 8 + 2t + e */
+    float x[4], mx = -INFINITY;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        float v = attn_cap(s[hf][e] * sscale, a.softcap);
+        v = j0 + hf * 8 + 2 * t + e < k1 ? v : -INFINITY;
+        x[hf * 2 + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)); /* finite: key j0 < k1 is valid */
+    float mnew = fmaxf(m, mx), alpha = __expf(m - mnew);
+    m = mnew;
+    l *= alpha;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      x[k] = __expf(x[k] - mnew), l += x[k];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+      o[i][0] *= alpha, o[i][1] *= alpha;
+    uint32_t pa0 = dec_pack(x[0], x[1], MT()), pa2 = dec_pack(x[2], x[3], MT());
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t v0[R], v1[R];
+      dec_unpack(v0, vr[0][i], MT());
+      dec_unpack(v1, vr[1][i], MT());
+#pragma unroll
+      for (int e = 0; e < R; e++)
+        dec_mma(o[i * R + e], pa0, pa2, dec_trans(v0[e]), dec_trans(v1[e]), MT());
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+#pragma unroll
+      for (int e = 0; e < R; e++) {
+        int d = (i * 4 + t) * EPP + 2 * e;
+        sm_o[warp][g][d] = o[i * R + e][0];
+        sm_o[warp][g][d + 1] = o[i * R + e][1];
+      }
+    if (t == 0)
+      sm_m[warp][g] = m, sm_l[warp][g] = l;
+  }
+  __syncthreads();
+  const float vs = F8 ? a.v_scale : 1.0f;
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    int gg = i / HD, d = i % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++)
+      mm = fmaxf(mm, sm_m[w][gg]);
+    float ls = 0.0f, as = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++) {
+      float f = sm_m[w][gg] == -INFINITY ? 0.0f : __expf(sm_m[w][gg] - mm);
+      ls += sm_l[w][gg] * f;
+      as += sm_o[w][gg][d] * f;
+    }
+    as *= vs;
+    int h = kvh * G + gg;
+    if (nparts == 1) {
+      a.out[((size_t)tok * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
+    } else {
+      size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
+      a.part_acc[pi * HD + d] = as;
+      if (d == 0)
+        a.part_ml[pi] = make_float2(mm, ls);
+    }
+  }
+}
+
 /* Combines the partitions of sequences split in more than one: one block per (sequence, head),
  * one thread per output dim. */
 __global__ void attn_decode_reduce_kernel(const attn_args a) {
@@ -217,8 +441,20 @@ __global__ void attn_decode_reduce_kernel(const attn_args a) {
 static constexpr int dec_u(int G, int f8) { return f8 && G <= 2 ? 4 : G >= 8 ? 2 : 4; }
 static constexpr int dec_n(int G, int f8) { return f8 && G <= 2 ? 16 : 8; }
 
+/* The tensor-core kernel unless PAGODA_ATTN_DECODE=simd (read once) asks for the CUDA-core one. */
+static int dec_use_mma(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("PAGODA_ATTN_DECODE");
+    v = !(e && !strcmp(e, "simd"));
+  }
+  return v;
+}
+
 /* Keys per warp step of the instantiation for (HD, G, f8). */
-static int dec_tile(int hd, int G, int f8) { return dec_u(G, f8) * (32 / (hd / dec_n(G, f8))); }
+static int dec_tile(int hd, int G, int f8) {
+  return dec_use_mma() ? 16 : dec_u(G, f8) * (32 / (hd / dec_n(G, f8)));
+}
 
 /* Scratch bytes for B sequences of H heads of HD dims in P partitions. */
 static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
@@ -301,8 +537,10 @@ static void dec_launch(const attn_args &a, int G, dim3 grid, cudaStream_t st) {
 int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int max_query_len, int max_seq_len) {
   struct cuda_backend *cb = cuda_be(be);
   int G = a->n_heads / a->n_kv;
-  if (max_query_len != 1 || max_seq_len <= 0 || (a->hd != 64 && a->hd != 128) || !(G == 1 || G == 2 || G == 4 || G == 8))
-    return 1; /* not a decode batch this kernel serves: the general kernels */
+  int mma = dec_use_mma();
+  if (max_query_len != 1 || max_seq_len <= 0 || (a->hd != 64 && a->hd != 128) ||
+      !(mma ? G <= 8 : (G == 1 || G == 2 || G == 4 || G == 8)))
+    return 1; /* not a decode batch these kernels serve: the general kernels */
   int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
   int tile = dec_tile(a->hd, G, f8);
   int sms = dec_sms(cb);
@@ -343,7 +581,12 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
   cudaStream_t st = cb->stream;
-#define DEC_BS(BS) (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(*a, G, grid, st) : dec_launch<BS, kv_bf16, kv_bf16, 0>(*a, G, grid, st))
+#define DEC_MMA(BS, KV)                                                                            \
+  (a->hd == 64 ? attn_decode_mma_kernel<BS, 64, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)              \
+               : attn_decode_mma_kernel<BS, 128, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a))
+#define DEC_BS(BS)                                                                                 \
+  (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
+       : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(*a, G, grid, st) : dec_launch<BS, kv_bf16, kv_bf16, 0>(*a, G, grid, st)))
   if (bs == 8)
     DEC_BS(8);
   else if (bs == 16)
@@ -351,6 +594,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   else
     DEC_BS(32);
 #undef DEC_BS
+#undef DEC_MMA
   CUDA_LAUNCH_CHECK();
   if (P > 1) {
     attn_decode_reduce_kernel<<<(unsigned)(a->B * a->n_heads), a->hd, 0, st>>>(*a);
