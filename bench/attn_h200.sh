@@ -13,8 +13,8 @@ t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 el "test_cuda_ops"
 "$d/build/test_cuda_ops" >"$out/test_cuda_ops.log" 2>&1; echo "test_cuda_ops rc=$?"
 grep -E "FAIL|failed|passed|paged attention|seed" "$out/test_cuda_ops.log" | head -20
-el "test_cuda_ops with the CUDA-core decode kernel"
-PAGODA_ATTN_DECODE=simd "$d/build/test_cuda_ops" >"$out/test_cuda_ops_simd.log" 2>&1; echo "test_cuda_ops (simd decode) rc=$?"
+el "test_cuda_ops with the CUDA-core decode and prefill kernels"
+PAGODA_ATTN_DECODE=simd PAGODA_ATTN_PREFILL=simd "$d/build/test_cuda_ops" >"$out/test_cuda_ops_simd.log" 2>&1; echo "test_cuda_ops (simd decode) rc=$?"
 grep -E "FAIL|failed|passed" "$out/test_cuda_ops_simd.log" | head -8
 el "test_kv_f8 on cuda"
 PAGODA_KV_F8_DEVICE=cuda "$d/build/test_kv_f8" >"$out/test_kv_f8.log" 2>&1; echo "test_kv_f8 rc=$?"
@@ -22,7 +22,7 @@ grep -E "agreement|failed|passed" "$out/test_kv_f8.log"
 el "cuda_attention"
 "$d/build/cuda_attention" 7 2>&1 | tee "$out/cuda_attention.log"
 el "cuda_attention, CUDA-core decode kernel"
-PAGODA_ATTN_DECODE=simd "$d/build/cuda_attention" 5 2>&1 | grep -E "^decode_(bf16|f8)_bs(8|16|32) " | sed 's/^/simd /'
+PAGODA_ATTN_DECODE=simd PAGODA_ATTN_PREFILL=simd "$d/build/cuda_attention" 3 2>&1 | grep -E "^(decode_(bf16|f8)_bs(16) |prefill)" | sed 's/^/simd /'
 el "torch peers"
 python3 "$d/torch_attention_peers.py" "$out/torch.json" >"$out/torch.log" 2>&1 || tail -5 "$out/torch.log"
 el "ratios"

@@ -1,16 +1,23 @@
 /* cuda_attention.cu - paged attention over the block-table KV cache, for any mix of decode tokens
- * and prompt chunks (varlen queries, causal, GQA), with an online softmax in f32.
+ * and prompt chunks (varlen queries, causal, GQA), with an online softmax in f32; the entry point
+ * cuda_op_attention and the general (CUDA-core) kernels.
  *
  * Query token t of sequence b (query_start[b] <= t < query_start[b+1]) sees keys 0 .. ctx-1
  * with ctx = seq_lens[b] - q_len + (t - query_start[b]) + 1, i.e. its own position and everything
  * before it. The block size is a template parameter, so the logical -> physical slot split is a
  * shift and mask. With a sliding window (struct attn_params) the walk starts at key
- * ctx - window; with softcapping each score s becomes softcap * tanh(s / softcap).
- * Three part-1 kernels, chosen by shape:
- * - paged_attention_group_kernel: one warp per (token, KV head) for all its query heads, for
- *   n_heads / n_kv_heads in {1, 2, 4, 8} and head_dim in {8, 16, 32, 64, 128} (real models);
- * - paged_attention_lanes_kernel: one warp per (token, query head), other group sizes;
- * - paged_attention_kernel: any other head_dim (a multiple of 8 up to 256). */
+ * ctx - window; with softcapping each score s becomes softcap * tanh(s / softcap). The cache is
+ * bf16 or f8e4m3 (per-layer scales; struct kv_bf16 / kv_f8 in cuda_attn_common.cuh).
+ * Which kernel runs:
+ * - a decode batch (max_query_len 1), head_dim 64 or 128, G <= 8: the split-context decode
+ *   kernel on tensor cores (cuda_attn_decode.cu);
+ * - any other batch with head_dim 64 or 128: the tensor-core prefill kernel
+ *   (cuda_attn_prefill.cu; PAGODA_ATTN_PREFILL=simd sends it to the kernels below instead);
+ * - otherwise the part-1 kernels here, chosen by shape:
+ *   - paged_attention_group_kernel: one warp per (token, KV head) for all its query heads, for
+ *     n_heads / n_kv_heads in {1, 2, 4, 8} and head_dim in {8, 16, 32, 64, 128};
+ *   - paged_attention_lanes_kernel: one warp per (token, query head), other group sizes;
+ *   - paged_attention_kernel: any other head_dim (a multiple of 8 up to 256). */
 #include "backend/cuda/cuda_attn_common.cuh"
 
 #define ATTN_WARPS 4      /* warps (query heads) per thread block */
@@ -349,6 +356,9 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
   int rc = cuda_attention_decode(be, &a, kv->block_size, f8, b->max_query_len, b->max_seq_len);
   if (rc <= 0)
     return rc; /* launched (0) or failed (-1) */
+  rc = cuda_attention_prefill(be, &a, kv->block_size, f8, b->max_query_len);
+  if (rc <= 0)
+    return rc;
   int G = n_heads / kv->n_kv_heads;
   int grouped = (G == 1 || G == 2 || G == 4 || G == 8) &&
                 (a.hd == 8 || a.hd == 16 || a.hd == 32 || a.hd == 64 || a.hd == 128);

@@ -144,6 +144,63 @@ struct attn_args {
   int n_parts, part_len;
 };
 
+/* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a
+ * bf16 cache, f16 for e4m3 (e4m3 -> f16 is exact). Fragment layouts as the PTX ISA gives them:
+ * thread (g = lane / 4, t = lane % 4) holds A rows g and g + 8, B column g, C rows g and g + 8,
+ * each at the k (or n) pairs 2t, 2t + 1 and 2t + 8, 2t + 9. attn_mma takes rows g + 8 of A as
+ * zero (decode: at most 8 query heads). ---- */
+__device__ __forceinline__ void attn_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, bf16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void attn_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, __half) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t attn_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t attn_pack(float x, float y, bf16) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t attn_pack(float x, float y, __half) {
+  __half2 v = __floats2half2_rn(x, y);
+  return *(uint32_t *)&v;
+}
+/* 16 loaded bytes -> 16-bit pairs of the mma type: bf16 as they are, e4m3 -> f16x2 */
+__device__ __forceinline__ void attn_unpack(uint32_t w[4], uint4 u, bf16) { w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w; }
+__device__ __forceinline__ void attn_unpack(uint32_t w[8], uint4 u, __half) {
+  const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] >> 16), __NV_E4M3);
+    w[2 * i] = (uint32_t)lo.x | ((uint32_t)lo.y << 16);
+    w[2 * i + 1] = (uint32_t)hi.x | ((uint32_t)hi.y << 16);
+  }
+}
+
+/* The same with all four A registers (rows g and g + 8 both in use: prefill). */
+__device__ __forceinline__ void attn_mma4(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bf16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void attn_mma4(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __half) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* The split-context decode kernel (cuda_attn_decode.cu) for A when the batch is a decode batch
  * (MAX_QUERY_LEN 1) of a shape it is compiled for: 0 launched, -1 error (err_last() set), 1 not
  * applicable (the caller launches the general kernels). Fills A's split-K fields. */
@@ -159,6 +216,10 @@ struct kv_f8h {
     kv_f8::cvt4(f, u.x, s), kv_f8::cvt4(f + 4, u.y, s);
   }
 };
+
+/* The tensor-core prefill kernel (cuda_attn_prefill.cu) for any other batch, head_dim 64 or 128:
+ * 0 launched, -1 error, 1 not applicable (the general kernels then run). */
+int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len);
 
 /* e4m3 of x (rounded to nearest even, saturated to +-448; NaN stays NaN), as the CPU's
  * f32_to_f8e4m3. */

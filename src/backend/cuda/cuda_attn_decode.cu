@@ -196,44 +196,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
  * A operand as it stands (FlashAttention-2's register reuse); V is loaded as K was and turned
  * into the B operand by movmatrix.trans (8x8 transposes in registers). Online softmax per head
  * row: max over the 4 threads of a row group, partial sums per thread. */
-__device__ __forceinline__ void dec_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, bf16) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void dec_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, __half) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t dec_trans(uint32_t x) {
-  uint32_t y;
-  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t dec_pack(float x, float y, bf16) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *(uint32_t *)&v;
-}
-__device__ __forceinline__ uint32_t dec_pack(float x, float y, __half) {
-  __half2 v = __floats2half2_rn(x, y);
-  return *(uint32_t *)&v;
-}
-/* 16 loaded bytes -> 16-bit pairs of the mma type: bf16 as they are, e4m3 -> f16x2 */
-__device__ __forceinline__ void dec_unpack(uint32_t w[4], uint4 u, bf16) { w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w; }
-__device__ __forceinline__ void dec_unpack(uint32_t w[8], uint4 u, __half) {
-  const uint32_t x[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] & 0xffffu), __NV_E4M3);
-    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] >> 16), __NV_E4M3);
-    w[2 * i] = (uint32_t)lo.x | ((uint32_t)lo.y << 16);
-    w[2 * i + 1] = (uint32_t)hi.x | ((uint32_t)hi.y << 16);
-  }
-}
-
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
   typedef typename KV::elem E;
@@ -281,7 +243,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
         for (int k = 0; k < 4; k++) {
           if (F8) { /* bf16 pair -> f16 pair */
             float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
-            w[c * 4 + k] = dec_pack(f.x, f.y, MT());
+            w[c * 4 + k] = attn_pack(f.x, f.y, MT());
           } else {
             w[c * 4 + k] = x[k];
           }
@@ -328,10 +290,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
       for (int i = 0; i < NP; i++) {
         uint32_t w[R];
-        dec_unpack(w, kr[hf][i], MT());
+        attn_unpack(w, kr[hf][i], MT());
 #pragma unroll
         for (int h = 0; h < CPP; h++)
-          dec_mma(s[hf], qa[i * CPP + h][0], qa[i * CPP + h][1], w[2 * h], w[2 * h + 1], MT());
+          attn_mma(s[hf], qa[i * CPP + h][0], qa[i * CPP + h][1], w[2 * h], w[2 * h + 1], MT());
       }
     }
     /* row g's scores: keys j0 + hf * 8 + 2t + e */
@@ -356,15 +318,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int i = 0; i < NT; i++)
       o[i][0] *= alpha, o[i][1] *= alpha;
-    uint32_t pa0 = dec_pack(x[0], x[1], MT()), pa2 = dec_pack(x[2], x[3], MT());
+    uint32_t pa0 = attn_pack(x[0], x[1], MT()), pa2 = attn_pack(x[2], x[3], MT());
 #pragma unroll
     for (int i = 0; i < NP; i++) {
       uint32_t v0[R], v1[R];
-      dec_unpack(v0, vr[0][i], MT());
-      dec_unpack(v1, vr[1][i], MT());
+      attn_unpack(v0, vr[0][i], MT());
+      attn_unpack(v1, vr[1][i], MT());
 #pragma unroll
       for (int e = 0; e < R; e++)
-        dec_mma(o[i * R + e], pa0, pa2, dec_trans(v0[e]), dec_trans(v1[e]), MT());
+        attn_mma(o[i * R + e], pa0, pa2, attn_trans(v0[e]), attn_trans(v1[e]), MT());
     }
   }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
