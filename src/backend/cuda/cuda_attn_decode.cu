@@ -15,9 +15,10 @@
  *
  * CUDA-graph safety: the launch shape depends only on num_seqs and the host bound max_seq_len
  * (which may be loose), never on device data; the real context comes from seq_lens, and
- * partitions past a sequence's end exit at once. The scratch is allocated outside any capture:
- * at its largest size by cuda_attention_reserve or on the first (profiling) call; a captured
- * launch that would need more than exists uses fewer, longer partitions instead. */
+ * partitions past a sequence's end exit at once. The scratch is allocated outside any capture,
+ * on the first attention call of the shape (the profiling step), at its largest size for up to
+ * max(cuda_attention_reserve's max_seqs, that call's num_seqs) sequences and any context; a
+ * captured launch that would need more than exists uses fewer, longer partitions instead. */
 #include <type_traits>
 
 #include "backend/cuda/cuda_attn_common.cuh"
@@ -450,7 +451,7 @@ extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_
   if (max_seqs < 0 || max_ctx < 0)
     return ERR("cuda_attention_reserve: %d sequences of %d tokens", max_seqs, max_ctx);
   cb->attn_reserve_seqs = max_seqs > cb->attn_reserve_seqs ? max_seqs : cb->attn_reserve_seqs;
-  cb->attn_reserve_ctx = max_ctx > cb->attn_reserve_ctx ? max_ctx : cb->attn_reserve_ctx;
+  cb->attn_reserve_ctx = max_ctx > cb->attn_reserve_ctx ? max_ctx : cb->attn_reserve_ctx; /* not needed for the size */
   return 0;
 }
 
@@ -500,27 +501,26 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   struct cuda_backend *cb = cuda_be(be);
   int G = a->n_heads / a->n_kv;
   int mma = dec_use_mma();
-  if (max_query_len != 1 || max_seq_len <= 0 || (a->hd != 64 && a->hd != 128) ||
-      !(mma ? G <= 8 : (G == 1 || G == 2 || G == 4 || G == 8)))
-    return 1; /* not a decode batch these kernels serve: the general kernels */
-  int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
+  if ((a->hd != 64 && a->hd != 128) || !(mma ? G <= 8 : (G == 1 || G == 2 || G == 4 || G == 8)))
+    return 1; /* a shape these kernels are not compiled for: the general kernels */
   int tile = dec_tile(a->hd, G, f8);
   int sms = dec_sms(cb);
   if (sms < 0)
     return -1;
-  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile);
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(cb->stream, &cap));
   if (cap == cudaStreamCaptureStatusNone) {
-    /* outside a capture (the first, profiling call; or a batch beyond what was sized): size the
-     * scratch for every batch up to the reserved bounds, so that captured calls find it */
+    /* Outside a capture, on any batch of this shape (the profiling step included, decode or
+     * not): size the scratch for every decode batch of up to max(reserved, this) sequences. The
+     * partitions of s sequences are at most ceil(sms * DEC_CTAS_PER_SM / (s * n_kv)) whatever the
+     * context, so the size does not depend on it (a few MiB: 8.1 MiB for 256 sequences of
+     * Llama-3.1-8B's 32 / 8 heads on 132 SMs). */
     int rs = cb->attn_reserve_seqs > a->B ? cb->attn_reserve_seqs : a->B;
-    int rc = cb->attn_reserve_ctx > max_keys ? cb->attn_reserve_ctx : max_keys;
-    int key[5] = {rs, rc, a->n_heads, a->n_kv, a->hd * 2 + f8};
+    int key[5] = {rs, 0, a->n_heads, a->n_kv, a->hd * 2 + f8};
     if (memcmp(key, cb->attn_sized_for, sizeof key) != 0) {
       size_t need = 0;
-      for (int s = 1; s <= rs; s++) { /* P shrinks as the batch grows: the largest need is inside */
-        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, rc, tile));
+      for (int s = 1; s <= rs; s++) {
+        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile));
         need = by > need ? by : need;
       }
       if (dec_scratch_grow(cb, need))
@@ -528,6 +528,10 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
       memcpy(cb->attn_sized_for, key, sizeof key);
     }
   }
+  if (max_query_len != 1 || max_seq_len <= 0)
+    return 1; /* not a decode batch: the prefill kernels */
+  int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
+  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile);
   while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes)
     P--; /* capturing with too small a scratch: fewer, longer partitions */
   int part_len = (max_keys + P - 1) / P;

@@ -61,7 +61,7 @@ struct cuda_backend {
   void *attn_scratch;
   size_t attn_scratch_bytes;
   int attn_reserve_seqs, attn_reserve_ctx;
-  int attn_sized_for[5];     /* (seqs, ctx, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
+  int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
 };
 
@@ -85,8 +85,9 @@ int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int3
 int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct weight *bias, int T);
 int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                       const struct batch *b, const struct attn_params *ap);
-/* Sizes the decode attention's split-K scratch for up to MAX_SEQS sequences of up to MAX_CTX
- * keys; the allocation happens on the next attention call outside a CUDA-graph capture (the
+/* Sizes the decode attention's split-K scratch for up to MAX_SEQS sequences (MAX_CTX is kept
+ * but the size does not depend on it: the partitions per sequence are bounded by the SM count);
+ * the allocation happens on the next attention call outside a CUDA-graph capture (the
  * profiling step), so a captured step never allocates. Bounds only grow. */
 extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_ctx);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
