@@ -57,7 +57,7 @@ enum pagoda_paged_attn {
 enum pagoda_cache_type {
   PAGODA_CACHE_TYPE_AUTO = 0,   /* f16 for a GGUF model on the CPU (llama.cpp's default), else the
                                    compute dtype (f32 on CPU, bf16 on CUDA) */
-  PAGODA_CACHE_TYPE_F8E4M3 = 1, /* not implemented yet: pagoda_engine_create refuses it */
+  PAGODA_CACHE_TYPE_F8E4M3 = 1, /* FP8 E4M3, per-layer scales: half the bytes of bf16 */
   PAGODA_CACHE_TYPE_F32 = 2,    /* CPU */
   PAGODA_CACHE_TYPE_F16 = 3,    /* CPU: computed as llama.cpp's CPU attention over an f16 cache */
   PAGODA_CACHE_TYPE_BF16 = 4,   /* CUDA */

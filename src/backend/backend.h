@@ -33,8 +33,12 @@ struct weight {
 struct kv_layer {
   void *k;         /* (num_blocks, n_kv_heads, block_size, head_dim) of dtype */
   void *v;         /* (num_blocks, n_kv_heads, block_size, head_dim) of dtype */
-  float *k_scale;  /* F8E4M3 only: (num_blocks, n_kv_heads, block_size) per-token scales; else NULL */
-  float *v_scale;  /* likewise */
+  /* F8E4M3 only (1.0 otherwise): one scale per layer for K and one for V. The cache holds
+   * e4m3(x / scale) (rounded to nearest even, saturated to +-448) and attention reads
+   * e4m3 * scale. The checkpoint's k_scale / v_scale when it has them, else 1.0 (as mistral.rs
+   * and vLLM without calibration); no per-token storage, so an F8E4M3 pool holds exactly twice
+   * the tokens of a bf16 one in the same memory. */
+  float k_scale, v_scale;
   enum dtype dtype;
   int num_blocks, block_size, n_kv_heads, head_dim;
 };

@@ -186,12 +186,13 @@ static int kv_dtype_for(const struct pagoda_engine_params *p, const struct backe
   case PAGODA_CACHE_TYPE_F32: *out = DTYPE_F32; break;
   case PAGODA_CACHE_TYPE_F16: *out = DTYPE_F16; break;
   case PAGODA_CACHE_TYPE_BF16: *out = DTYPE_BF16; break;
+  case PAGODA_CACHE_TYPE_F8E4M3: *out = DTYPE_F8E4M3; break;
   default: return ERR("--pa-cache-type: unknown value %d", (int)p->cache_type);
   }
-  if (*out != be->act_dtype && !(cpu && *out == DTYPE_F16))
-    return ERR("--pa-cache-type %s is not supported by the %s backend (it keeps the KV cache in %s%s); "
-               "use --pa-cache-type auto", dtype_name(*out), be->ops->name, dtype_name(be->act_dtype),
-               cpu ? " or f16" : "");
+  if (*out != be->act_dtype && *out != DTYPE_F8E4M3 && !(cpu && *out == DTYPE_F16))
+    return ERR("--pa-cache-type %s is not supported by the %s backend (it keeps the KV cache in %s%s or "
+               "f8e4m3); use --pa-cache-type auto", dtype_name(*out), be->ops->name, dtype_name(be->act_dtype),
+               cpu ? ", f16" : "");
   return 0;
 }
 
@@ -244,12 +245,6 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   if (check_budget_flags(p))
     goto fail;
-  if (p->cache_type == PAGODA_CACHE_TYPE_F8E4M3) {
-    /* the f8e4m3 layout exists (struct kv_layer scales) but no backend's kernels read it yet */
-    ERR("--pa-cache-type f8e4m3 is not implemented (the KV cache is kept in the compute dtype: bf16 on "
-        "CUDA, f32 or f16 on CPU); use --pa-cache-type auto");
-    goto fail;
-  }
   struct backend_params bp = {p->device, p->threads};
   st = PAGODA_ERR_BACKEND;
   if (!(e->be = backend_create(&bp)))
@@ -334,6 +329,9 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   log_info("KV pool: %d blocks of %d tokens (%.2f GiB = %.1f MiB, %s, %zu bytes per block), max %d tokens per "
            "sequence; sized by %s", num_blocks - 1, e->block_size, (double)block_bytes * num_blocks / 1073741824.0,
            (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), block_bytes, e->max_model_len, why);
+  if (kv_dtype == DTYPE_F8E4M3)
+    log_info("KV cache f8e4m3 (per-layer scales 1.0): 1 byte per value, twice the tokens of a bf16 cache in the "
+             "same memory");
   if (p->prefix_cache_n > 0 && paged)
     log_info("Prefix caching enabled (block-level, PagedAttention).");
   else if (p->prefix_cache_n > 0)

@@ -110,8 +110,6 @@ static void free_kv(struct model *m) {
   for (int l = 0; l < m->config.n_layers; l++) {
     be->ops->free(be, m->kv[l].k);
     be->ops->free(be, m->kv[l].v);
-    be->ops->free(be, m->kv[l].k_scale);
-    be->ops->free(be, m->kv[l].v_scale);
   }
   free(m->kv);
   m->kv = NULL;
@@ -250,9 +248,7 @@ fail:
 }
 
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype) {
-  size_t per_head = (size_t)block_size * dtype_row_bytes(kv_dtype, c->head_dim);
-  if (kv_dtype == DTYPE_F8E4M3)
-    per_head += (size_t)block_size * sizeof(float); /* one scale per token and head */
+  size_t per_head = (size_t)block_size * dtype_row_bytes(kv_dtype, c->head_dim); /* f8e4m3: no per-token scales */
   return 2 * (size_t)c->n_layers * (size_t)c->n_kv_heads * per_head;
 }
 
@@ -354,11 +350,7 @@ static int alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype 
     kv->head_dim = c->head_dim;
     if (!(kv->k = alloc0(m, kv_bytes, "KV cache")) || !(kv->v = alloc0(m, kv_bytes, "KV cache")))
       goto fail;
-    if (kv_dtype == DTYPE_F8E4M3) {
-      size_t sb = (size_t)num_blocks * c->n_kv_heads * block_size * sizeof(float);
-      if (!(kv->k_scale = alloc0(m, sb, "KV cache scales")) || !(kv->v_scale = alloc0(m, sb, "KV cache scales")))
-        goto fail;
-    }
+    kv->k_scale = kv->v_scale = 1.0f; /* per-layer f8e4m3 scales: 1.0 (no checkpoint scales are read yet) */
   }
   return 0;
 fail:
@@ -366,16 +358,15 @@ fail:
   return -1;
 }
 
-/* The KV dtypes the backends' kernels implement: the activation dtype (f32 on cpu, bf16 on cuda)
- * and f16 on cpu (llama.cpp's attention rounding); the f8e4m3 layout (scales) exists in struct
- * kv_layer but no kernel reads it yet. */
+/* The KV dtypes the backends' kernels implement: the activation dtype (f32 on cpu, bf16 on cuda),
+ * f16 on cpu (llama.cpp's attention rounding) and f8e4m3 on both (per-layer scales). */
 static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dtype) {
   if (block_size != 8 && block_size != 16 && block_size != 32)
     return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
-  if (kv_dtype != m->be->act_dtype && !(m->host_mem && kv_dtype == DTYPE_F16))
-    return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s (f8e4m3 KV is not implemented "
-               "on CPU or CUDA); use --pa-cache-type auto", dtype_name(kv_dtype), m->be->ops->name,
-               dtype_name(m->be->act_dtype));
+  if (kv_dtype != m->be->act_dtype && kv_dtype != DTYPE_F8E4M3 && !(m->host_mem && kv_dtype == DTYPE_F16))
+    return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s%s or f8e4m3; use --pa-cache-type "
+               "auto", dtype_name(kv_dtype), m->be->ops->name, dtype_name(m->be->act_dtype),
+               m->host_mem ? ", f16" : "");
   return 0;
 }
 

@@ -135,3 +135,28 @@ void dtype_to_f32(float *dst, const void *src, enum dtype t, int64_t n) {
     break;
   }
 }
+
+uint8_t f32_to_f8e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u)
+    return sign | 0x7f; /* NaN */
+  if (a >= 0x43e00000u)
+    return sign | 0x7e; /* >= 448 (and infinity): saturate to 448 */
+  if (a < 0x3c800000u) { /* below 2^-6: subnormal steps of 2^-9, rounded half to even */
+    float x;
+    memcpy(&x, &a, 4);
+    float q = x * 512.0f; /* exact; q < 8 */
+    int n = (int)q;
+    float r = q - (float)n;
+    if (r > 0.5f || (r == 0.5f && (n & 1)))
+      n++;
+    return sign | (uint8_t)n; /* n = 8 is 2^-6, the smallest normal (0x08) */
+  }
+  a += 0x7ffffu + ((a >> 20) & 1u); /* round the 23-bit mantissa to 3 bits, half to even */
+  uint32_t e = (a >> 23) - 120u, m = (a >> 20) & 7u;
+  uint32_t c = (e << 3) | m;
+  return sign | (uint8_t)(c > 0x7eu ? 0x7eu : c);
+}

@@ -70,6 +70,27 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even; NaN stay
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+/* FP8 E4M3 ("fn": bias 7, no infinities, 0x7f/0xff NaN, largest finite 448, subnormals m * 2^-9),
+ * the KV cache's F8E4M3 elements. f32_to_f8e4m3 rounds to nearest even and saturates to +-448
+ * (infinities included), as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+ * NaN stays NaN. f8e4m3_to_f32 is exact. */
+static inline float f8e4m3_to_f32(uint8_t c) {
+  uint32_t sign = (uint32_t)(c >> 7) << 31, e = (c >> 3) & 15u, m = c & 7u;
+  uint32_t u;
+  float f;
+  if (e == 15 && m == 7) {
+    u = sign | 0x7fc00000u;
+  } else if (e == 0) {
+    f = (float)m * 0.001953125f; /* 2^-9 */
+    return sign ? -f : f;
+  } else {
+    u = sign | ((e + 120u) << 23) | (m << 20);
+  }
+  memcpy(&f, &u, 4);
+  return f;
+}
+uint8_t f32_to_f8e4m3(float f);
+
 /* Converts N elements of SRC (type T: any but F8E4M3/I32; N a multiple of the block size) to f32. */
 void dtype_to_f32(float *dst, const void *src, enum dtype t, int64_t n);
 

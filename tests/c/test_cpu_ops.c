@@ -370,7 +370,7 @@ static int run_attention(struct backend *be, const struct att_case *c, int bs, i
   for (int s = 0; s < c->n_seqs && att_window; s++) /* blocks no query of s can see */
     for (int i = 0; (i + 1) * bs <= c->cached[s] - att_window + 1; i++)
       tables[s * max_blocks + i] = 0;
-  struct kv_layer kv = {kc, vc, NULL, NULL, DTYPE_F32, num_blocks, bs, KVH, HD};
+  struct kv_layer kv = {kc, vc, 1.0f, 1.0f, DTYPE_F32, num_blocks, bs, KVH, HD};
   struct batch b = {0};
   b.num_tokens = T;
   b.num_seqs = c->n_seqs;
@@ -514,7 +514,7 @@ static int test_kv_misc(struct backend *be) {
   struct kv_layer layers[2];
   float *before[2];
   for (int l = 0; l < 2; l++) {
-    layers[l] = (struct kv_layer){be->ops->alloc(be, total * 4), be->ops->alloc(be, total * 4), NULL, NULL,
+    layers[l] = (struct kv_layer){be->ops->alloc(be, total * 4), be->ops->alloc(be, total * 4), 1.0f, 1.0f,
                                   DTYPE_F32, NB, BS, KVH, HD};
     for (size_t i = 0; i < total; i++) {
       ((float *)layers[l].k)[i] = test_randf(&rng);
@@ -560,10 +560,10 @@ static int test_kv_misc(struct backend *be) {
   }
   dst[1] = NB;
   CHECK(be->ops->copy_blocks(be, layers, 2, src, dst, 2) != 0, "copy_blocks refuses block %d", NB);
-  /* the CPU keeps K/V in f32 or f16 */
-  layers[0].dtype = DTYPE_F8E4M3;
-  CHECK(be->ops->kv_write(be, &layers[0], k, v, &b) != 0 && strstr(err_last(), "f8e4m3"),
-        "f8 KV refused with a message: %s", err_last());
+  /* the CPU keeps K/V in f32, f16 or f8e4m3 */
+  layers[0].dtype = DTYPE_BF16;
+  CHECK(be->ops->kv_write(be, &layers[0], k, v, &b) != 0 && strstr(err_last(), "bf16"),
+        "bf16 KV refused with a message: %s", err_last());
   for (int l = 0; l < 2; l++) {
     be->ops->free(be, layers[l].k);
     be->ops->free(be, layers[l].v);
@@ -597,7 +597,7 @@ static int test_attention_f16(struct backend *be) {
     pos[t] = t;
     slots[t] = table[t / BS] * BS + t % BS;
   }
-  struct kv_layer kv = {kc, vc, NULL, NULL, DTYPE_F16, NB, BS, KVH, HD};
+  struct kv_layer kv = {kc, vc, 1.0f, 1.0f, DTYPE_F16, NB, BS, KVH, HD};
   struct batch b = {0};
   b.num_tokens = N;
   b.num_seqs = 1;
@@ -672,6 +672,111 @@ static int test_attention_f16(struct backend *be) {
   return 0;
 }
 
+/* FP8 E4M3 conversions: every finite code round-trips; halfway points between neighbours round
+ * to the even code; values at or past 448 (infinities included) saturate; NaN stays NaN;
+ * decoding matches the format's definition (bias 7, subnormals m * 2^-9). */
+static void test_f8e4m3(void) {
+  int bad = 0;
+  for (int c = 0; c < 256; c++) {
+    float f = f8e4m3_to_f32((uint8_t)c);
+    int e = (c >> 3) & 15, m = c & 7;
+    if ((c & 0x7f) == 0x7f) {
+      bad += !isnan(f) || (f32_to_f8e4m3(f) & 0x7f) != 0x7f;
+      continue;
+    }
+    double want = (e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m, -9)) * (c & 0x80 ? -1 : 1);
+    bad += f != (float)want || f32_to_f8e4m3(f) != c;
+    if ((c & 0x7f) < 0x7e) { /* halfway to the next code away from zero */
+      float mid = (float)((f8e4m3_to_f32((uint8_t)c) + (double)f8e4m3_to_f32((uint8_t)(c + 1))) / 2);
+      uint8_t even = (c & 1) ? (uint8_t)(c + 1) : (uint8_t)c;
+      bad += f32_to_f8e4m3(mid) != even;
+      bad += f32_to_f8e4m3(nextafterf(mid, 0.0f)) != c || f32_to_f8e4m3(nextafterf(mid, c & 0x80 ? -1e9f : 1e9f)) != c + 1;
+    }
+  }
+  CHECK(!bad, "f8e4m3: %d codes round-trip or round wrongly", bad);
+  CHECK(f32_to_f8e4m3(448.0f) == 0x7e && f32_to_f8e4m3(1e6f) == 0x7e && f32_to_f8e4m3(-INFINITY) == 0xfe,
+        "f8e4m3 saturates to +-448");
+  CHECK(f32_to_f8e4m3(1e-9f) == 0 && f32_to_f8e4m3(-1e-9f) == 0x80, "f8e4m3 underflows to signed zero");
+  CHECK(f8e4m3_to_f32(0x38) == 1.0f && f8e4m3_to_f32(0x01) == 0.001953125f && f8e4m3_to_f32(0xfe) == -448.0f,
+        "f8e4m3 decodes 1, the smallest subnormal and -448");
+}
+
+/* F8E4M3 cache with per-layer scales (0.5 for K, 2 for V): kv_write stores e4m3(x / scale);
+ * attention gives bit for bit the F32 cache's result over the dequantized values (the CPU
+ * reference the CUDA kernels are checked against), stays close to the exact f32 result, and
+ * decode equals the prefill row; copy_blocks copies 1-byte blocks. */
+static int test_attention_f8(struct backend *be) {
+  const int N = 45, H = 8, KVH = 2, HD = 32, BS = 16, NB = 1 + (N + BS - 1) / BS + 1;
+  const size_t blk = (size_t)KVH * BS * HD;
+  uint8_t *kc = be->ops->alloc(be, NB * blk), *vc = be->ops->alloc(be, NB * blk);
+  float *kf = be->ops->alloc(be, 4 * NB * blk), *vf = be->ops->alloc(be, 4 * NB * blk);
+  REQUIRE(kc && vc && kf && vf, "alloc");
+  memset(kc, 0, NB * blk);
+  memset(vc, 0, NB * blk);
+  memset(kf, 0, 4 * NB * blk);
+  memset(vf, 0, 4 * NB * blk);
+  float *k = rand_floats((size_t)N * KVH * HD), *v = rand_floats((size_t)N * KVH * HD);
+  float *kd = malloc(sizeof(float) * N * KVH * HD), *vd = malloc(sizeof(float) * N * KVH * HD);
+  float *q = rand_floats((size_t)N * H * HD), *out = malloc(sizeof(float) * N * H * HD);
+  float *ref = malloc(sizeof(float) * N * H * HD), *exact = malloc(sizeof(float) * N * H * HD);
+  for (int i = 0; i < N * H * HD; i++)
+    q[i] *= 3;
+  int32_t table[8], pos[64], slots[64], qstart[2] = {0, N}, lens[1] = {N};
+  for (int i = 0; i < (N + BS - 1) / BS; i++)
+    table[i] = NB - 1 - i;
+  for (int t = 0; t < N; t++) {
+    pos[t] = t;
+    slots[t] = table[t / BS] * BS + t % BS;
+  }
+  struct kv_layer kv = {kc, vc, 0.5f, 2.0f, DTYPE_F8E4M3, NB, BS, KVH, HD};
+  struct kv_layer kvf = {kf, vf, 1.0f, 1.0f, DTYPE_F32, NB, BS, KVH, HD};
+  struct batch b = {0};
+  b.num_tokens = N;
+  b.num_seqs = 1;
+  b.max_blocks_per_seq = 8;
+  b.max_seq_len = N;
+  b.positions = pos;
+  b.slot_mapping = slots;
+  b.query_start = qstart;
+  b.seq_lens = lens;
+  b.block_tables = table;
+  REQUIRE(be->ops->kv_write(be, &kv, k, v, &b) == 0, "kv_write f8: %s", err_last());
+  int bad = 0;
+  for (int t = 0; t < N; t++)
+    for (int h = 0; h < KVH; h++)
+      for (int i = 0; i < HD; i++) {
+        size_t c = (((size_t)table[t / BS] * KVH + h) * BS + t % BS) * HD + i, x = ((size_t)t * KVH + h) * HD + i;
+        bad += kc[c] != f32_to_f8e4m3(k[x] / 0.5f) || vc[c] != f32_to_f8e4m3(v[x] / 2.0f);
+        kd[x] = f8e4m3_to_f32(kc[c]) * 0.5f;
+        vd[x] = f8e4m3_to_f32(vc[c]) * 2.0f;
+      }
+  CHECK(!bad, "kv_write f8: %d elements differ from f32_to_f8e4m3(x / scale)", bad);
+  REQUIRE(be->ops->kv_write(be, &kvf, kd, vd, &b) == 0, "kv_write f32: %s", err_last());
+  struct attn_params ap = {.n_heads = H, .scale = 1.0f / sqrtf((float)HD)};
+  REQUIRE(be->ops->attention(be, out, q, &kv, &b, &ap) == 0, "attention f8: %s", err_last());
+  REQUIRE(be->ops->attention(be, ref, q, &kvf, &b, &ap) == 0, "attention f32: %s", err_last());
+  CHECK(!memcmp(out, ref, sizeof(float) * N * H * HD), "attention f8 == f32 over the dequantized cache");
+  struct kv_layer kve = kvf;
+  REQUIRE(be->ops->kv_write(be, &kve, k, v, &b) == 0 && be->ops->attention(be, exact, q, &kve, &b, &ap) == 0,
+          "attention f32 exact: %s", err_last());
+  double e = test_rel_l2(out, exact, (size_t)N * H * HD);
+  CHECK(e > 1e-4 && e < 0.08, "attention f8 vs f32 K/V: rel L2 %g (e4m3 keeps 3 mantissa bits)", e);
+  float *one = malloc(sizeof(float) * H * HD);
+  b.num_tokens = 1;
+  b.positions = pos + N - 1;
+  b.slot_mapping = slots + N - 1;
+  qstart[1] = 1;
+  REQUIRE(be->ops->attention(be, one, q + (size_t)(N - 1) * H * HD, &kv, &b, &ap) == 0, "decode f8");
+  CHECK(!memcmp(one, out + (size_t)(N - 1) * H * HD, sizeof(float) * H * HD), "f8 decode row == prefill row");
+  int32_t src[1] = {table[0]}, dst[1] = {0};
+  REQUIRE(be->ops->copy_blocks(be, &kv, 1, src, dst, 1) == 0, "copy_blocks f8: %s", err_last());
+  CHECK(!memcmp(kc, kc + (size_t)table[0] * blk, blk) && !memcmp(vc, vc + (size_t)table[0] * blk, blk),
+        "copy_blocks f8");
+  be->ops->free(be, kc), be->ops->free(be, vc), be->ops->free(be, kf), be->ops->free(be, vf);
+  free(k), free(v), free(kd), free(vd), free(q), free(out), free(ref), free(exact), free(one);
+  return 0;
+}
+
 /* Threads follow the op's size: stories260K-sized ops (dim 64, vocab 512, 8 sequences) run on
  * one thread, large ones on all of them, never more than the backend's count. */
 static void test_threads_for(struct backend *be) {
@@ -695,6 +800,8 @@ int main(void) {
   test_attention(be);
   test_kv_misc(be);
   test_attention_f16(be);
+  test_f8e4m3();
+  test_attention_f8(be);
   be->ops->destroy(be);
   return test_finish("test_cpu_ops");
 }

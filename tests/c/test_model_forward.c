@@ -383,8 +383,9 @@ int main(void) {
   }
   CHECK(model_alloc_cache(m, POOL, 12, DTYPE_F32, 128, 4, MAX_BLOCKS) != 0 && strstr(err_last(), "8, 16 or 32"),
         "block size 12 refused: %s", err_last());
-  CHECK(model_alloc_cache(m, POOL, 16, DTYPE_F8E4M3, 128, 4, MAX_BLOCKS) != 0 && strstr(err_last(), "--pa-cache-type"),
-        "f8 cache refused on cpu: %s", err_last());
+  CHECK(model_alloc_cache(m, POOL, 16, DTYPE_BF16, 128, 4, MAX_BLOCKS) != 0 && strstr(err_last(), "--pa-cache-type"),
+        "bf16 cache refused on cpu: %s", err_last());
+  CHECK(model_kv_block_bytes(c, 16, DTYPE_F8E4M3) == (size_t)2 * 5 * 4 * 16 * 8, "f8 kv block bytes: a quarter of f32");
   CHECK(model_kv_block_bytes(c, 16, DTYPE_F32) == (size_t)2 * 5 * 4 * 16 * 8 * 4, "kv block bytes");
 
   free(ref_a), free(ref_b), free(ref_c), free(out);

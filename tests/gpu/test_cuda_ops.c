@@ -307,6 +307,10 @@ struct kv_case {
   enum shape shape;
   int window;    /* struct attn_params: 0 = off */
   float softcap; /* 0 = off */
+  int f8;        /* f8e4m3 cache (k_scale 0.5, v_scale 2) instead of the activation dtype */
+  int long_ctx;  /* decode sequences with up to 3000 cached tokens (several split-K partitions) */
+  int loose;     /* host bounds loose as a CUDA graph captures them: max_seq_len and the block
+                    table's width beyond the real ones, padded sequences with no query */
 };
 
 /* Builds a batch of B sequences for the shape: per sequence, q_len new tokens after `cached`
@@ -318,14 +322,14 @@ struct host_batch {
   int num_blocks;
 };
 
-static void make_batch(struct host_batch *hb, enum shape shape, int bs) {
+static void make_batch(struct host_batch *hb, enum shape shape, int bs, int long_ctx, int loose) {
   int B = pair_int(1, 6);
-  int qlen[6], cached[6];
+  int qlen[8], cached[8];
   for (int b = 0; b < B; b++) {
     int kind = shape == SHAPE_MIXED ? pair_int(0, 2) : (int)shape;
     switch (kind) {
     case SHAPE_DECODE:
-      qlen[b] = 1, cached[b] = pair_int(0, 120);
+      qlen[b] = 1, cached[b] = pair_int(0, long_ctx ? 3000 : 120);
       break;
     case SHAPE_PREFILL:
       qlen[b] = pair_int(1, 70), cached[b] = 0;
@@ -341,6 +345,9 @@ static void make_batch(struct host_batch *hb, enum shape shape, int bs) {
       B = 2;
     qlen[1] = pair_int(2, 30), cached[1] = pair_int(0, 50);
   }
+  if (loose) /* two padded sequences without a query (a graph's padded batch rows) */
+    for (int k = 0; k < 2; k++, B++)
+      qlen[B] = 0, cached[B] = 0;
   hb->B = B;
   hb->T = 0;
   hb->max_blocks = 0;
@@ -358,6 +365,10 @@ static void make_batch(struct host_batch *hb, enum shape shape, int bs) {
       hb->max_q = qlen[b];
   }
   hb->max_blocks += 1; /* a spare column (0 = null block) as a real engine would have */
+  if (loose) { /* the bounds a captured graph was made with: larger than this batch needs */
+    hb->max_blocks += 40;
+    hb->max_seq += 40 * bs + 7;
+  }
   hb->num_blocks = 1 + B * hb->max_blocks + 3; /* some blocks stay unused, holding garbage */
   int *perm = malloc(sizeof(int) * hb->num_blocks);
   for (int i = 0; i < hb->num_blocks - 1; i++)
@@ -425,11 +436,73 @@ static struct batch dev_batch(int i, const struct host_batch *hb, void *bufs[6])
   return b;
 }
 
+/* The f8e4m3 cache: random e4m3 codes (no NaN) stand for the cached prefix, both backends
+ * quantize the new K/V (the same bf16 values) to the same bytes, and attention matches the
+ * CPU reference. */
+static void test_paged_f8(const struct kv_case *kc, struct host_batch *hb) {
+  int T = hb->T;
+  size_t cache_n = (size_t)hb->num_blocks * kc->n_kv * kc->bs * kc->hd;
+  size_t nq = (size_t)T * kc->n_heads * kc->hd, nk = (size_t)T * kc->n_kv * kc->hd;
+  uint8_t *kh = malloc(cache_n), *vh = malloc(cache_n);
+  for (size_t i = 0; i < cache_n; i++) {
+    kh[i] = f32_to_f8e4m3(pair_rnd(2.0f));
+    vh[i] = f32_to_f8e4m3(pair_rnd(2.0f));
+  }
+  float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+  pair_fill(q, nq, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  pair_fill(v, nk, 4.0f);
+  struct dbuf dkc = pair_bytes(kh, cache_n), dvc = pair_bytes(vh, cache_n), dq = pair_acts(q, nq),
+              dk = pair_acts(k, nk), dv = pair_acts(v, nk), out = pair_poisoned(nq);
+  float scale = 1.0f / sqrtf((float)kc->hd);
+  void *bufs[2][6];
+  for (int i = 0; i < 2; i++) {
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = 0.5f, .v_scale = 2.0f, .dtype = DTYPE_F8E4M3,
+                          .num_blocks = hb->num_blocks, .block_size = kc->bs, .n_kv_heads = kc->n_kv,
+                          .head_dim = kc->hd};
+    struct batch b = dev_batch(i, hb, bufs[i]);
+    if (pair_be[i]->ops->kv_write(pair_be[i], &kv, dk.p[i], dv.p[i], &b))
+      pair_die("kv_write f8");
+    struct attn_params ap = {.n_heads = kc->n_heads, .scale = scale, .softcap = kc->softcap, .window = kc->window};
+    if (pair_be[i]->ops->attention(pair_be[i], out.p[i], dq.p[i], &kv, &b, &ap))
+      pair_die("attention f8");
+  }
+  uint8_t *c8 = malloc(cache_n), *g8 = malloc(cache_n);
+  int bad = 0;
+  for (int kvi = 0; kvi < 2; kvi++) {
+    struct dbuf d = kvi ? dvc : dkc;
+    if (pair_be[0]->ops->download(pair_be[0], c8, d.p[0], cache_n) ||
+        pair_be[1]->ops->download(pair_be[1], g8, d.p[1], cache_n))
+      pair_die("download");
+    for (size_t i = 0; i < cache_n; i++)
+      bad += c8[i] != g8[i];
+  }
+  CHECK(bad == 0, "kv_write f8e4m3 bs%d hd%d: %d cache bytes differ between CPU and CUDA", kc->bs, kc->hd, bad);
+  char what[160];
+  snprintf(what, sizeof what, "attention f8e4m3 bs%d %s h%d/kv%d hd%d window %d softcap %g%s%s (T=%d B=%d)",
+           kc->bs, shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, kc->window, (double)kc->softcap,
+           kc->long_ctx ? " long" : "", kc->loose ? " loose" : "", T, hb->B);
+  float *c, *g;
+  pair_get_both(out, nq, &c, &g);
+  pair_expect(what, g, c, nq, TOL_BF16_OUT);
+  free(c), free(g), free(c8), free(g8);
+  for (int i = 0; i < 2; i++)
+    for (int k2 = 0; k2 < 6; k2++)
+      pair_be[i]->ops->free(pair_be[i], bufs[i][k2]);
+  pair_free(dkc), pair_free(dvc), pair_free(dq), pair_free(dk), pair_free(dv), pair_free(out);
+  free(kh), free(vh), free(q), free(k), free(v);
+}
+
 static void test_paged(const struct kv_case *kc) {
   struct host_batch hb;
-  make_batch(&hb, kc->shape, kc->bs);
+  make_batch(&hb, kc->shape, kc->bs, kc->long_ctx, kc->loose);
   int T = hb.T;
   size_t cache_n = (size_t)hb.num_blocks * kc->n_kv * kc->bs * kc->hd;
+  if (kc->f8) {
+    test_paged_f8(kc, &hb);
+    free_batch(&hb);
+    return;
+  }
   size_t nq = (size_t)T * kc->n_heads * kc->hd, nk = (size_t)T * kc->n_kv * kc->hd;
   /* random cache contents stand for the cached prefix; slots no sequence owns hold garbage the
    * causal mask and block tables must keep out of every result */
@@ -445,7 +518,7 @@ static void test_paged(const struct kv_case *kc) {
   float scale = 1.0f / sqrtf((float)kc->hd);
   void *bufs[2][6];
   for (int i = 0; i < 2; i++) {
-    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = NULL, .v_scale = NULL,
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = 1.0f, .v_scale = 1.0f,
                           .dtype = pair_be[i]->act_dtype, .num_blocks = hb.num_blocks,
                           .block_size = kc->bs, .n_kv_heads = kc->n_kv, .head_dim = kc->hd};
     struct batch b = dev_batch(i, &hb, bufs[i]);
@@ -467,8 +540,9 @@ static void test_paged(const struct kv_case *kc) {
   pair_expect(what, g, c, cache_n, TOL_EXACT);
   free(c);
   free(g);
-  snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d window %d softcap %g (T=%d B=%d)", kc->bs,
-           shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, kc->window, (double)kc->softcap, T, hb.B);
+  snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d window %d softcap %g%s%s (T=%d B=%d)", kc->bs,
+           shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, kc->window, (double)kc->softcap,
+           kc->long_ctx ? " long" : "", kc->loose ? " loose" : "", T, hb.B);
   pair_get_both(out, nq, &c, &g);
   pair_expect(what, g, c, nq, TOL_BF16_OUT);
   free(c);
@@ -597,8 +671,8 @@ static void test_errors(void) {
   CHECK(g->ops->attention(g, buf, buf, &kv, &b, &ap1) == -1, "attention accepted block size 12");
   CHECK(strstr(err_last(), "8, 16 or 32") != NULL, "block size message: %s", err_last());
   kv.block_size = 16;
-  kv.dtype = DTYPE_F8E4M3;
-  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted an f8e4m3 cache");
+  kv.dtype = DTYPE_F16;
+  CHECK(g->ops->kv_write(g, &kv, buf, buf, &b) == -1, "kv_write accepted an f16 cache");
   CHECK(g->ops->sync(g) == 0, "the stream is not usable after refused ops: %s", err_last());
   g->ops->free(g, buf);
 }
@@ -778,15 +852,15 @@ int main(void) {
   for (int bi = 0; bi < 3; bi++)
     for (int s = 0; s < SHAPE_COUNT; s++)
       for (int gi = 0; gi < 3; gi++) {
-        struct kv_case kc = {bss[bi], gqa[gi][0], gqa[gi][1], 64, (enum shape)s, 0, 0};
+        struct kv_case kc = {bss[bi], gqa[gi][0], gqa[gi][1], 64, (enum shape)s, 0, 0, 0, 0, 0};
         test_paged(&kc);
         cases++;
       }
   /* other head dims: Llama-3.1-8B's 128 and stories260K's 8 (the grouped kernel); 3 query
    * heads per KV head (the per-head kernel); head_dim 96 (the generic kernel) */
   for (int s = 0; s < SHAPE_COUNT; s++) {
-    struct kv_case a = {16, 8, 2, 128, (enum shape)s, 0, 0}, b = {32, 8, 4, 8, (enum shape)s, 0, 0},
-                   c = {8, 6, 2, 96, (enum shape)s, 0, 0}, d = {16, 6, 2, 64, (enum shape)s, 0, 0};
+    struct kv_case a = {16, 8, 2, 128, (enum shape)s, 0, 0, 0, 0, 0}, b = {32, 8, 4, 8, (enum shape)s, 0, 0, 0, 0, 0},
+                   c = {8, 6, 2, 96, (enum shape)s, 0, 0, 0, 0, 0}, d = {16, 6, 2, 64, (enum shape)s, 0, 0, 0, 0, 0};
     test_paged(&a);
     test_paged(&b);
     test_paged(&c);
@@ -795,12 +869,30 @@ int main(void) {
   }
   /* sliding window and softcapping (struct attn_params) through each kernel family */
   for (int s = 0; s < SHAPE_COUNT; s++) {
-    struct kv_case w[4] = {{16, 8, 2, 128, (enum shape)s, 37, 0},
-                           {8, 6, 2, 64, (enum shape)s, 20, 2.5f},
-                           {32, 6, 2, 96, (enum shape)s, 50, 0},
-                           {16, 8, 4, 64, (enum shape)s, 0, 1.5f}};
+    struct kv_case w[4] = {{16, 8, 2, 128, (enum shape)s, 37, 0, 0, 0, 0},
+                           {8, 6, 2, 64, (enum shape)s, 20, 2.5f, 0, 0, 0},
+                           {32, 6, 2, 96, (enum shape)s, 50, 0, 0, 0, 0},
+                           {16, 8, 4, 64, (enum shape)s, 0, 1.5f, 0, 0, 0}};
     for (int k = 0; k < 4; k++, cases++)
       test_paged(&w[k]);
+  }
+  /* the split-context decode kernel: long contexts (several partitions and the reduction),
+   * loose host bounds with padded sequences (CUDA graphs), window and softcap, each block size
+   * and GQA group, bf16 and f8e4m3; and f8e4m3 through the general kernels */
+  for (int f8 = 0; f8 < 2; f8++)
+    for (int bi = 0; bi < 3; bi++) {
+      struct kv_case d[5] = {{bss[bi], 32, 8, 128, SHAPE_DECODE, 0, 0, f8, 1, 0},
+                             {bss[bi], 8, 1, 128, SHAPE_DECODE, 0, 0, f8, 1, 1},
+                             {bss[bi], 16, 8, 64, SHAPE_DECODE, 300, 0, f8, 1, 1},
+                             {bss[bi], 8, 8, 128, SHAPE_DECODE, 0, 30.0f, f8, 1, 0},
+                             {bss[bi], 8, 2, 64, (enum shape)(1 + bi), bi == 2 ? 25 : 0, 0, f8, 0, bi == 0}};
+      for (int k = 0; k < 5; k++, cases++)
+        test_paged(&d[k]);
+    }
+  for (int s = 0; s < SHAPE_COUNT; s++, cases += 2) { /* f8e4m3: the per-head and generic kernels */
+    struct kv_case a = {16, 6, 2, 64, (enum shape)s, 0, 0, 1, 0, 0}, b = {8, 6, 2, 96, (enum shape)s, 20, 2.0f, 1, 0, 0};
+    test_paged(&a);
+    test_paged(&b);
   }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);

@@ -67,9 +67,9 @@ static inline int att_first_key(int pos, int w) { return w > 0 && pos - w + 1 > 
 
 /* Rejects batches whose metadata would read outside the cache (request-path input). */
 static int att_check(const struct kv_layer *kv, const struct batch *b, int n_heads) {
-  if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16)
-    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32 or f16; "
-               "f8e4m3 is CUDA-only)", dtype_name(kv->dtype));
+  if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16 && kv->dtype != DTYPE_F8E4M3)
+    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32, f16 or f8e4m3)",
+               dtype_name(kv->dtype));
   if (kv->n_kv_heads <= 0 || n_heads % kv->n_kv_heads != 0)
     return ERR("attention: %d heads are not a multiple of %d KV heads", n_heads, kv->n_kv_heads);
   if (kv->head_dim > CPU_MAX_HEAD_DIM)
@@ -96,9 +96,20 @@ static int att_check(const struct kv_layer *kv, const struct batch *b, int n_hea
   return 0;
 }
 
+/* Row OFF (in elements) of cache C as f32: the row itself for F32, else (F8E4M3) dequantized
+ * into BUF (head_dim floats) with SCALE. */
+static inline const float *att_row(const struct kv_layer *kv, const void *c, size_t off, float scale, float *buf) {
+  if (kv->dtype == DTYPE_F32)
+    return (const float *)c + off;
+  const uint8_t *r = (const uint8_t *)c + off;
+  for (int i = 0; i < kv->head_dim; i++)
+    buf[i] = f8e4m3_to_f32(r[i]) * scale;
+  return buf;
+}
+
 /* Heads h0 .. h0 + nh - 1 (all mapped to KV head kvh) of query token t of sequence seq. They
  * share each key and value read; every head's arithmetic is the same as when it runs alone. */
-static void att_heads(float *o, const float *qs, const float *kc, const float *vc, const struct kv_layer *kv,
+static void att_heads(float *o, const float *qs, const void *kc, const void *vc, const struct kv_layer *kv,
                       const struct batch *b, const struct attn_params *ap, int t, int seq, int kvh, int h0,
                       int nh) {
   const int hd = kv->head_dim, bs = kv->block_size, nkv = kv->n_kv_heads, n_heads = ap->n_heads;
@@ -110,6 +121,8 @@ static void att_heads(float *o, const float *qs, const float *kc, const float *v
   float m[ATT_GROUP], l[ATT_GROUP];
   const float *vrow[ATT_CHUNK];
   const float *qv[ATT_GROUP];
+  float kbuf[CPU_MAX_HEAD_DIM];            /* F8E4M3: the dequantized key row */
+  float vbuf[ATT_CHUNK][CPU_MAX_HEAD_DIM]; /* F8E4M3: the chunk's dequantized value rows */
   for (int g = 0; g < nh; g++) {
     qv[g] = qs + ((size_t)t * n_heads + h0 + g) * hd;
     m[g] = -INFINITY;
@@ -123,9 +136,10 @@ static void att_heads(float *o, const float *qs, const float *kc, const float *v
     for (int jj = jf; jj < n; jj++) {
       int j = j0 + jj;
       size_t off = (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
+      const float *krow = att_row(kv, kc, off, kv->k_scale, kbuf);
       for (int g = 0; g < nh; g++)
-        sc[g][jj] = att_cap(att_dot(qv[g], kc + off, hd) * scale, cap);
-      vrow[jj] = vc + off;
+        sc[g][jj] = att_cap(att_dot(qv[g], krow, hd) * scale, cap);
+      vrow[jj] = att_row(kv, vc, off, kv->v_scale, vbuf[jj]);
     }
     for (int g = 0; g < nh; g++) {
       float cm = -INFINITY;
@@ -246,8 +260,8 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
     return ERR("attention: window %d and softcap %g must be >= 0", ap->window, (double)ap->softcap);
   float *o = out;          /* (T, n_heads, head_dim) */
   const float *qs = q;     /* (T, n_heads, head_dim) */
-  const float *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) */
-  const float *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
+  const void *kc = kv->k; /* (num_blocks, n_kv_heads, block_size, head_dim) of f32 or f8e4m3 */
+  const void *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) of f32 or f8e4m3 */
   const int nkv = kv->n_kv_heads, group = n_heads / nkv, T = b->num_tokens;
   int64_t keys = 0; /* (query, key) pairs of the step: QK and PV cost 2 x head_dim each per head */
   for (int s = 0; s < b->num_seqs; s++)

@@ -104,9 +104,9 @@ int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up
 int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, const void *v,
                  const struct batch *b) {
   (void)be;
-  if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16)
-    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32 or f16; "
-               "f8e4m3 is CUDA-only)", dtype_name(kv->dtype));
+  if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16 && kv->dtype != DTYPE_F8E4M3)
+    return ERR("cpu backend: KV cache dtype %s is not supported (the CPU keeps K/V in f32, f16 or f8e4m3)",
+               dtype_name(kv->dtype));
   size_t row = (size_t)kv->n_kv_heads * kv->head_dim;  /* one token's K (or V) */
   size_t head = (size_t)kv->head_dim;
   int64_t n_slots = (int64_t)kv->num_blocks * kv->block_size;
@@ -114,6 +114,7 @@ int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, c
   const float *vs = v; /* (T, n_kv_heads, head_dim) */
   float *kc = kv->k, *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
   uint16_t *kh = kv->k, *vh = kv->v; /* the same, when dtype is F16 */
+  uint8_t *k8 = kv->k, *v8 = kv->v;  /* the same, when dtype is F8E4M3: x / scale, saturated */
   for (int t = 0; t < b->num_tokens; t++) {
     int64_t s = b->slot_mapping[t];
     if (s < 0)
@@ -123,15 +124,23 @@ int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, c
     int64_t blk = s / kv->block_size, off = s % kv->block_size;
     for (int h = 0; h < kv->n_kv_heads; h++) {
       size_t dst = (((size_t)blk * kv->n_kv_heads + h) * kv->block_size + (size_t)off) * head;
+      const float *kr = ks + t * row + h * head, *vr = vs + t * row + h * head;
       if (kv->dtype == DTYPE_F16) {
         for (size_t i = 0; i < head; i++) {
-          kh[dst + i] = f32_to_f16(ks[t * row + h * head + i]);
-          vh[dst + i] = f32_to_f16(vs[t * row + h * head + i]);
+          kh[dst + i] = f32_to_f16(kr[i]);
+          vh[dst + i] = f32_to_f16(vr[i]);
         }
         continue;
       }
-      memcpy(kc + dst, ks + t * row + h * head, head * sizeof(float));
-      memcpy(vc + dst, vs + t * row + h * head, head * sizeof(float));
+      if (kv->dtype == DTYPE_F8E4M3) {
+        for (size_t i = 0; i < head; i++) {
+          k8[dst + i] = f32_to_f8e4m3(kr[i] / kv->k_scale);
+          v8[dst + i] = f32_to_f8e4m3(vr[i] / kv->v_scale);
+        }
+        continue;
+      }
+      memcpy(kc + dst, kr, head * sizeof(float));
+      memcpy(vc + dst, vr, head * sizeof(float));
     }
   }
   return 0;
@@ -151,10 +160,9 @@ int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, c
   (void)be;
   for (int l = 0; l < n_layers; l++) {
     struct kv_layer *kv = &layers[l];
-    if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16)
+    if (kv->dtype != DTYPE_F32 && kv->dtype != DTYPE_F16 && kv->dtype != DTYPE_F8E4M3)
       return ERR("cpu backend: KV cache dtype %s is not supported", dtype_name(kv->dtype));
-    size_t es = kv->dtype == DTYPE_F16 ? 2 : 4;
-    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * kv->head_dim * es; /* bytes per block */
+    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * dtype_row_bytes(kv->dtype, kv->head_dim); /* bytes */
     for (int i = 0; i < n; i++) {
       if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
         return ERR("copy_blocks: block %d -> %d outside the pool of %d", src[i], dst[i], kv->num_blocks);

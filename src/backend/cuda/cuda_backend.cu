@@ -187,9 +187,9 @@ static int cuda_copy_blocks(struct backend *be, struct kv_layer *layers, int n_l
   struct cuda_backend *cb = cuda_be(be);
   for (int l = 0; l < n_layers; l++) {
     const struct kv_layer *kv = &layers[l];
-    if (kv->dtype != DTYPE_BF16)
-      return ERR("cuda backend: kv cache dtype %s is not supported (bf16)", dtype_name(kv->dtype));
-    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * kv->head_dim * 2;
+    if (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3)
+      return ERR("cuda backend: kv cache dtype %s is not supported (bf16 or f8e4m3)", dtype_name(kv->dtype));
+    size_t blk = (size_t)kv->n_kv_heads * kv->block_size * dtype_row_bytes(kv->dtype, kv->head_dim);
     for (int i = 0; i < n; i++) {
       if (src[i] < 0 || src[i] >= kv->num_blocks || dst[i] < 0 || dst[i] >= kv->num_blocks)
         return ERR("copy_blocks: block %d -> %d out of range (%d blocks)", src[i], dst[i],
@@ -213,6 +213,7 @@ static void cuda_destroy(struct backend *be) {
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
+  cudaFree(cb->attn_scratch);
   cudaFree(cb->sample_params_dev);
   cudaFree(cb->sample_tokens_dev);
   cudaFreeHost(cb->sample_params_host);

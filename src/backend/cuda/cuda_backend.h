@@ -56,6 +56,13 @@ struct cuda_backend {
   void *deq_scratch;
   size_t deq_scratch_bytes;
   int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
+  /* split-K decode attention (cuda_attn_decode.cu): scratch allocated outside any capture, at the
+   * largest size for the reserved bounds (cuda_attention_reserve) or the first call's */
+  void *attn_scratch;
+  size_t attn_scratch_bytes;
+  int attn_reserve_seqs, attn_reserve_ctx;
+  int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
+  int n_sms;                 /* multiprocessors (0 until first asked) */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -78,6 +85,11 @@ int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int3
 int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct weight *bias, int T);
 int cuda_op_attention(struct backend *be, void *out, const void *q, const struct kv_layer *kv,
                       const struct batch *b, const struct attn_params *ap);
+/* Sizes the decode attention's split-K scratch for up to MAX_SEQS sequences (MAX_CTX is kept
+ * but the size does not depend on it: the partitions per sequence are bounded by the SM count);
+ * the allocation happens on the next attention call outside a CUDA-graph capture (the
+ * profiling step), so a captured step never allocates. Bounds only grow. */
+extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_ctx);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
 

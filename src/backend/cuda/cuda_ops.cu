@@ -2,6 +2,8 @@
  * fused residual add, RoPE, SiLU-mul, KV write through slot_mapping, row gather, bias add.
  * Activations are BF16; all arithmetic is f32. Part 1 kernels: plain and correct, one thread per
  * element or per pair, grid-stride loops; faster versions replace them behind the same launchers. */
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_backend.h"
 
 typedef __nv_bfloat16 bf16;
@@ -177,13 +179,20 @@ int cuda_op_silu_mul(struct backend *be, void *out, const void *gate, const void
 }
 
 /* ---- reshape and cache: k,v(T, n_kv, hd) -> cache (num_blocks, n_kv, bs, hd) at slot_mapping.
- * Slots < 0 (padding) and slots past the pool are skipped. One block per token. ---- */
-__global__ void kv_write_kernel(bf16 *kc,             /* (num_blocks, n_kv, bs, hd) */
-                                bf16 *vc,             /* (num_blocks, n_kv, bs, hd) */
+ * Slots < 0 (padding) and slots past the pool are skipped. One block per token. An f8e4m3 cache
+ * gets e4m3(x / scale) (nearest even, saturated to +-448, as the CPU's f32_to_f8e4m3). ---- */
+__device__ __forceinline__ void kv_store(bf16 *c, size_t i, bf16 x, float) { c[i] = x; }
+__device__ __forceinline__ void kv_store(uint8_t *c, size_t i, bf16 x, float scale) {
+  c[i] = (uint8_t)__nv_cvt_float_to_fp8(__bfloat162float(x) / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+template <class E>
+__global__ void kv_write_kernel(E *kc,                /* (num_blocks, n_kv, bs, hd) */
+                                E *vc,                /* (num_blocks, n_kv, bs, hd) */
                                 const bf16 *k,        /* (T, n_kv, hd) */
                                 const bf16 *v,        /* (T, n_kv, hd) */
                                 const int32_t *slots, /* (T) */
-                                int n_kv, int bs, int hd, int64_t num_slots) {
+                                int n_kv, int bs, int hd, int64_t num_slots, float k_scale, float v_scale) {
   int t = blockIdx.x;
   int32_t slot = slots[t];
   if (slot < 0 || slot >= num_slots)
@@ -193,8 +202,8 @@ __global__ void kv_write_kernel(bf16 *kc,             /* (num_blocks, n_kv, bs, 
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     int h = i / hd, d = i % hd;
     size_t dst = (((size_t)blk * n_kv + h) * bs + off) * hd + d;
-    kc[dst] = k[(size_t)t * n + i];
-    vc[dst] = v[(size_t)t * n + i];
+    kv_store(kc, dst, k[(size_t)t * n + i], k_scale);
+    kv_store(vc, dst, v[(size_t)t * n + i], v_scale);
   }
 }
 
@@ -202,17 +211,26 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
                      const struct batch *b) {
   if (check_act(be, "kv_write"))
     return -1;
-  if (kv->dtype != DTYPE_BF16)
-    return ERR("cuda kv_write: kv cache dtype %s is not supported (bf16)", dtype_name(kv->dtype));
+  if (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3)
+    return ERR("cuda kv_write: kv cache dtype %s is not supported (bf16 or f8e4m3)", dtype_name(kv->dtype));
   if (!cuda_block_size_ok(kv->block_size))
     return ERR("--pa-block-size %d is not supported on CUDA (use " CUDA_BLOCK_SIZES ")", kv->block_size);
+  if (kv->dtype == DTYPE_F8E4M3 && !(kv->k_scale > 0.0f && kv->v_scale > 0.0f))
+    return ERR("cuda kv_write: f8e4m3 KV scales %g / %g must be > 0", (double)kv->k_scale, (double)kv->v_scale);
   if (b->num_tokens <= 0)
     return 0;
   int n = kv->n_kv_heads * kv->head_dim;
   int threads = n >= 256 ? 256 : ((n + 31) / 32) * 32;
-  kv_write_kernel<<<b->num_tokens, threads, 0, cuda_be(be)->stream>>>(
-      (bf16 *)kv->k, (bf16 *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
-      kv->block_size, kv->head_dim, (int64_t)kv->num_blocks * kv->block_size);
+  int64_t slots = (int64_t)kv->num_blocks * kv->block_size;
+  cudaStream_t st = cuda_be(be)->stream;
+  if (kv->dtype == DTYPE_F8E4M3)
+    kv_write_kernel<uint8_t><<<b->num_tokens, threads, 0, st>>>(
+        (uint8_t *)kv->k, (uint8_t *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
+        kv->block_size, kv->head_dim, slots, kv->k_scale, kv->v_scale);
+  else
+    kv_write_kernel<bf16><<<b->num_tokens, threads, 0, st>>>(
+        (bf16 *)kv->k, (bf16 *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
+        kv->block_size, kv->head_dim, slots, 1.0f, 1.0f);
   CUDA_LAUNCH_CHECK();
   return 0;
 }

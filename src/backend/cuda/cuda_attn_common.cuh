@@ -1,0 +1,230 @@
+/* cuda_attn_common.cuh - what every paged-attention kernel shares (cuda_attention.cu: the
+ * general varlen kernels; cuda_attn_decode.cu: the split-context decode kernel):
+ * - attn_lookup: token -> sequence, its query range, the keys it sees (context length and the
+ *   sliding window's first key), read from the batch's device arrays;
+ * - attn_load_q8: 8 consecutive q elements, scaled, as f32;
+ * - the KV element types: struct kv_bf16 and struct kv_f8 (FP8 E4M3 with one scale per layer for
+ *   K and one for V, struct kv_layer), each loading 16 bytes of a cache row as f32 values;
+ * - softcapping and warp reductions.
+ * Invariants: head_dim is a multiple of 8 (16 for an f8e4m3 cache in the grouped kernels), rows
+ * are 16-byte aligned (the pool's allocation is, and a row is head_dim elements), block tables
+ * hold valid block ids for every key a query sees (window blocks before the first key may be 0). */
+#ifndef PAGODA_CUDA_ATTN_COMMON_CUH
+#define PAGODA_CUDA_ATTN_COMMON_CUH
+
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_backend.h"
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float attn_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float attn_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Gemma 2's attention logit softcapping (cap > 0), on a score that already includes the scale. */
+__device__ __forceinline__ float attn_cap(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+
+/* The first key a query with CTX keys (its position + 1) sees under WINDOW (0: no window). */
+__device__ __forceinline__ int attn_first_key(int ctx, int window) {
+  return window > 0 && ctx > window ? ctx - window : 0;
+}
+
+/* Where a query token stands: its sequence b, the sequence's first token t0 and query count
+ * q_len, and the keys it sees, first .. ctx - 1. */
+struct attn_tok {
+  int b, t0, q_len, ctx, first;
+};
+
+/* The sequence of flattened token T: the largest b with query_start[b] <= t. */
+__device__ __forceinline__ int attn_seq_of(const int32_t *query_start, int B, int t) {
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+/* Token T of sequence B (b < 0: found by binary search over query_start): the query at
+ * t - t0 of a sequence of seq_lens[b] tokens, q_len of them new, sees keys up to its own
+ * position, ctx = seq_lens[b] - q_len + (t - t0) + 1, from attn_first_key(ctx, window). */
+__device__ __forceinline__ attn_tok attn_lookup(const int32_t *query_start, const int32_t *seq_lens, int B,
+                                                int t, int b, int window) {
+  attn_tok r;
+  r.b = b >= 0 ? b : attn_seq_of(query_start, B, t);
+  r.t0 = query_start[r.b];
+  r.q_len = query_start[r.b + 1] - r.t0;
+  r.ctx = seq_lens[r.b] - r.q_len + (t - r.t0) + 1;
+  r.first = attn_first_key(r.ctx, window);
+  return r;
+}
+
+/* q[0..7] = 8 bf16 at P (16-byte aligned) times SCALE. */
+__device__ __forceinline__ void attn_load_q8(float q[8], const bf16 *p, float scale) {
+  uint4 u = *(const uint4 *)p;
+  const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    float2 f = __bfloat1622float2(p2[k]);
+    q[2 * k] = f.x * scale;
+    q[2 * k + 1] = f.y * scale;
+  }
+}
+
+/* KV element types. N = elements in one load of type vec (16 bytes); cvt16 converts it to N f32 values
+ * times SCALE (f8 only: bf16 ignores it); load8 reads 8 elements at P (8 or 16 bytes, aligned
+ * to that) the same way; at reads one element. */
+struct kv_bf16 {
+  typedef bf16 elem;
+  typedef uint4 vec;
+  static constexpr int N = 8;
+  __device__ static __forceinline__ void cvt16(float f[8], uint4 u, float) {
+    const __nv_bfloat162 *p2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      float2 x = __bfloat1622float2(p2[k]);
+      f[2 * k] = x.x, f[2 * k + 1] = x.y;
+    }
+  }
+  __device__ static __forceinline__ void load8(float f[8], const elem *p, float s) { cvt16(f, *(const uint4 *)p, s); }
+  __device__ static __forceinline__ float at(const elem *p, int i, float) { return __bfloat162float(p[i]); }
+};
+
+struct kv_f8 {
+  typedef uint8_t elem;
+  typedef uint4 vec;
+  static constexpr int N = 16;
+  /* 4 e4m3 in W -> 4 f32 (through half2: exact) times S */
+  __device__ static __forceinline__ void cvt4(float f[4], uint32_t w, float s) {
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    float2 a = __half22float2(*(__half2 *)&lo), b = __half22float2(*(__half2 *)&hi);
+    f[0] = a.x * s, f[1] = a.y * s, f[2] = b.x * s, f[3] = b.y * s;
+  }
+  __device__ static __forceinline__ void cvt16(float f[16], uint4 u, float s) {
+    cvt4(f, u.x, s), cvt4(f + 4, u.y, s), cvt4(f + 8, u.z, s), cvt4(f + 12, u.w, s);
+  }
+  __device__ static __forceinline__ void load8(float f[8], const elem *p, float s) {
+    uint2 u = *(const uint2 *)p;
+    cvt4(f, u.x, s), cvt4(f + 4, u.y, s);
+  }
+  __device__ static __forceinline__ float at(const elem *p, int i, float s) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)p[i], __NV_E4M3);
+    return __half2float(*(__half *)&h) * s;
+  }
+};
+
+/* Everything a paged-attention kernel reads, passed by value. */
+struct attn_args {
+  bf16 *out;                   /* (T, n_heads, hd) */
+  const bf16 *q;               /* (T, n_heads, hd) */
+  const void *kc, *vc;         /* (num_blocks, n_kv, BS, hd) of bf16 or e4m3 */
+  const int32_t *query_start;  /* (B+1) */
+  const int32_t *seq_lens;     /* (B) */
+  const int32_t *block_tables; /* (B, max_blocks) */
+  int T, B, max_blocks, n_heads, n_kv, hd;
+  float scale, softcap;
+  int window;
+  float k_scale, v_scale; /* f8e4m3 cache: per-layer dequantization scales */
+  /* split-context decode (cuda_attn_decode.cu) */
+  float *part_acc; /* (B, n_heads, n_parts, hd) unnormalized partial outputs */
+  float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum) */
+  int n_parts, part_len;
+};
+
+/* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a
+ * bf16 cache, f16 for e4m3 (e4m3 -> f16 is exact). Fragment layouts as the PTX ISA gives them:
+ * thread (g = lane / 4, t = lane % 4) holds A rows g and g + 8, B column g, C rows g and g + 8,
+ * each at the k (or n) pairs 2t, 2t + 1 and 2t + 8, 2t + 9. attn_mma takes rows g + 8 of A as
+ * zero (decode: at most 8 query heads). ---- */
+__device__ __forceinline__ void attn_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, bf16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void attn_mma(float c[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1, __half) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t attn_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t attn_pack(float x, float y, bf16) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *(uint32_t *)&v;
+}
+__device__ __forceinline__ uint32_t attn_pack(float x, float y, __half) {
+  __half2 v = __floats2half2_rn(x, y);
+  return *(uint32_t *)&v;
+}
+/* 16 loaded bytes -> 16-bit pairs of the mma type: bf16 as they are, e4m3 -> f16x2 */
+__device__ __forceinline__ void attn_unpack(uint32_t w[4], uint4 u, bf16) { w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w; }
+__device__ __forceinline__ void attn_unpack(uint32_t w[8], uint4 u, __half) {
+  const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x[i] >> 16), __NV_E4M3);
+    w[2 * i] = (uint32_t)lo.x | ((uint32_t)lo.y << 16);
+    w[2 * i + 1] = (uint32_t)hi.x | ((uint32_t)hi.y << 16);
+  }
+}
+
+/* The same with all four A registers (rows g and g + 8 both in use: prefill). */
+__device__ __forceinline__ void attn_mma4(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bf16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void attn_mma4(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, __half) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The split-context decode kernel (cuda_attn_decode.cu) for A when the batch is a decode batch
+ * (MAX_QUERY_LEN 1) of a shape it is compiled for: 0 launched, -1 error (err_last() set), 1 not
+ * applicable (the caller launches the general kernels). Fills A's split-K fields. */
+int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int max_query_len, int max_seq_len);
+
+/* e4m3 with 8-byte loads (N = 8): half the registers per lane for q and the accumulators, for the
+ * decode kernel's large GQA groups (cvt16 converts the 8 bytes of one load). */
+struct kv_f8h {
+  typedef uint8_t elem;
+  typedef uint2 vec;
+  static constexpr int N = 8;
+  __device__ static __forceinline__ void cvt16(float f[8], uint2 u, float s) {
+    kv_f8::cvt4(f, u.x, s), kv_f8::cvt4(f + 4, u.y, s);
+  }
+};
+
+/* The tensor-core prefill kernel (cuda_attn_prefill.cu) for any other batch, head_dim 64 or 128:
+ * 0 launched, -1 error, 1 not applicable (the general kernels then run). */
+int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len);
+
+/* e4m3 of x (rounded to nearest even, saturated to +-448; NaN stays NaN), as the CPU's
+ * f32_to_f8e4m3. */
+__device__ __forceinline__ uint8_t attn_to_f8(float x) {
+  return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+#endif

@@ -1,0 +1,570 @@
+/* cuda_attn_decode.cu - decode attention (every sequence has at most one query: the batch's
+ * max_query_len is 1), split along the context (FlashDecoding) and GQA-grouped.
+ *
+ * Grid (num_seqs * n_kv_heads, n_parts). The thread block of (sequence b, KV head kvh,
+ * partition p) serves the G = n_heads / n_kv_heads query heads of kvh over the keys
+ * first + p * part_len .. first + (p + 1) * part_len - 1 (clipped to the context), so each K/V
+ * row is read once per group. A row is split over LPR = head_dim / N lanes, each loading 16 bytes
+ * (N = 8 bf16 or 16 e4m3 values), so a warp's load covers KPW = 32 / LPR consecutive rows of one
+ * block; each lane group issues the loads of U keys before using any of them, and keeps its own
+ * online softmax (max, sum, its N output dims per head) updated once per U keys. The groups
+ * and the DEC_WARPS warps are merged at the end (butterfly, then shared memory). A sequence whose
+ * keys fit one partition writes its output directly; otherwise each partition writes its
+ * unnormalized output and (max, sum) to the split-K scratch and attn_decode_reduce_kernel
+ * combines them.
+ *
+ * CUDA-graph safety: the launch shape depends only on num_seqs and the host bound max_seq_len
+ * (which may be loose), never on device data; the real context comes from seq_lens, and
+ * partitions past a sequence's end exit at once. The scratch is allocated outside any capture,
+ * on the first attention call of the shape (the profiling step), at its largest size for up to
+ * max(cuda_attention_reserve's max_seqs, that call's num_seqs) sequences and any context; a
+ * captured launch that would need more than exists uses fewer, longer partitions instead. */
+#include <type_traits>
+
+#include "backend/cuda/cuda_attn_common.cuh"
+
+#define DEC_WARPS 4
+#define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
+#define DEC_CTAS_PER_SM 16   /* aim for this many thread blocks per SM before splitting stops */
+
+template <int BS, int HD, int G, class KV, int U>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_args a) {
+  typedef typename KV::elem E;
+  constexpr int N = KV::N;       /* elements per lane per row (one load) */
+  constexpr int LPR = HD / N;    /* lanes per key row */
+  constexpr int KPW = 32 / LPR;  /* rows per warp load */
+  constexpr int TK = U * KPW;    /* keys per warp step */
+  __shared__ float sm_acc[DEC_WARPS][G][HD];
+  __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
+
+  const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane / LPR, part = lane % LPR;
+  const int t = a.query_start[b];
+  attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, t, b, a.window);
+  if (tk.q_len <= 0)
+    return; /* a padded sequence without a query: nothing to write */
+  const int nkeys = tk.ctx - tk.first;
+  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  if (p >= (nparts > 0 ? nparts : 1))
+    return; /* past this sequence's end (the grid is sized by the host bound) */
+  if (nparts == 0) { /* no keys: zeros, as the general kernels */
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+      a.out[((size_t)t * a.n_heads + kvh * G) * HD + i] = __float2bfloat16(0.0f);
+    return;
+  }
+  const int k0 = tk.first + p * a.part_len;
+  const int k1 = min(k0 + a.part_len, tk.ctx);
+
+  /* q of the group's heads: this lane's N dims, scaled */
+  float qv[G][N];
+#pragma unroll
+  for (int g = 0; g < G; g++)
+#pragma unroll
+    for (int c = 0; c < N / 8; c++)
+      attn_load_q8(qv[g] + c * 8, a.q + ((size_t)t * a.n_heads + kvh * G + g) * HD + part * N + c * 8, a.scale);
+  float m[G], l[G], acc[G][N];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < N; d++)
+      acc[g][d] = 0.0f;
+  }
+  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD + (size_t)part * N;
+  const size_t block_stride = (size_t)a.n_kv * BS * HD;
+
+  for (int j0 = k0 + warp * TK; j0 < k1; j0 += DEC_WARPS * TK) { /* warp-uniform bounds */
+    typename KV::vec ku[U], vu[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int j = j0 + u * KPW + sub;
+      if (j < k1) {
+        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+        ku[u] = __ldg((const typename KV::vec *)(kc + row));
+        vu[u] = __ldg((const typename KV::vec *)(vc + row));
+      } else {
+        ku[u] = vu[u] = typename KV::vec{};
+      }
+    }
+    float s[G][U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float kf[N];
+      KV::cvt16(kf, ku[u], a.k_scale);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float x = 0.0f;
+#pragma unroll
+        for (int d = 0; d < N; d++)
+          x += qv[g][d] * kf[d];
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1) /* within the aligned group of LPR lanes */
+          x += __shfl_xor_sync(0xffffffffu, x, o);
+        s[g][u] = j0 + u * KPW + sub < k1 ? attn_cap(x, a.softcap) : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        mx = fmaxf(mx, s[g][u]);
+      if (mx == -INFINITY) { /* none of this group's keys is valid yet: they add nothing */
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          s[g][u] = 0.0f;
+        continue;
+      }
+      float alpha = __expf(m[g] - mx); /* 0 while m = -inf */
+      l[g] *= alpha;
+#pragma unroll
+      for (int d = 0; d < N; d++)
+        acc[g][d] *= alpha;
+      m[g] = mx;
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        s[g][u] = __expf(s[g][u] - mx), l[g] += s[g][u]; /* invalid keys: exp(-inf) = 0 */
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float vf[N];
+      KV::cvt16(vf, vu[u], a.v_scale);
+#pragma unroll
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int d = 0; d < N; d++)
+          acc[g][d] += s[g][u] * vf[d];
+    }
+  }
+  /* merge the KPW lane groups of the warp (lanes with the same `part` hold the same dims) */
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int o = LPR; o < 32; o <<= 1) {
+      float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+      float mm = fmaxf(m[g], m2);
+      float a1 = mm == -INFINITY ? 0.0f : __expf(m[g] - mm), a2 = mm == -INFINITY ? 0.0f : __expf(m2 - mm);
+      l[g] = l[g] * a1 + l2 * a2;
+#pragma unroll
+      for (int d = 0; d < N; d++)
+        acc[g][d] = acc[g][d] * a1 + __shfl_xor_sync(0xffffffffu, acc[g][d], o) * a2;
+      m[g] = mm;
+    }
+    if (sub == 0) {
+#pragma unroll
+      for (int d = 0; d < N; d++)
+        sm_acc[warp][g][part * N + d] = acc[g][d];
+      if (part == 0)
+        sm_m[warp][g] = m[g], sm_l[warp][g] = l[g];
+    }
+  }
+  __syncthreads();
+  /* merge the warps: one (head, dim) per thread and step */
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    int g = i / HD, d = i % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++)
+      mm = fmaxf(mm, sm_m[w][g]); /* finite: the partition has at least one key */
+    float ls = 0.0f, as = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++) {
+      float f = sm_m[w][g] == -INFINITY ? 0.0f : __expf(sm_m[w][g] - mm);
+      ls += sm_l[w][g] * f;
+      as += sm_acc[w][g][d] * f;
+    }
+    int h = kvh * G + g;
+    if (nparts == 1) {
+      a.out[((size_t)t * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
+    } else {
+      size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
+      a.part_acc[pi * HD + d] = as;
+      if (d == 0)
+        a.part_ml[pi] = make_float2(mm, ls);
+    }
+  }
+}
+
+/* ---- the tensor-core variant (the default): mma.sync m16n8k16 with f32 accumulators, bf16
+ * operands for a bf16 cache and f16 for e4m3 (exact: e4m3 -> f16 by cvt; q is rounded to f16).
+ * Each warp takes 16 keys per step. QK: S[head][key] = Q (16 rows: the G <= 8 query heads of the
+ * KV head, the rest zero) x K^T, one mma per 16 dims and 8 keys, K fed as the B operand straight
+ * from 16-byte loads (thread (g, t) loads key g; the dims inside each 16-dim chunk are permuted
+ * the same way for Q and K, which a dot product allows). The score fragment is the PV mma's
+ * A operand as it stands (FlashAttention-2's register reuse); V is loaded as K was and turned
+ * into the B operand by movmatrix.trans (8x8 transposes in registers). Online softmax per head
+ * row: max over the 4 threads of a row group, partial sums per thread. */
+template <int BS, int HD, class KV>
+__global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
+  typedef typename KV::elem E;
+  constexpr bool F8 = sizeof(E) == 1;
+  typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
+  constexpr int EPP = 16 / (int)sizeof(E); /* cache elements per 16-byte piece */
+  constexpr int NP = HD / (4 * EPP);       /* pieces per thread per row */
+  constexpr int R = EPP / 2;               /* 16-bit pairs per piece */
+  constexpr int CPP = R / 2;               /* 16-dim chunks per piece */
+  constexpr int NT = HD / 8;               /* PV n-tiles */
+  __shared__ float sm_o[DEC_WARPS][8][HD];
+  __shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
+
+  const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int G = a.n_heads / a.n_kv;
+  const int tok = a.query_start[b];
+  attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, tok, b, a.window);
+  if (tk.q_len <= 0)
+    return;
+  const int nkeys = tk.ctx - tk.first;
+  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  if (p >= (nparts > 0 ? nparts : 1))
+    return;
+  if (nparts == 0) {
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+      a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] = __float2bfloat16(0.0f);
+    return;
+  }
+  const int k0 = tk.first + p * a.part_len;
+  const int k1 = min(k0 + a.part_len, tk.ctx);
+
+  /* Q as the A operand, row g (head kvh * G + g; zero past G), in the permuted dim order */
+  uint32_t qa[NP * CPP][2];
+  {
+    const bf16 *qrow = a.q + ((size_t)tok * a.n_heads + kvh * G + (g < G ? g : 0)) * HD;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t w[R];
+#pragma unroll
+      for (int c = 0; c < EPP / 8; c++) {
+        uint4 u = g < G ? *(const uint4 *)(qrow + (i * 4 + t) * EPP + c * 8) : make_uint4(0, 0, 0, 0);
+        const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          if (F8) { /* bf16 pair -> f16 pair */
+            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+            w[c * 4 + k] = attn_pack(f.x, f.y, MT());
+          } else {
+            w[c * 4 + k] = x[k];
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < CPP; h++)
+        qa[i * CPP + h][0] = w[2 * h], qa[i * CPP + h][1] = w[2 * h + 1];
+    }
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++)
+    o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const float sscale = a.scale * (F8 ? a.k_scale : 1.0f);
+  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD;
+  const size_t block_stride = (size_t)a.n_kv * BS * HD;
+
+  for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
+    uint4 kr[2][NP], vr[2][NP];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      int j = j0 + hf * 8 + g;
+      if (j < k1) {
+        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+          kr[hf][i] = __ldg((const uint4 *)(kc + row + (i * 4 + t) * EPP));
+          vr[hf][i] = __ldg((const uint4 *)(vc + row + (i * 4 + t) * EPP));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+          kr[hf][i] = vr[hf][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[2][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NP; i++) {
+        uint32_t w[R];
+        attn_unpack(w, kr[hf][i], MT());
+#pragma unroll
+        for (int h = 0; h < CPP; h++)
+          attn_mma(s[hf], qa[i * CPP + h][0], qa[i * CPP + h][1], w[2 * h], w[2 * h + 1], MT());
+      }
+    }
+    /* row g's scores: keys j0 + hf * 8 + 2t + e */
+    float x[4], mx = -INFINITY;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        float v = attn_cap(s[hf][e] * sscale, a.softcap);
+        v = j0 + hf * 8 + 2 * t + e < k1 ? v : -INFINITY;
+        x[hf * 2 + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2)); /* finite: key j0 < k1 is valid */
+    float mnew = fmaxf(m, mx), alpha = __expf(m - mnew);
+    m = mnew;
+    l *= alpha;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      x[k] = __expf(x[k] - mnew), l += x[k];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+      o[i][0] *= alpha, o[i][1] *= alpha;
+    uint32_t pa0 = attn_pack(x[0], x[1], MT()), pa2 = attn_pack(x[2], x[3], MT());
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t v0[R], v1[R];
+      attn_unpack(v0, vr[0][i], MT());
+      attn_unpack(v1, vr[1][i], MT());
+#pragma unroll
+      for (int e = 0; e < R; e++)
+        attn_mma(o[i * R + e], pa0, pa2, attn_trans(v0[e]), attn_trans(v1[e]), MT());
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+#pragma unroll
+      for (int e = 0; e < R; e++) {
+        int d = (i * 4 + t) * EPP + 2 * e;
+        sm_o[warp][g][d] = o[i * R + e][0];
+        sm_o[warp][g][d + 1] = o[i * R + e][1];
+      }
+    if (t == 0)
+      sm_m[warp][g] = m, sm_l[warp][g] = l;
+  }
+  __syncthreads();
+  const float vs = F8 ? a.v_scale : 1.0f;
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    int gg = i / HD, d = i % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++)
+      mm = fmaxf(mm, sm_m[w][gg]);
+    float ls = 0.0f, as = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++) {
+      float f = sm_m[w][gg] == -INFINITY ? 0.0f : __expf(sm_m[w][gg] - mm);
+      ls += sm_l[w][gg] * f;
+      as += sm_o[w][gg][d] * f;
+    }
+    as *= vs;
+    int h = kvh * G + gg;
+    if (nparts == 1) {
+      a.out[((size_t)tok * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
+    } else {
+      size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
+      a.part_acc[pi * HD + d] = as;
+      if (d == 0)
+        a.part_ml[pi] = make_float2(mm, ls);
+    }
+  }
+}
+
+/* Combines the partitions of sequences split in more than one: one block per (sequence, head),
+ * one thread per output dim. */
+__global__ void attn_decode_reduce_kernel(const attn_args a) {
+  const int b = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
+  const int t = a.query_start[b];
+  attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, t, b, a.window);
+  const int nkeys = tk.ctx - tk.first;
+  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  if (tk.q_len <= 0 || nparts <= 1)
+    return; /* written by the main kernel */
+  const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
+  float mm = -INFINITY;
+  for (int p = 0; p < nparts; p++)
+    mm = fmaxf(mm, a.part_ml[p0 + p].x);
+  for (int d = threadIdx.x; d < a.hd; d += blockDim.x) {
+    float ls = 0.0f, as = 0.0f;
+    for (int p = 0; p < nparts; p++) {
+      float2 ml = a.part_ml[p0 + p];
+      float f = __expf(ml.x - mm);
+      ls += ml.y * f;
+      as += a.part_acc[(p0 + p) * a.hd + d] * f;
+    }
+    a.out[((size_t)t * a.n_heads + h) * a.hd + d] = __float2bfloat16(as / ls);
+  }
+}
+
+/* Keys each lane group loads before using them (U): as many as the registers allow without
+ * spilling (q and the accumulators take 2 * G * N registers per lane). An f8e4m3 cache takes
+ * 16-byte loads (N = 16) for G <= 2 and 8-byte loads (kv_f8h, N = 8) for larger groups. */
+static constexpr int dec_u(int G, int f8) { return f8 && G <= 2 ? 4 : G >= 8 ? 2 : 4; }
+static constexpr int dec_n(int G, int f8) { return f8 && G <= 2 ? 16 : 8; }
+
+/* The tensor-core kernel unless PAGODA_ATTN_DECODE=simd (read once) asks for the CUDA-core one. */
+static int dec_use_mma(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("PAGODA_ATTN_DECODE");
+    v = !(e && !strcmp(e, "simd"));
+  }
+  return v;
+}
+
+/* Keys per warp step of the instantiation for (HD, G, f8). */
+static int dec_tile(int hd, int G, int f8) {
+  return dec_use_mma() ? 16 : dec_u(G, f8) * (32 / (hd / dec_n(G, f8)));
+}
+
+/* Scratch bytes for B sequences of H heads of HD dims in P partitions. */
+static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
+  size_t n = (size_t)B * H * P;
+  return n * hd * sizeof(float) + n * sizeof(float2);
+}
+
+static int dec_sms(struct cuda_backend *cb) {
+  if (cb->n_sms <= 0) {
+    int v = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cb->device));
+    cb->n_sms = v > 0 ? v : 1;
+  }
+  return cb->n_sms;
+}
+
+/* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
+ * for DEC_CTAS_PER_SM per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
+static int dec_parts(int sms, int B, int kvh, int max_keys, int tile) {
+  int64_t work = (int64_t)B * kvh;
+  int64_t want = ((int64_t)sms * DEC_CTAS_PER_SM + work - 1) / work;
+  int min_part = DEC_MIN_PART > DEC_WARPS * tile ? DEC_MIN_PART : DEC_WARPS * tile;
+  int64_t most = (max_keys + min_part - 1) / min_part;
+  if (want > most)
+    want = most;
+  return want < 1 ? 1 : (int)want;
+}
+
+extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_ctx) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (max_seqs < 0 || max_ctx < 0)
+    return ERR("cuda_attention_reserve: %d sequences of %d tokens", max_seqs, max_ctx);
+  cb->attn_reserve_seqs = max_seqs > cb->attn_reserve_seqs ? max_seqs : cb->attn_reserve_seqs;
+  cb->attn_reserve_ctx = max_ctx > cb->attn_reserve_ctx ? max_ctx : cb->attn_reserve_ctx; /* not needed for the size */
+  return 0;
+}
+
+/* Grows the scratch to BYTES outside a capture; 0, or -1 with err_last() set. */
+static int dec_scratch_grow(struct cuda_backend *cb, size_t bytes) {
+  if (bytes <= cb->attn_scratch_bytes)
+    return 0;
+  if (cb->attn_scratch) {
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    CUDA_CHECK(cudaFree(cb->attn_scratch));
+    cb->attn_scratch = NULL;
+    cb->attn_scratch_bytes = 0;
+  }
+  cudaError_t e = cudaMalloc(&cb->attn_scratch, bytes);
+  if (e != cudaSuccess) {
+    cb->attn_scratch = NULL;
+    return ERR("CUDA out of memory: cannot allocate the %.1f MiB attention split-K scratch (%s); lower "
+               "--max-num-seqs", (double)bytes / 1048576.0, cudaGetErrorString(e));
+  }
+  cb->attn_scratch_bytes = bytes;
+  return 0;
+}
+
+/* KV for groups of 1 or 2 heads, KVL for larger ones (see dec_u). */
+template <int BS, class KV, class KVL, int F8>
+static void dec_launch(const attn_args &a, int G, dim3 grid, cudaStream_t st) {
+  dim3 thr(DEC_WARPS * 32);
+#define DEC_G(HD)                                                                                  \
+  do {                                                                                             \
+    if (G == 1)                                                                                    \
+      attn_decode_kernel<BS, HD, 1, KV, dec_u(1, F8)><<<grid, thr, 0, st>>>(a);                    \
+    else if (G == 2)                                                                               \
+      attn_decode_kernel<BS, HD, 2, KV, dec_u(2, F8)><<<grid, thr, 0, st>>>(a);                    \
+    else if (G == 4)                                                                               \
+      attn_decode_kernel<BS, HD, 4, KVL, dec_u(4, F8)><<<grid, thr, 0, st>>>(a);                   \
+    else                                                                                           \
+      attn_decode_kernel<BS, HD, 8, KVL, dec_u(8, F8)><<<grid, thr, 0, st>>>(a);                   \
+  } while (0)
+  if (a.hd == 64)
+    DEC_G(64);
+  else
+    DEC_G(128);
+#undef DEC_G
+}
+
+int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int max_query_len, int max_seq_len) {
+  struct cuda_backend *cb = cuda_be(be);
+  int G = a->n_heads / a->n_kv;
+  int mma = dec_use_mma();
+  if ((a->hd != 64 && a->hd != 128) || !(mma ? G <= 8 : (G == 1 || G == 2 || G == 4 || G == 8)))
+    return 1; /* a shape these kernels are not compiled for: the general kernels */
+  int tile = dec_tile(a->hd, G, f8);
+  int sms = dec_sms(cb);
+  if (sms < 0)
+    return -1;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(cb->stream, &cap));
+  if (cap == cudaStreamCaptureStatusNone) {
+    /* Outside a capture, on any batch of this shape (the profiling step included, decode or
+     * not): size the scratch for every decode batch of up to max(reserved, this) sequences. The
+     * partitions of s sequences are at most ceil(sms * DEC_CTAS_PER_SM / (s * n_kv)) whatever the
+     * context, so the size does not depend on it (a few MiB: 8.1 MiB for 256 sequences of
+     * Llama-3.1-8B's 32 / 8 heads on 132 SMs). */
+    int rs = cb->attn_reserve_seqs > a->B ? cb->attn_reserve_seqs : a->B;
+    int key[5] = {rs, 0, a->n_heads, a->n_kv, a->hd * 2 + f8};
+    if (memcmp(key, cb->attn_sized_for, sizeof key) != 0) {
+      size_t need = 0;
+      for (int s = 1; s <= rs; s++) {
+        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile));
+        need = by > need ? by : need;
+      }
+      if (dec_scratch_grow(cb, need))
+        return -1;
+      memcpy(cb->attn_sized_for, key, sizeof key);
+    }
+  }
+  if (max_query_len != 1 || max_seq_len <= 0)
+    return 1; /* not a decode batch: the prefill kernels */
+  int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
+  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile);
+  while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes)
+    P--; /* capturing with too small a scratch: fewer, longer partitions */
+  int part_len = (max_keys + P - 1) / P;
+  int step = DEC_WARPS * tile;
+  part_len = (part_len + step - 1) / step * step;
+  P = (max_keys + part_len - 1) / part_len;
+  a->n_parts = P;
+  a->part_len = part_len;
+  size_t nml = (size_t)a->B * a->n_heads * P;
+  a->part_ml = (float2 *)cb->attn_scratch;
+  a->part_acc = (float *)((char *)cb->attn_scratch + nml * sizeof(float2));
+  if ((int64_t)a->B * a->n_kv > 0x7fffffff)
+    return ERR("cuda attention: batch too large (%d sequences)", a->B);
+  dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
+  cudaStream_t st = cb->stream;
+#define DEC_MMA(BS, KV)                                                                            \
+  (a->hd == 64 ? attn_decode_mma_kernel<BS, 64, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)              \
+               : attn_decode_mma_kernel<BS, 128, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a))
+#define DEC_BS(BS)                                                                                 \
+  (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
+       : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(*a, G, grid, st) : dec_launch<BS, kv_bf16, kv_bf16, 0>(*a, G, grid, st)))
+  if (bs == 8)
+    DEC_BS(8);
+  else if (bs == 16)
+    DEC_BS(16);
+  else
+    DEC_BS(32);
+#undef DEC_BS
+#undef DEC_MMA
+  CUDA_LAUNCH_CHECK();
+  if (P > 1) {
+    attn_decode_reduce_kernel<<<(unsigned)(a->B * a->n_heads), a->hd, 0, st>>>(*a);
+    CUDA_LAUNCH_CHECK();
+  }
+  return 0;
+}

@@ -1,0 +1,212 @@
+/* cuda_attn_prefill.cu - prefill and chunked-prefill attention over the paged cache on tensor
+ * cores (any batch the decode kernel does not take, head_dim 64 or 128): causal, varlen, GQA,
+ * sliding window and softcap, bf16 or e4m3 cache, decode rows mixed in.
+ *
+ * Grid (num_seqs x ceil(max_query_len / 64), n_heads): the thread block of (sequence b, query
+ * tile qt, head h) takes the queries qt * 64 .. qt * 64 + 63 of b, 16 per warp; tiles past the
+ * sequence's queries exit at once (max_query_len is a host bound and may be loose). Each warp is
+ * a FlashAttention-2 loop on its own: Q's 16 rows are the A operand of mma.sync m16n8k16 (f32
+ * accumulators), K and V come from 16-byte loads as in the decode kernel (K as the B operand with
+ * the dims inside each 16-dim chunk permuted alike for Q and K; V transposed in registers by
+ * movmatrix), 16 keys per step from the first key any of its rows sees to the last, with the
+ * causal and window masks per row and an online softmax per row (max over the 4 threads of a
+ * row group, partial sums per thread). */
+#include <type_traits>
+
+#include "backend/cuda/cuda_attn_common.cuh"
+
+#define PRE_WARPS 4
+#define PRE_ROWS (PRE_WARPS * 16) /* queries per thread block */
+
+template <int BS, int HD, class KV>
+__global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const attn_args a, int n_qt) {
+  typedef typename KV::elem E;
+  constexpr bool F8 = sizeof(E) == 1;
+  typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
+  constexpr int EPP = 16 / (int)sizeof(E); /* cache elements per 16-byte piece */
+  constexpr int NP = HD / (4 * EPP);       /* pieces per thread per row */
+  constexpr int R = EPP / 2;               /* 16-bit pairs per piece */
+  constexpr int CPP = R / 2;               /* 16-dim chunks per piece */
+  constexpr int NT = HD / 8;               /* PV n-tiles */
+
+  const int b = blockIdx.x / n_qt, qt = blockIdx.x % n_qt, h = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int kvh = h / (a.n_heads / a.n_kv);
+  const int t0 = a.query_start[b], q_len = a.query_start[b + 1] - t0;
+  const int row0 = qt * PRE_ROWS + warp * 16;
+  if (row0 >= q_len)
+    return; /* warp-level: no block-wide barrier in this kernel */
+  const int past = a.seq_lens[b] - q_len; /* keys before the first query */
+  /* this thread's rows: r[0] = row0 + g, r[1] = row0 + g + 8 (clamped to the last query for the
+   * loads; rows past q_len are computed and not written) */
+  int ctx[2], first[2];
+  bool live[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    int r = row0 + g + 8 * k;
+    live[k] = r < q_len;
+    r = live[k] ? r : q_len - 1;
+    ctx[k] = past + r + 1;
+    first[k] = attn_first_key(ctx[k], a.window);
+  }
+  const int last_row = min(row0 + 15, q_len - 1);
+  const int kbeg = attn_first_key(past + row0 + 1, a.window), kend = past + last_row + 1;
+
+  uint32_t qa[NP * CPP][4];
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    int r = live[k] ? row0 + g + 8 * k : q_len - 1;
+    const bf16 *qrow = a.q + ((size_t)(t0 + r) * a.n_heads + h) * HD;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t w[R];
+#pragma unroll
+      for (int c = 0; c < EPP / 8; c++) {
+        uint4 u = *(const uint4 *)(qrow + (i * 4 + t) * EPP + c * 8);
+        const uint32_t x[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          if (F8) {
+            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[j]);
+            w[c * 4 + j] = attn_pack(f.x, f.y, MT());
+          } else {
+            w[c * 4 + j] = x[j];
+          }
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < CPP; hh++) /* A: reg 0 / 2 = row g, reg 1 / 3 = row g + 8 */
+        qa[i * CPP + hh][k] = w[2 * hh], qa[i * CPP + hh][2 + k] = w[2 * hh + 1];
+    }
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++)
+    o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sscale = a.scale * (F8 ? a.k_scale : 1.0f);
+  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD;
+  const size_t block_stride = (size_t)a.n_kv * BS * HD;
+
+  for (int j0 = kbeg; j0 < kend; j0 += 16) {
+    uint4 kr[2][NP], vr[2][NP];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      int j = j0 + hf * 8 + g;
+      if (j < kend) {
+        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+          kr[hf][i] = __ldg((const uint4 *)(kc + row + (i * 4 + t) * EPP));
+          vr[hf][i] = __ldg((const uint4 *)(vc + row + (i * 4 + t) * EPP));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+          kr[hf][i] = vr[hf][i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float s[2][4];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NP; i++) {
+        uint32_t w[R];
+        attn_unpack(w, kr[hf][i], MT());
+#pragma unroll
+        for (int hh = 0; hh < CPP; hh++)
+          attn_mma4(s[hf], qa[i * CPP + hh], w[2 * hh], w[2 * hh + 1], MT());
+      }
+    }
+    /* masks and the online softmax, per row k: C regs 2k, 2k + 1 of each half */
+    uint32_t pa[4];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      float x[4], mx = -INFINITY;
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          int key = j0 + hf * 8 + 2 * t + e;
+          float v = attn_cap(s[hf][2 * k + e] * sscale, a.softcap);
+          v = key >= first[k] && key < ctx[k] ? v : -INFINITY;
+          x[hf * 2 + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float mnew = fmaxf(m[k], mx);
+      float mref = mnew == -INFINITY ? 0.0f : mnew; /* a row with no key yet adds nothing */
+      float alpha = __expf(m[k] - mref);
+      m[k] = mnew;
+      l[k] *= alpha;
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        x[q] = __expf(x[q] - mref), l[k] += x[q];
+#pragma unroll
+      for (int i = 0; i < NT; i++)
+        o[i][2 * k] *= alpha, o[i][2 * k + 1] *= alpha;
+      pa[k] = attn_pack(x[0], x[1], MT());     /* keys 2t, 2t + 1 of the first 8 */
+      pa[2 + k] = attn_pack(x[2], x[3], MT()); /* keys 8 + 2t, 9 + 2t */
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+      uint32_t v0[R], v1[R];
+      attn_unpack(v0, vr[0][i], MT());
+      attn_unpack(v1, vr[1][i], MT());
+#pragma unroll
+      for (int e = 0; e < R; e++)
+        attn_mma4(o[i * R + e], pa, attn_trans(v0[e]), attn_trans(v1[e]), MT());
+    }
+  }
+  const float vs = F8 ? a.v_scale : 1.0f;
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
+    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
+    if (!live[k])
+      continue;
+    float inv = l[k] > 0.0f ? vs / l[k] : 0.0f;
+    bf16 *orow = a.out + ((size_t)(t0 + row0 + g + 8 * k) * a.n_heads + h) * HD;
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+#pragma unroll
+      for (int e = 0; e < R; e++) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(o[i * R + e][2 * k] * inv, o[i * R + e][2 * k + 1] * inv);
+        *(__nv_bfloat162 *)(orow + (i * 4 + t) * EPP + 2 * e) = v;
+      }
+  }
+}
+
+/* 0 launched, -1 error, 1 not applicable (head_dim, bounds, or PAGODA_ATTN_PREFILL=simd). */
+int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len) {
+  static int simd = -1;
+  if (simd < 0) {
+    const char *e = getenv("PAGODA_ATTN_PREFILL");
+    simd = e && !strcmp(e, "simd");
+  }
+  if (simd || (a->hd != 64 && a->hd != 128) || max_query_len <= 0)
+    return 1;
+  int n_qt = (max_query_len + PRE_ROWS - 1) / PRE_ROWS;
+  if ((int64_t)a->B * n_qt > 0x7fffffff || a->n_heads > 65535)
+    return 1;
+  dim3 grid((unsigned)(a->B * n_qt), (unsigned)a->n_heads), thr(PRE_WARPS * 32);
+  cudaStream_t st = cuda_be(be)->stream;
+#define PRE_HD(BS, KV)                                                                             \
+  (a->hd == 64 ? attn_prefill_mma_kernel<BS, 64, KV><<<grid, thr, 0, st>>>(*a, n_qt)                \
+               : attn_prefill_mma_kernel<BS, 128, KV><<<grid, thr, 0, st>>>(*a, n_qt))
+#define PRE_BS(BS) (f8 ? PRE_HD(BS, kv_f8) : PRE_HD(BS, kv_bf16))
+  if (bs == 8)
+    PRE_BS(8);
+  else if (bs == 16)
+    PRE_BS(16);
+  else
+    PRE_BS(32);
+#undef PRE_BS
+#undef PRE_HD
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
