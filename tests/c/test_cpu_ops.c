@@ -208,7 +208,7 @@ static int test_rope(struct backend *be) {
     float *qr = malloc(sizeof(float) * T * H * HD), *kr = malloc(sizeof(float) * T * KVH * HD);
     memcpy(qr, q, sizeof(float) * T * H * HD);
     memcpy(kr, k, sizeof(float) * T * KVH * HD);
-    struct rope_params rp = {inv_freq, HD, neox};
+    struct rope_params rp = {.inv_freq = inv_freq, .rot_dim = HD, .neox = neox};
     REQUIRE(be->ops->rope(be, q, k, pos, T, H, KVH, HD, &rp) == 0, "rope");
     for (int t = 0; t < T; t++) {
       for (int h = 0; h < H; h++)
