@@ -64,6 +64,30 @@ def specs():
                           dict(base, intermediate_size=128, num_attention_heads=4,
                                num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
                                tie_word_embeddings=False), {"shards": 2}),
+        # Mistral v0.1's sliding window, small enough (5) that the 12 tokens and the greedy
+        # prompts cross it.
+        "mistral_sw": ("MistralForCausalLM",
+                       dict(base, intermediate_size=112, num_attention_heads=4,
+                            num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                            sliding_window=5, tie_word_embeddings=False), {"greedy": True}),
+        # Qwen3: q_norm / k_norm per head, head_dim 32 != hidden / heads, tied embeddings.
+        "qwen3": ("Qwen3ForCausalLM",
+                  dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       use_sliding_window=False, tie_word_embeddings=True), {"greedy": True}),
+        # Phi-3: fused qkv_proj / gate_up_proj, LongRoPE with original_max_position_embeddings 8
+        # (so the 12 tokens use the long factors in one prompt, and one token at a time switches
+        # from short to long at the 9th), partial_rotary_factor 0.75 (12 of 16 dims rotated),
+        # attention factor sqrt(1 + ln(64/8) / ln 8).
+        "phi3": ("Phi3ForCausalLM",
+                 dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, original_max_position_embeddings=8,
+                      partial_rotary_factor=0.75, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      pad_token_id=0, sliding_window=None, tie_word_embeddings=False,
+                      rope_scaling=dict(rope_type="longrope", original_max_position_embeddings=8,
+                                        short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                        long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0])),
+                 {"greedy": True}),
     }
 
 
@@ -106,6 +130,38 @@ def logits_of(torch, model):
     ids = torch.tensor([TOKENS], dtype=torch.long)
     with torch.no_grad():
         return model(input_ids=ids).logits[0].float().contiguous()
+
+
+# Greedy prompts of the "greedy" fixtures: one that starts inside the sliding window / LongRoPE's
+# original length and crosses it while decoding, one past it from the prompt on.
+GREEDY_PROMPTS = [TOKENS[:3], TOKENS]
+GREEDY_NEW = 16
+
+
+def step_logits(torch, model, ids):
+    """Logits of IDS fed one token at a time through the cache (LongRoPE then switches from the
+    short to the long factors mid-sequence, as in generation)."""
+    past, rows = None, []
+    with torch.no_grad():
+        for t in ids:
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            rows.append(out.logits[0, -1].float())
+    return torch.stack(rows).contiguous()
+
+
+def greedy(torch, model, prompt, n):
+    """Greedy continuation of PROMPT: the prompt in one step, then one token a step with the
+    cache, argmax each time (what generate(do_sample=False) does, with no stop token)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        past, toks = out.past_key_values, []
+        for _ in range(n):
+            t = int(out.logits[0, -1].argmax())
+            toks.append(t)
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    return toks
 
 
 def save(model, out, max_shard_size=None):
@@ -165,6 +221,14 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
         json.dump(TOKENS, f)
         f.write("\n")
     logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
+
+    if extra.get("greedy"):
+        step_logits(torch, model, TOKENS).numpy().astype("<f4").tofile(
+            os.path.join(out, "logits_step.bin"))
+        with open(os.path.join(out, "greedy.json"), "w") as f:
+            json.dump([{"prompt": p, "output": greedy(torch, model, p, GREEDY_NEW)}
+                       for p in GREEDY_PROMPTS], f)
+            f.write("\n")
 
     # Checks: the files reproduce the logits; shapes, sharding and dtype are what was asked.
     files = sorted(os.listdir(out))

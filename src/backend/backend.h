@@ -84,6 +84,9 @@ struct rope_params {
   int long_after;
   const int32_t *query_start, *seq_lens;
   int num_seqs;
+  /* cos and sin are multiplied by mscale (LongRoPE's attention factor), so the rotated dims of
+   * q and k are scaled by it and the others are not; 0 means 1. */
+  float mscale;
 };
 
 /* One row's sampling settings for backend_ops.sample; U is a uniform draw in [0, 1) made by

@@ -109,12 +109,11 @@ int blocks_prenorm_forward(const struct fwd *f) {
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
   const int T = f->T, dim = c->dim;
-  float mscale = c->rope_attn_factor > 0 ? c->rope_attn_factor : 1.0f;
   TRY(op->embed(be, f->x, f->tok_embd, f->b->input_ids, T));
   TRY(op->rmsnorm(be, f->xb, NULL, f->x, &f->layers[0].attn_norm, T, dim, c->rms_eps));
   for (int l = 0; l < c->n_layers; l++) {
     const struct attn_params ap = {.n_heads = c->n_heads,
-                                   .scale = mscale * mscale / sqrtf((float)c->head_dim),
+                                   .scale = 1.0f / sqrtf((float)c->head_dim),
                                    .window = block_layer_window(c, l)};
     TRY(block_attention(f, l, &ap));
     /* x += attention output; xb = norm(x) for the MLP */

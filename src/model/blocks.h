@@ -25,9 +25,8 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap);
  * the fused w_gate_up. */
 int block_gated_mlp(const struct fwd *f, int l);
 /* The pre-norm decoder of Llama and its relatives (Mistral, Qwen2, Phi-3, Qwen3): embed, then per
- * layer x += attn(norm(x)); x += mlp(norm(x)), then the final norm into f->xb. Attention is
- * scaled by rope_attn_factor^2 / sqrt(head_dim) (LongRoPE's factor multiplies cos and sin, so
- * both q and k) and windowed per block_layer_window. */
+ * layer x += attn(norm(x)); x += mlp(norm(x)), then the final norm into f->xb. Scores are
+ * scaled by 1 / sqrt(head_dim) and windowed per block_layer_window. */
 int blocks_prenorm_forward(const struct fwd *f);
 
 /* Workspace of the fused projections, from the first layer's weights (every layer has the same

@@ -139,8 +139,9 @@ static int json_factors(const cJSON *rs, const char *key, float *out, int n, con
 
 /* Phi-3's longrope (older spelling "su"), after transformers' _compute_longrope_parameters:
  * original_max_position_embeddings from the top level or the rope object (required); the
- * attention factor from "attention_factor" or else sqrt(1 + ln(s) / ln(original)) with
- * s = max_position_embeddings / original (1 when s <= 1). Needs head_dim and rope_dim known. */
+ * attention factor from "attention_factor" or else sqrt(1 + ln(s) / ln(original)) (1 when
+ * s <= 1) with s the object's "factor" or else max_position_embeddings / original. Needs
+ * max_seq_len and rope_dim known. */
 static int hf_longrope(struct model_config *c, const cJSON *root, const cJSON *rs, const char *obj,
                        const char *name) {
   c->rope_scaling = ROPE_SCALING_LONGROPE;
@@ -158,8 +159,12 @@ static int hf_longrope(struct model_config *c, const cJSON *root, const cJSON *r
     return -1;
   if (c->rope_orig_max_pos <= 0)
     return ERR("%s: longrope needs original_max_position_embeddings > 0", name);
+  float factor = 0;
+  if (cfg_json_float(rs, "factor", &factor, 0, name))
+    return -1;
   if (c->rope_attn_factor == 0) {
-    double s = (double)c->max_seq_len / c->rope_orig_max_pos;
+    /* transformers 5: "factor" when given, else the ratio of the context lengths */
+    double s = factor > 0 ? (double)factor : (double)c->max_seq_len / c->rope_orig_max_pos;
     c->rope_attn_factor =
         s <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(s) / log((double)c->rope_orig_max_pos));
   }

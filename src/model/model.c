@@ -246,6 +246,7 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
   if (c->rope_scaling == ROPE_SCALING_LONGROPE) {
     m->rope.inv_freq_long = m->inv_freq + half;
     m->rope.long_after = c->rope_orig_max_pos;
+    m->rope.mscale = c->rope_attn_factor;
   }
   if (!m->host_mem) { /* the weights were copied to the device: the mapping is no longer needed */
     model_file_close(m->file);

@@ -94,6 +94,10 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
       float ang = (float)positions[t] * inv_freq[i];
       cs[i] = (float)cos((double)ang);
       sn[i] = (float)sin((double)ang);
+      if (rp->mscale != 0) { /* as transformers: cos * factor, sin * factor in f32 */
+        cs[i] *= rp->mscale;
+        sn[i] *= rp->mscale;
+      }
     }
     for (int h = 0; h < n_heads; h++)
       rope_head(qs + ((size_t)t * n_heads + h) * head_dim, cs, sn, half, rp->neox);

@@ -121,7 +121,7 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             int rot_dim, int neox,
                             const float *inv_freq_long, /* LongRoPE (see rope_params) or NULL */
                             int long_after, const int32_t *query_start, const int32_t *seq_lens,
-                            int num_seqs) {
+                            int num_seqs, float mscale) {
   int t = blockIdx.x;
   int half = rot_dim / 2;
   if (inv_freq_long) { /* the sequence holding t, by binary search (every thread alike) */
@@ -142,6 +142,10 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
     double s, c;
     sincos((double)ang, &s, &c);
     float sf = (float)s, cf = (float)c;
+    if (mscale != 0.0f) {
+      sf *= mscale;
+      cf *= mscale;
+    }
     int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads + n_kv; h++) {
       bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
@@ -165,7 +169,7 @@ int cuda_op_rope(struct backend *be, void *q, void *k, const int32_t *positions,
   rope_kernel<<<T, threads, 0, cuda_be(be)->stream>>>((bf16 *)q, (bf16 *)k, positions, n_heads, n_kv_heads,
                                                       head_dim, rp->inv_freq, rp->rot_dim, rp->neox,
                                                       rp->inv_freq_long, rp->long_after,
-                                                      rp->query_start, rp->seq_lens, rp->num_seqs);
+                                                      rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale);
   CUDA_LAUNCH_CHECK();
   return 0;
 }
