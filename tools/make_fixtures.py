@@ -283,6 +283,16 @@ them 1 and 0, which would hide a loader that drops them).
 | qwen2 | Qwen2ForCausalLM | q/k/v biases, GQA 4/2, ffn 160, rope_theta 1e6 |
 | llama_bf16 | LlamaForCausalLM | weights saved in bfloat16; logits from those weights upcast to float32 (the saved directory reloaded with `from_pretrained(dtype=float32)`) |
 | llama_sharded | LlamaForCausalLM | max_shard_size small: model.safetensors.index.json + 2 shards |
+| mistral_sw | MistralForCausalLM | sliding_window 5 (the 12 tokens and the greedy prompts cross it), GQA 4/2, ffn 112 |
+| qwen3 | Qwen3ForCausalLM | q_norm / k_norm per head, head_dim 32 != hidden/heads 16, GQA 4/2, ffn 96, tied embeddings |
+| phi3 | Phi3ForCausalLM | fused qkv_proj / gate_up_proj, GQA 4/2, ffn 96, LongRoPE (6 short and 6 long factors, original_max_position_embeddings 8, max_position_embeddings 64: attention factor sqrt(2)), partial_rotary_factor 0.75 (12 of 16 dims rotated) |
+
+`mistral_sw`, `qwen3` and `phi3` also hold `logits_step.bin` (float32, (n_tokens, vocab_size):
+the same tokens fed one at a time through transformers' cache; for phi3 it differs from
+`logits.bin`, since LongRoPE uses the short factors while the sequence is at most 8 tokens long)
+and `greedy.json` (a list of {"prompt", "output"}: 16 greedy tokens after the prompt in one step,
+then one token a step with the cache, no stop token; prompts of 3 and 12 tokens, so one crosses
+the window / the LongRoPE switch while decoding and one from the prompt on).
 
 The script reloads each saved directory with `from_pretrained` and checks that it reproduces
 `logits.bin` (max abs difference printed by the script), so the files and the logits agree.
