@@ -79,6 +79,8 @@ struct fwd {
   const int32_t *split_idx; /* the fused split's gather indices (see blocks.h), or NULL */
 };
 
+/* Rows are written with designated initializers (.name = ...), so that fields added later
+ * default to 0 / NULL in every row. */
 struct arch {
   const char *name;              /* config.arch: "llama", "mistral", "qwen2", "phi3", "qwen3" */
   const char *const *hf_classes; /* NULL-terminated "architectures" values */
@@ -86,6 +88,7 @@ struct arch {
   int default_ctx;               /* max_position_embeddings when config.json has none */
   int rope_neox_gguf;            /* GGUF: 1 rotate_half pairs, 0 adjacent pairs (llama.cpp's
                                     permuted Q/K of "llama") */
+  int gguf_partial_rope;         /* GGUF: rope.dimension_count may be below head_dim */
   /* Reads what only this architecture has (biases, norms, RoPE variants, sliding window). Called
    * after the shared reader, before validation. NULL: nothing more. */
   int (*hf_config)(struct model_config *c, const cJSON *root, const char *name);

@@ -54,9 +54,28 @@ static const char *const qwen2_classes[] = {"Qwen2ForCausalLM", NULL};
 
 /* GGUF "llama" (llama.cpp's converter permutes Q/K so RoPE rotates adjacent pairs) covers Llama
  * and Mistral; the converter drops Mistral's sliding window. */
-const struct arch arch_llama = {"llama", llama_classes, "llama", 2048, 0, NULL, NULL,
-                                llama_tensors, N_LLAMA_TENSORS, blocks_prenorm_forward};
-const struct arch arch_mistral = {"mistral", mistral_classes, NULL, 4096 * 32, 0, mistral_hf, NULL,
-                                  llama_tensors, N_LLAMA_TENSORS, blocks_prenorm_forward};
-const struct arch arch_qwen2 = {"qwen2", qwen2_classes, "qwen2", 32768, 1, qwen2_hf, qwen2_gguf,
-                                llama_tensors, N_LLAMA_TENSORS, blocks_prenorm_forward};
+const struct arch arch_llama = {.name = "llama",
+                                .hf_classes = llama_classes,
+                                .gguf_name = "llama",
+                                .default_ctx = 2048,
+                                .rope_neox_gguf = 0,
+                                .tensors = llama_tensors,
+                                .n_tensors = N_LLAMA_TENSORS,
+                                .forward = blocks_prenorm_forward};
+const struct arch arch_mistral = {.name = "mistral",
+                                  .hf_classes = mistral_classes,
+                                  .default_ctx = 4096 * 32,
+                                  .hf_config = mistral_hf,
+                                  .tensors = llama_tensors,
+                                  .n_tensors = N_LLAMA_TENSORS,
+                                  .forward = blocks_prenorm_forward};
+const struct arch arch_qwen2 = {.name = "qwen2",
+                                .hf_classes = qwen2_classes,
+                                .gguf_name = "qwen2",
+                                .default_ctx = 32768,
+                                .rope_neox_gguf = 1,
+                                .hf_config = qwen2_hf,
+                                .gguf_config = qwen2_gguf,
+                                .tensors = llama_tensors,
+                                .n_tensors = N_LLAMA_TENSORS,
+                                .forward = blocks_prenorm_forward};

@@ -32,7 +32,12 @@ static int qwen3_hf(struct model_config *c, const cJSON *root, const char *name)
 
 static const char *const qwen3_classes[] = {"Qwen3ForCausalLM", NULL};
 
-const struct arch arch_qwen3 = {"qwen3", qwen3_classes, "qwen3", 40960, 1, qwen3_hf, NULL,
-                                qwen3_tensors,
-                                (int)(sizeof qwen3_tensors / sizeof qwen3_tensors[0]),
-                                blocks_prenorm_forward};
+const struct arch arch_qwen3 = {.name = "qwen3",
+                                .hf_classes = qwen3_classes,
+                                .gguf_name = "qwen3",
+                                .default_ctx = 40960,
+                                .rope_neox_gguf = 1,
+                                .hf_config = qwen3_hf,
+                                .tensors = qwen3_tensors,
+                                .n_tensors = (int)(sizeof qwen3_tensors / sizeof qwen3_tensors[0]),
+                                .forward = blocks_prenorm_forward};

@@ -414,7 +414,7 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (value_len && value_len != c->head_dim)
     return ERR("%s: %s.attention.value_length %d differs from key_length %d (unsupported)", name,
                a, value_len, c->head_dim);
-  if (rope_dims && rope_dims != c->head_dim)
+  if (rope_dims && rope_dims != c->head_dim && !ar->gguf_partial_rope)
     return ERR("%s: %s.rope.dimension_count %d differs from head_dim %d (partial RoPE is "
                "unsupported)", name, a, rope_dims, c->head_dim);
   /* Linear RoPE scaling is stored as metadata; llama3-style scaling as the rope_freqs tensor. */
@@ -445,7 +445,7 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (gguf_get_int(g, "tokenizer.ggml.eos_token_id", &id) == 0 && id >= 0 && id < c->vocab_size)
     c->eos_id = (int)id;
   c->tie_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
-  c->rope_dim = c->head_dim;
+  c->rope_dim = rope_dims ? rope_dims : c->head_dim;
   if (ar->gguf_config && ar->gguf_config(c, g, name))
     return -1;
   return config_validate(c, name);
