@@ -12,6 +12,7 @@ Needs torch and transformers (4.45+ or 5.x).
 """
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -74,7 +75,8 @@ def specs():
         "qwen3": ("Qwen3ForCausalLM",
                   dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                       use_sliding_window=False, tie_word_embeddings=True), {"greedy": True}),
+                       use_sliding_window=False, tie_word_embeddings=True),
+                  {"greedy": True, "gguf": True}),
         # Phi-3: fused qkv_proj / gate_up_proj, LongRoPE with original_max_position_embeddings 8
         # (so the 12 tokens use the long factors in one prompt, and one token at a time switches
         # from short to long at the 9th), partial_rotary_factor 0.75 (12 of 16 dims rotated),
@@ -87,7 +89,7 @@ def specs():
                       rope_scaling=dict(rope_type="longrope", original_max_position_embeddings=8,
                                         short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                         long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0])),
-                 {"greedy": True}),
+                 {"greedy": True, "gguf": True}),
     }
 
 
@@ -164,6 +166,76 @@ def greedy(torch, model, prompt, n):
     return toks
 
 
+def write_gguf(torch, name, model, cfg, out):
+    """OUT/model.gguf: the fixture converted with gguf-py in llama.cpp's layout (the keys and
+    tensor names of convert_hf_to_gguf.py: Phi3MiniModel for phi3, its Qwen3 layout for qwen3),
+    F32, with a placeholder vocabulary of VOCAB tokens. llama.cpp's converter itself needs the
+    model's tokenizer files, which these random models do not have. Phi-3's longrope factors go
+    in the tensors rope_factors_short/long.weight and rope.dimension_count is the rotated dims
+    (head_dim * partial_rotary_factor, as later llama.cpp versions write it)."""
+    import gguf
+    import numpy as np
+    arch = {"phi3": "phi3", "qwen3": "qwen3"}[name]
+    c = cfg.to_dict()
+    rp = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
+    hd = c.get("head_dim") or d // nh
+    w = gguf.GGUFWriter(os.path.join(out, "model.gguf"), arch)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(rp.get("rope_theta", c.get("rope_theta", 10000.0)))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "qwen3":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>".encode() for i in range(VOCAB)])
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_types([1] * VOCAB)
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"] if isinstance(c["eos_token_id"], int) else c["eos_token_id"][0])
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm.weight": "attn_norm.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight",
+                 "self_attn.qkv_proj.weight": "attn_qkv.weight", "self_attn.q_proj.weight": "attn_q.weight",
+                 "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+                 "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+                 "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
+                 "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+                 "mlp.down_proj.weight": "ffn_down.weight"}
+    if arch == "phi3":
+        prf = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        rot = int(hd * prf)
+        orig = rp.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
+        scale = c["max_position_embeddings"] / orig
+        w.add_rope_dimension_count(rot)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_sliding_window(c.get("sliding_window") or 0)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], dtype=np.float32))
+    sd = model.state_dict()
+    for k, v in sd.items():
+        if k == "lm_head.weight" and c.get("tie_word_embeddings"):
+            continue
+        if k in names:
+            gname = names[k]
+        else:
+            parts = k.split(".")
+            gname = f"blk.{parts[2]}." + per_layer[".".join(parts[3:])]
+        w.add_tensor(gname, v.detach().float().contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def save(model, out, max_shard_size=None):
     kw = {}
     if max_shard_size is not None:
@@ -222,6 +294,8 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
         f.write("\n")
     logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
 
+    if extra.get("gguf"):
+        write_gguf(torch, name, model, cfg, out)
     if extra.get("greedy"):
         step_logits(torch, model, TOKENS).numpy().astype("<f4").tofile(
             os.path.join(out, "logits_step.bin"))
@@ -290,9 +364,18 @@ them 1 and 0, which would hide a loader that drops them).
 `mistral_sw`, `qwen3` and `phi3` also hold `logits_step.bin` (float32, (n_tokens, vocab_size):
 the same tokens fed one at a time through transformers' cache; for phi3 it differs from
 `logits.bin`, since LongRoPE uses the short factors while the sequence is at most 8 tokens long)
-and `greedy.json` (a list of {"prompt", "output"}: 16 greedy tokens after the prompt in one step,
+and `greedy.json` (a list of {{"prompt", "output"}}: 16 greedy tokens after the prompt in one step,
 then one token a step with the cache, no stop token; prompts of 3 and 12 tokens, so one crosses
 the window / the LongRoPE switch while decoding and one from the prompt on).
+`qwen3` and `phi3` also hold `model.gguf`: the same weights converted with gguf-py in llama.cpp's
+layout (the keys and tensor names of convert_hf_to_gguf.py: Phi3MiniModel's `phi3.*` keys,
+`attn_qkv`, fused `ffn_up`, `rope_factors_short/long.weight`, `rope.scaling.attn_factor` and
+`.original_context_length`; Qwen3's `attn_q_norm` / `attn_k_norm`), F32, with a placeholder
+vocabulary of 256 tokens (llama.cpp's converter itself needs the model's tokenizer files, which
+these random models lack; the llama.cpp commit in ../shared/peers has no Qwen3 support, and
+writes phi3's rope.dimension_count as head_dim, which later versions correct for
+partial_rotary_factor: this file has the rotated dims, 12). `tests/c/test_model_fixtures.c`
+checks it against the same logits.
 
 The script reloads each saved directory with `from_pretrained` and checks that it reproduces
 `logits.bin` (max abs difference printed by the script), so the files and the logits agree.

@@ -58,7 +58,8 @@ static int run_chunks(struct model *m, const int32_t *tokens, int n, int bs, int
   return 0;
 }
 
-static int check_fixture(struct backend *be, const char *dir, const char *name) {
+/* MODEL_PATH: DIR itself (the safetensors) or DIR/model.gguf (the same weights converted). */
+static int check_fixture(struct backend *be, const char *dir, const char *name, const char *model_path) {
   char *path = join(dir, "tokens.json");
   size_t len;
   char *json = test_read_file(path, &len);
@@ -74,7 +75,7 @@ static int check_fixture(struct backend *be, const char *dir, const char *name) 
     tokens[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
   cJSON_Delete(arr);
 
-  struct model *m = model_load(dir, be);
+  struct model *m = model_load(model_path, be);
   REQUIRE(m, "%s: model_load: %s", name, err_last_where());
   const struct model_config *c = model_get_config(m);
   int V = c->vocab_size;
@@ -147,7 +148,16 @@ int main(void) {
     if (f) {
       fclose(f);
       found++;
-      check_fixture(be, dir, names[i]);
+      check_fixture(be, dir, names[i], dir);
+      char *gguf = join(dir, "model.gguf");
+      FILE *g = fopen(gguf, "rb");
+      if (g) { /* its GGUF conversion (tools/make_fixtures.py) must give the same logits */
+        fclose(g);
+        char label[300];
+        snprintf(label, sizeof label, "%s (gguf)", names[i]);
+        check_fixture(be, dir, label, gguf);
+      }
+      free(gguf);
     }
     free(dir);
     free(probe);
