@@ -208,7 +208,15 @@ int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s,
     return s->region < 0 && n > 0 ? m->p.max_blocks_per_seq : 0;
   int bs = m->p.block_size;
   int total = (s->num_tokens + n + bs - 1) / bs;
-  return total - s->num_blocks + (n > 0 && needs_cow(m, s));
+  int need = total - s->num_blocks + (n > 0 && needs_cow(m, s));
+  if (m->window > 0 && n > 0) { /* blocks the window trim returns first (unshared ones) */
+    int first_seen = s->num_tokens - m->window + 1;
+    for (int i = s->num_trimmed; i < s->num_blocks && (i + 1) * bs <= first_seen; i++)
+      need -= m->pool.blocks[s->blocks[i]].ref_count == 1;
+    if (need < 0)
+      need = 0;
+  }
+  return need;
 }
 
 /* Drops S's reference to block ID. */

@@ -75,7 +75,8 @@ void kv_seq_free(struct kv_seq *s);
 int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n);
 void kv_manager_record_prefix(struct kv_manager *m, int queried, int hit);
 
-/* New blocks that reserving N more slots for S would take (copy-on-write included). */
+/* New blocks that reserving N more slots for S would take from the pool (copy-on-write
+ * included, net of what the window trim returns first; never negative). */
 int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s, int n);
 /* Reserves slots for N more tokens. Returns 0; 1 when the pool lacks the blocks (S unchanged
  * but for the window trim below); -1 when S would outgrow its table. When the write would land

@@ -8,7 +8,9 @@
  * - prefix hits stay correct: every matched block holds the prompt's tokens, though blocks
  *   released by the window wait in the free queue and get reused under pressure;
  * - memory is bounded: a sequence decoding 4x the window, one token a step, never holds more
- *   than window / block_size + 2 blocks, and the pool gets every block back at the end. */
+ *   than window / block_size + 2 blocks, and the pool gets every block back at the end;
+ * - kv_manager_blocks_needed predicts the blocks an allocation takes net of the trim, and an
+ *   allocation is refused only when they exceed the free ones. */
 #include <string.h>
 
 #include "core/kv_manager.h"
@@ -55,12 +57,16 @@ static void compute(struct sim_seq *s, int from, int to) {
 
 static int grow(struct sim_seq *s, int n) {
   struct kv_copy cp;
+  int need = kv_manager_blocks_needed(&m, &s->kv, n), free_before = kv_manager_num_free(&m);
   int rc = kv_manager_allocate(&m, &s->kv, n, &cp);
   if (rc == 1) {
     refused++;
+    CHECK(need > free_before, "refused although %d <= %d free", need, free_before);
     return 1;
   }
   CHECK(rc == 0, "allocate: %s", err_last());
+  int taken = free_before - kv_manager_num_free(&m);
+  CHECK(taken == need || (need == 0 && taken < 0), "took %d blocks net, predicted %d", taken, need);
   if (cp.src >= 0)
     memcpy(content + cp.dst * bs, content + cp.src * bs, (size_t)bs * sizeof *content);
   compute(s, s->kv.num_tokens - n, s->kv.num_tokens);
