@@ -166,6 +166,29 @@ def greedy(torch, model, prompt, n):
     return toks
 
 
+def write_byte_tokenizer(out):
+    """OUT/tokenizer.json: a byte-level BPE over exactly the VOCAB (256) byte symbols, no merges
+    and no special tokens, so that the engine (which loads a tokenizer with the model) can run a
+    fixture; id i is byte i in GPT-2's byte-to-symbol mapping."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    syms, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            syms[b] = chr(b)
+        else:
+            syms[b] = chr(256 + extra)
+            extra += 1
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tok = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": byte_level,
+           "post_processor": None, "decoder": byte_level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "ignore_merges": True, "vocab": {syms[b]: b for b in range(256)}, "merges": []}}
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+        f.write("\n")
+
+
 def write_gguf(torch, name, model, cfg, out):
     """OUT/model.gguf: the fixture converted with gguf-py in llama.cpp's layout (the keys and
     tensor names of convert_hf_to_gguf.py: Phi3MiniModel for phi3, its Qwen3 layout for qwen3),
@@ -297,6 +320,7 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
     if extra.get("gguf"):
         write_gguf(torch, name, model, cfg, out)
     if extra.get("greedy"):
+        write_byte_tokenizer(out)
         step_logits(torch, model, TOKENS).numpy().astype("<f4").tofile(
             os.path.join(out, "logits_step.bin"))
         with open(os.path.join(out, "greedy.json"), "w") as f:
@@ -367,6 +391,8 @@ the same tokens fed one at a time through transformers' cache; for phi3 it diffe
 and `greedy.json` (a list of {{"prompt", "output"}}: 16 greedy tokens after the prompt in one step,
 then one token a step with the cache, no stop token; prompts of 3 and 12 tokens, so one crosses
 the window / the LongRoPE switch while decoding and one from the prompt on).
+They also hold `tokenizer.json`: a byte-level BPE of the 256 byte symbols, no merges, no special
+tokens, so that the engine can load them (`tests/c/test_engine_window.c`).
 `qwen3` and `phi3` also hold `model.gguf`: the same weights converted with gguf-py in llama.cpp's
 layout (the keys and tensor names of convert_hf_to_gguf.py: Phi3MiniModel's `phi3.*` keys,
 `attn_qkv`, fused `ffn_up`, `rope_factors_short/long.weight`, `rope.scaling.attn_factor` and
