@@ -10,7 +10,18 @@
   } while (0)
 
 int block_layer_window(const struct model_config *c, int l) {
-  return c->sliding_window > 0 && l >= c->swa_first_layer ? c->sliding_window : 0;
+  if (c->sliding_window <= 0 || l < c->swa_first_layer)
+    return 0;
+  if (c->swa_pattern > 0 && (l + 1) % c->swa_pattern == 0)
+    return 0;
+  return c->sliding_window;
+}
+
+int model_kv_window(const struct model_config *c) {
+  for (int l = 0; l < c->n_layers; l++)
+    if (block_layer_window(c, l) != c->sliding_window)
+      return 0;
+  return c->sliding_window;
 }
 
 size_t blocks_fused_cols(const struct model_config *c, const struct layer_weights *l0) {

@@ -58,7 +58,7 @@ static int config_validate(const struct model_config *c, const char *name) {
   if (c->rope_dim < 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
     return ERR("%s: %d rotated dims per head of %d (partial_rotary_factor) must be even and "
                "within the head", name, c->rope_dim, c->head_dim);
-  if (c->sliding_window < 0 || c->swa_first_layer < 0)
+  if (c->sliding_window < 0 || c->swa_first_layer < 0 || c->swa_pattern < 0)
     return ERR("%s: sliding_window %d / max_window_layers %d is negative", name,
                c->sliding_window, c->swa_first_layer);
   if (c->rope_scaling == ROPE_SCALING_LLAMA3 &&

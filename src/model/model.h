@@ -38,6 +38,8 @@ struct model_config {
   float rope_attn_factor; /* 1 unless longrope */
   int sliding_window;     /* 0: none; else a query sees the last sliding_window positions */
   int swa_first_layer;    /* layers >= this one use the window (Qwen2's max_window_layers) */
+  int swa_pattern;        /* 0: every such layer; N: layer l is global when (l + 1) % N == 0
+                             (transformers' sliding_window_pattern: Gemma 2 N = 2, Gemma 3 6) */
   int tie_embeddings;
   int qkv_bias;           /* Qwen2 */
   enum dtype weight_dtype; /* dtype of the projection weights in the file */
@@ -55,6 +57,10 @@ struct model *model_load(const char *path, struct backend *be);
 struct model *model_load_isq(const char *path, struct backend *be, const char *isq);
 void model_free(struct model *m);
 const struct model_config *model_get_config(const struct model *m);
+
+/* The sliding window every layer attends within (tokens), or 0 when some layer attends to the
+ * whole context: what the KV manager may free blocks by (kv_manager_set_window). */
+int model_kv_window(const struct model_config *c);
 
 /* Bytes one KV block takes over all layers (K and V, scales included). */
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype);

@@ -223,6 +223,11 @@ static void test_arch_fields(void) {
               c.swa_first_layer == 21,
           "qwen2 window on the layers from max_window_layers: %d from %d", c.sliding_window,
           c.swa_first_layer);
+    CHECK(model_kv_window(&c) == 0, "layers 0..20 are global: the KV manager frees nothing");
+    c.swa_first_layer = 0;
+    CHECK(model_kv_window(&c) == 32768, "every layer windowed: the KV manager may free");
+    c.swa_pattern = 2; /* Gemma 2's alternation */
+    CHECK(model_kv_window(&c) == 0, "alternating global layers: nothing freed");
     /* Qwen3: the same fields plus head_dim; the class picks the q/k-norm tensor table */
     CHECK(parse_edited(&c, t, "architectures=[\"Qwen3ForCausalLM\"]") == 0 &&
               !strcmp(c.arch, "qwen3") && c.qkv_bias == 0 && c.sliding_window == 0,

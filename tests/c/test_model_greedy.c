@@ -66,7 +66,7 @@ static void check_fixture(struct backend *be, const char *dir, const char *name)
     return;
   }
   const struct model_config *c = model_get_config(m);
-  int window = c->swa_first_layer == 0 ? c->sliding_window : 0;
+  int window = model_kv_window(c);
   float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
   struct kv_manager kv;
   struct kv_manager_params kp = {MAXB + 1, BS, MAXB, 0, 0, 0};
