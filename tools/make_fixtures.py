@@ -12,6 +12,7 @@ Needs torch and transformers (4.45+ or 5.x).
 """
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -64,6 +65,31 @@ def specs():
                           dict(base, intermediate_size=128, num_attention_heads=4,
                                num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
                                tie_word_embeddings=False), {"shards": 2}),
+        # Mistral v0.1's sliding window, small enough (5) that the 12 tokens and the greedy
+        # prompts cross it.
+        "mistral_sw": ("MistralForCausalLM",
+                       dict(base, intermediate_size=112, num_attention_heads=4,
+                            num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                            sliding_window=5, tie_word_embeddings=False), {"greedy": True}),
+        # Qwen3: q_norm / k_norm per head, head_dim 32 != hidden / heads, tied embeddings.
+        "qwen3": ("Qwen3ForCausalLM",
+                  dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                       use_sliding_window=False, tie_word_embeddings=True),
+                  {"greedy": True, "gguf": True}),
+        # Phi-3: fused qkv_proj / gate_up_proj, LongRoPE with original_max_position_embeddings 8
+        # (so the 12 tokens use the long factors in one prompt, and one token at a time switches
+        # from short to long at the 9th), partial_rotary_factor 0.75 (12 of 16 dims rotated),
+        # attention factor sqrt(1 + ln(64/8) / ln 8).
+        "phi3": ("Phi3ForCausalLM",
+                 dict(base, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, original_max_position_embeddings=8,
+                      partial_rotary_factor=0.75, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      pad_token_id=0, sliding_window=None, tie_word_embeddings=False,
+                      rope_scaling=dict(rope_type="longrope", original_max_position_embeddings=8,
+                                        short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                        long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0])),
+                 {"greedy": True, "gguf": True}),
     }
 
 
@@ -106,6 +132,131 @@ def logits_of(torch, model):
     ids = torch.tensor([TOKENS], dtype=torch.long)
     with torch.no_grad():
         return model(input_ids=ids).logits[0].float().contiguous()
+
+
+# Greedy prompts of the "greedy" fixtures: one that starts inside the sliding window / LongRoPE's
+# original length and crosses it while decoding, one past it from the prompt on.
+GREEDY_PROMPTS = [TOKENS[:3], TOKENS]
+GREEDY_NEW = 16
+
+
+def step_logits(torch, model, ids):
+    """Logits of IDS fed one token at a time through the cache (LongRoPE then switches from the
+    short to the long factors mid-sequence, as in generation)."""
+    past, rows = None, []
+    with torch.no_grad():
+        for t in ids:
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            rows.append(out.logits[0, -1].float())
+    return torch.stack(rows).contiguous()
+
+
+def greedy(torch, model, prompt, n):
+    """Greedy continuation of PROMPT: the prompt in one step, then one token a step with the
+    cache, argmax each time (what generate(do_sample=False) does, with no stop token)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        past, toks = out.past_key_values, []
+        for _ in range(n):
+            t = int(out.logits[0, -1].argmax())
+            toks.append(t)
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    return toks
+
+
+def write_byte_tokenizer(out):
+    """OUT/tokenizer.json: a byte-level BPE over exactly the VOCAB (256) byte symbols, no merges
+    and no special tokens, so that the engine (which loads a tokenizer with the model) can run a
+    fixture; id i is byte i in GPT-2's byte-to-symbol mapping."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    syms, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            syms[b] = chr(b)
+        else:
+            syms[b] = chr(256 + extra)
+            extra += 1
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tok = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": byte_level,
+           "post_processor": None, "decoder": byte_level,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "ignore_merges": True, "vocab": {syms[b]: b for b in range(256)}, "merges": []}}
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+        f.write("\n")
+
+
+def write_gguf(torch, name, model, cfg, out):
+    """OUT/model.gguf: the fixture converted with gguf-py in llama.cpp's layout (the keys and
+    tensor names of convert_hf_to_gguf.py: Phi3MiniModel for phi3, its Qwen3 layout for qwen3),
+    F32, with a placeholder vocabulary of VOCAB tokens. llama.cpp's converter itself needs the
+    model's tokenizer files, which these random models do not have. Phi-3's longrope factors go
+    in the tensors rope_factors_short/long.weight and rope.dimension_count is the rotated dims
+    (head_dim * partial_rotary_factor, as later llama.cpp versions write it)."""
+    import gguf
+    import numpy as np
+    arch = {"phi3": "phi3", "qwen3": "qwen3"}[name]
+    c = cfg.to_dict()
+    rp = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    nh, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
+    hd = c.get("head_dim") or d // nh
+    w = gguf.GGUFWriter(os.path.join(out, "model.gguf"), arch)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(rp.get("rope_theta", c.get("rope_theta", 10000.0)))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if arch == "qwen3":
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>".encode() for i in range(VOCAB)])
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_types([1] * VOCAB)
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"] if isinstance(c["eos_token_id"], int) else c["eos_token_id"][0])
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm.weight": "attn_norm.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight",
+                 "self_attn.qkv_proj.weight": "attn_qkv.weight", "self_attn.q_proj.weight": "attn_q.weight",
+                 "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+                 "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+                 "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
+                 "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+                 "mlp.down_proj.weight": "ffn_down.weight"}
+    if arch == "phi3":
+        prf = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        rot = int(hd * prf)
+        orig = rp.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
+        scale = c["max_position_embeddings"] / orig
+        w.add_rope_dimension_count(rot)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_sliding_window(c.get("sliding_window") or 0)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], dtype=np.float32))
+    sd = model.state_dict()
+    for k, v in sd.items():
+        if k == "lm_head.weight" and c.get("tie_word_embeddings"):
+            continue
+        if k in names:
+            gname = names[k]
+        else:
+            parts = k.split(".")
+            gname = f"blk.{parts[2]}." + per_layer[".".join(parts[3:])]
+        w.add_tensor(gname, v.detach().float().contiguous().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def save(model, out, max_shard_size=None):
@@ -166,6 +317,17 @@ def build(torch, transformers, name, cls_name, kw, extra, out, seed):
         f.write("\n")
     logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
 
+    if extra.get("gguf"):
+        write_gguf(torch, name, model, cfg, out)
+    if extra.get("greedy"):
+        write_byte_tokenizer(out)
+        step_logits(torch, model, TOKENS).numpy().astype("<f4").tofile(
+            os.path.join(out, "logits_step.bin"))
+        with open(os.path.join(out, "greedy.json"), "w") as f:
+            json.dump([{"prompt": p, "output": greedy(torch, model, p, GREEDY_NEW)}
+                       for p in GREEDY_PROMPTS], f)
+            f.write("\n")
+
     # Checks: the files reproduce the logits; shapes, sharding and dtype are what was asked.
     files = sorted(os.listdir(out))
     shards = [f for f in files if f.endswith(".safetensors")]
@@ -219,6 +381,27 @@ them 1 and 0, which would hide a loader that drops them).
 | qwen2 | Qwen2ForCausalLM | q/k/v biases, GQA 4/2, ffn 160, rope_theta 1e6 |
 | llama_bf16 | LlamaForCausalLM | weights saved in bfloat16; logits from those weights upcast to float32 (the saved directory reloaded with `from_pretrained(dtype=float32)`) |
 | llama_sharded | LlamaForCausalLM | max_shard_size small: model.safetensors.index.json + 2 shards |
+| mistral_sw | MistralForCausalLM | sliding_window 5 (the 12 tokens and the greedy prompts cross it), GQA 4/2, ffn 112 |
+| qwen3 | Qwen3ForCausalLM | q_norm / k_norm per head, head_dim 32 != hidden/heads 16, GQA 4/2, ffn 96, tied embeddings |
+| phi3 | Phi3ForCausalLM | fused qkv_proj / gate_up_proj, GQA 4/2, ffn 96, LongRoPE (6 short and 6 long factors, original_max_position_embeddings 8, max_position_embeddings 64: attention factor sqrt(2)), partial_rotary_factor 0.75 (12 of 16 dims rotated) |
+
+`mistral_sw`, `qwen3` and `phi3` also hold `logits_step.bin` (float32, (n_tokens, vocab_size):
+the same tokens fed one at a time through transformers' cache; for phi3 it differs from
+`logits.bin`, since LongRoPE uses the short factors while the sequence is at most 8 tokens long)
+and `greedy.json` (a list of {{"prompt", "output"}}: 16 greedy tokens after the prompt in one step,
+then one token a step with the cache, no stop token; prompts of 3 and 12 tokens, so one crosses
+the window / the LongRoPE switch while decoding and one from the prompt on).
+They also hold `tokenizer.json`: a byte-level BPE of the 256 byte symbols, no merges, no special
+tokens, so that the engine can load them (`tests/c/test_engine_window.c`).
+`qwen3` and `phi3` also hold `model.gguf`: the same weights converted with gguf-py in llama.cpp's
+layout (the keys and tensor names of convert_hf_to_gguf.py: Phi3MiniModel's `phi3.*` keys,
+`attn_qkv`, fused `ffn_up`, `rope_factors_short/long.weight`, `rope.scaling.attn_factor` and
+`.original_context_length`; Qwen3's `attn_q_norm` / `attn_k_norm`), F32, with a placeholder
+vocabulary of 256 tokens (llama.cpp's converter itself needs the model's tokenizer files, which
+these random models lack; the llama.cpp commit in ../shared/peers has no Qwen3 support, and
+writes phi3's rope.dimension_count as head_dim, which later versions correct for
+partial_rotary_factor: this file has the rotated dims, 12). `tests/c/test_model_fixtures.c`
+checks it against the same logits.
 
 The script reloads each saved directory with `from_pretrained` and checks that it reproduces
 `logits.bin` (max abs difference printed by the script), so the files and the logits agree.

@@ -76,8 +76,21 @@ struct attn_params {
 /* RoPE parameters; inv_freq already includes any scaling (llama3), computed once by the model. */
 struct rope_params {
   const float *inv_freq; /* (rot_dim / 2) in backend memory */
-  int rot_dim;           /* rotated dims per head (= head_dim for Llama) */
+  int rot_dim;           /* rotated dims per head (= head_dim for Llama; less with Phi-3's
+                            partial_rotary_factor: dims rot_dim.. pass through unrotated) */
   int neox;              /* 1: pairs (i, i + rot_dim/2) as HF rotate_half; 0: pairs (2i, 2i+1) */
+  /* LongRoPE (Phi-3); inv_freq_long NULL: off. A token rotates with inv_freq_long instead of
+   * inv_freq when its sequence (the s with query_start[s] <= t < query_start[s + 1]) holds more
+   * than long_after tokens after this step (seq_lens[s]), as transformers picks the factors from
+   * the length of the sequence it runs. query_start (num_seqs + 1) and seq_lens (num_seqs) are
+   * the step's batch arrays in backend memory. */
+  const float *inv_freq_long; /* (rot_dim / 2) in backend memory */
+  int long_after;
+  const int32_t *query_start, *seq_lens;
+  int num_seqs;
+  /* cos and sin are multiplied by mscale (LongRoPE's attention factor), so the rotated dims of
+   * q and k are scaled by it and the others are not; 0 means 1. */
+  float mscale;
 };
 
 /* One row's sampling settings for backend_ops.sample; U is a uniform draw in [0, 1) made by

@@ -306,6 +306,7 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
                                  !paged, p->prefix_cache_n};
   if (kv_manager_init(&e->kv, &kp))
     goto fail;
+  kv_manager_set_window(&e->kv, model_kv_window(cfg));
   struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
   if (scheduler_init(&e->sched, &sp, &e->kv) || alloc_batch(e))
     goto fail;

@@ -137,6 +137,10 @@ void kv_manager_free(struct kv_manager *m) {
   m->region_tokens = NULL;
 }
 
+void kv_manager_set_window(struct kv_manager *m, int window) {
+  m->window = window > 0 && !m->p.contiguous ? window : 0;
+}
+
 int kv_seq_init(struct kv_seq *s, const struct kv_manager *m) {
   memset(s, 0, sizeof *s);
   s->region = -1;
@@ -204,11 +208,37 @@ int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s,
     return s->region < 0 && n > 0 ? m->p.max_blocks_per_seq : 0;
   int bs = m->p.block_size;
   int total = (s->num_tokens + n + bs - 1) / bs;
-  return total - s->num_blocks + (n > 0 && needs_cow(m, s));
+  int need = total - s->num_blocks + (n > 0 && needs_cow(m, s));
+  if (m->window > 0 && n > 0) { /* blocks the window trim returns first (unshared ones) */
+    int first_seen = s->num_tokens - m->window + 1;
+    for (int i = s->num_trimmed; i < s->num_blocks && (i + 1) * bs <= first_seen; i++)
+      need -= m->pool.blocks[s->blocks[i]].ref_count == 1;
+    if (need < 0)
+      need = 0;
+  }
+  return need;
+}
+
+/* Drops S's reference to block ID. */
+static void drop_ref(struct kv_manager *m, int32_t id) {
+  if (--m->pool.blocks[id].ref_count == 0)
+    block_pool_append(&m->pool, id);
+}
+
+/* Sliding window: releases S's leading blocks whose positions are all before
+ * num_tokens - window + 1, which no query at position >= num_tokens sees. */
+static void trim_window(struct kv_manager *m, struct kv_seq *s) {
+  int first_seen = s->num_tokens - m->window + 1, bs = m->p.block_size;
+  while (s->num_trimmed < s->num_blocks && (s->num_trimmed + 1) * bs <= first_seen) {
+    drop_ref(m, s->blocks[s->num_trimmed]);
+    s->blocks[s->num_trimmed++] = 0;
+  }
 }
 
 int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv_copy *copy) {
   copy->src = copy->dst = -1;
+  if (m->window > 0 && n > 0)
+    trim_window(m, s);
   int bs = m->p.block_size;
   int total = (s->num_tokens + n + bs - 1) / bs;
   if (total > m->p.max_blocks_per_seq)
@@ -242,8 +272,10 @@ int kv_manager_append(struct kv_manager *m, struct kv_seq *s, struct kv_copy *co
 void kv_manager_fork(struct kv_manager *m, const struct kv_seq *parent, struct kv_seq *child) {
   for (int i = 0; i < parent->num_blocks; i++) {
     child->blocks[i] = parent->blocks[i];
-    m->pool.blocks[parent->blocks[i]].ref_count++;
+    if (i >= parent->num_trimmed)
+      m->pool.blocks[parent->blocks[i]].ref_count++;
   }
+  child->num_trimmed = parent->num_trimmed;
   child->num_blocks = parent->num_blocks;
   child->num_tokens = parent->num_tokens;
   child->num_hashed = parent->num_hashed;
@@ -269,6 +301,8 @@ void kv_manager_cache_full_blocks(struct kv_manager *m, struct kv_seq *s, const 
     const uint8_t *parent = i ? s->chain : NULL;
     prefix_cache_hash(&m->cache, parent, tokens + (size_t)i * bs, h);
     int32_t id = s->blocks[i];
+    if (i < s->num_trimmed)
+      break; /* released before it was hashed: the chain ends here for this sequence */
     if (!m->pool.blocks[id].has_hash)
       prefix_cache_insert(&m->cache, &m->pool, id, h, parent, tokens + (size_t)i * bs);
     memcpy(s->chain, h, sizeof h);
@@ -282,12 +316,9 @@ void kv_manager_release(struct kv_manager *m, struct kv_seq *s) {
     s->num_blocks = s->num_tokens = s->num_hashed = 0;
     return;
   }
-  for (int i = s->num_blocks - 1; i >= 0; i--) {
-    int32_t id = s->blocks[i];
-    if (--m->pool.blocks[id].ref_count == 0)
-      block_pool_append(&m->pool, id);
-  }
-  s->num_blocks = s->num_tokens = s->num_hashed = 0;
+  for (int i = s->num_blocks - 1; i >= s->num_trimmed; i--)
+    drop_ref(m, s->blocks[i]);
+  s->num_blocks = s->num_tokens = s->num_hashed = s->num_trimmed = 0;
 }
 
 int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs) {
@@ -314,8 +345,21 @@ int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int
       ERR("seq %d: %d hashed blocks of %d", q, s->num_hashed, s->num_blocks);
       goto out;
     }
+    if (s->num_trimmed < 0 || s->num_trimmed > s->num_blocks ||
+        (s->num_trimmed && m->window <= 0)) {
+      ERR("seq %d: %d blocks trimmed of %d (window %d)", q, s->num_trimmed, s->num_blocks,
+          m->window);
+      goto out;
+    }
     for (int i = 0; i < s->num_blocks; i++) {
       int32_t id = s->blocks[i];
+      if (i < s->num_trimmed) {
+        if (id != 0) {
+          ERR("seq %d block %d: trimmed but maps to %d, not the null block", q, i, id);
+          goto out;
+        }
+        continue;
+      }
       if (id <= 0 || id >= nb) {
         ERR("seq %d block %d: bad id %d", q, i, id);
         goto out;

@@ -24,6 +24,8 @@ struct kv_seq {
   int num_blocks;   /* == ceil(num_tokens / block_size) */
   int num_tokens;   /* token slots allocated */
   int num_hashed;   /* leading full blocks whose hash is in `chain` order (cached or not) */
+  int num_trimmed;  /* leading blocks returned to the pool by the sliding window: their entries
+                       are the null block 0 (attention never reads them) */
   uint8_t chain[BLOCK_HASH_BYTES]; /* hash of block num_hashed - 1 */
   int region;       /* contiguous mode: the region held, -1 none */
 };
@@ -49,11 +51,17 @@ struct kv_manager {
   struct kv_region *regions; /* (num_regions) contiguous mode only */
   int32_t *region_tokens;    /* (num_regions, max_blocks_per_seq * block_size) */
   int num_regions, n_cached, cached_head, cached_tail;
+  int window;                /* kv_manager_set_window; 0: none */
 };
 
 /* Returns 0, or -1 with err_last() set. Release with kv_manager_free. */
 int kv_manager_init(struct kv_manager *m, const struct kv_manager_params *p);
 void kv_manager_free(struct kv_manager *m);
+/* The sliding window every layer attends within (tokens; 0, the default: none), after which
+ * kv_manager_allocate returns blocks no future query can see to the pool (paged mode only;
+ * ignored in contiguous mode). A model with any global-attention layer passes 0: the layers
+ * share block ids. Set it before the first allocation. */
+void kv_manager_set_window(struct kv_manager *m, int window);
 
 /* A sequence with an empty table. Returns 0 or -1. Release with kv_seq_free (after
  * kv_manager_release). */
@@ -67,11 +75,20 @@ void kv_seq_free(struct kv_seq *s);
 int kv_manager_match_prefix(struct kv_manager *m, struct kv_seq *s, const int32_t *tokens, int n);
 void kv_manager_record_prefix(struct kv_manager *m, int queried, int hit);
 
-/* New blocks that reserving N more slots for S would take (copy-on-write included). */
+/* New blocks that reserving N more slots for S would take from the pool (copy-on-write
+ * included, net of what the window trim returns first; never negative). */
 int kv_manager_blocks_needed(const struct kv_manager *m, const struct kv_seq *s, int n);
-/* Reserves slots for N more tokens. Returns 0; 1 when the pool lacks the blocks (S unchanged);
- * -1 when S would outgrow its table. When the write would land in a block shared with another
- * sequence, S gets a private copy and *COPY names it (src = -1 otherwise). */
+/* Reserves slots for N more tokens. Returns 0; 1 when the pool lacks the blocks (S unchanged
+ * but for the window trim below); -1 when S would outgrow its table. When the write would land
+ * in a block shared with another sequence, S gets a private copy and *COPY names it (src = -1
+ * otherwise).
+ * With a window W (kv_manager_set_window), it first releases S's leading blocks wholly before position
+ * num_tokens - W + 1 (the first key the next query, at position >= num_tokens, can see): their
+ * table entries become the null block and S->num_trimmed counts them. So a sequence decoding
+ * one token a step holds at most W / block_size + 2 blocks, however long it grows. A released
+ * block keeps its prefix-cache hash while it waits in the free queue (its KV is still valid for
+ * a request with the same prefix); once reused it is evicted, so it is never a hit for other
+ * content. */
 int kv_manager_allocate(struct kv_manager *m, struct kv_seq *s, int n, struct kv_copy *copy);
 /* kv_manager_allocate for one token (decode). */
 int kv_manager_append(struct kv_manager *m, struct kv_seq *s, struct kv_copy *copy);

@@ -1,6 +1,8 @@
 /* config.c - model hyper-parameters from HF config.json (cJSON) and from GGUF metadata. */
 #include "model/config.h"
 
+#include "model/arch.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@ static void config_defaults(struct model_config *c) {
   c->rope_theta = DEFAULT_ROPE_THETA;
   c->rope_scaling = ROPE_SCALING_NONE;
   c->rope_factor = 1.0f;
+  c->rope_attn_factor = 1.0f;
   c->weight_dtype = DTYPE_F32;
   c->bos_id = -1;
   c->eos_id = -1;
@@ -52,6 +55,12 @@ static int config_validate(const struct model_config *c, const char *name) {
     return ERR("%s: rope_theta %g is not positive", name, (double)c->rope_theta);
   if (c->rope_scaling != ROPE_SCALING_NONE && !(c->rope_factor > 0 && isfinite(c->rope_factor)))
     return ERR("%s: rope scaling factor %g is not positive", name, (double)c->rope_factor);
+  if (c->rope_dim < 2 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+    return ERR("%s: %d rotated dims per head of %d (partial_rotary_factor) must be even and "
+               "within the head", name, c->rope_dim, c->head_dim);
+  if (c->sliding_window < 0 || c->swa_first_layer < 0 || c->swa_pattern < 0)
+    return ERR("%s: sliding_window %d / max_window_layers %d is negative", name,
+               c->sliding_window, c->swa_first_layer);
   if (c->rope_scaling == ROPE_SCALING_LLAMA3 &&
       (!(c->rope_low_freq_factor > 0) || !(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
        c->rope_orig_max_pos <= 0))
@@ -63,7 +72,7 @@ static int config_validate(const struct model_config *c, const char *name) {
 /* ---- HF config.json ---- */
 
 /* Reads integer KEY of O into *OUT. Absent or null: *OUT keeps its value unless REQUIRED. */
-static int json_int(const cJSON *o, const char *key, int *out, int required, const char *name) {
+int cfg_json_int(const cJSON *o, const char *key, int *out, int required, const char *name) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
   if (!v || cJSON_IsNull(v))
     return required ? ERR("%s: missing \"%s\"", name, key) : 0;
@@ -74,7 +83,7 @@ static int json_int(const cJSON *o, const char *key, int *out, int required, con
   return 0;
 }
 
-static int json_float(const cJSON *o, const char *key, float *out, int required,
+int cfg_json_float(const cJSON *o, const char *key, float *out, int required,
                       const char *name) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
   if (!v || cJSON_IsNull(v))
@@ -85,7 +94,7 @@ static int json_float(const cJSON *o, const char *key, float *out, int required,
   return 0;
 }
 
-static int json_bool(const cJSON *o, const char *key, int *out, const char *name) {
+int cfg_json_bool(const cJSON *o, const char *key, int *out, const char *name) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
   if (!v || cJSON_IsNull(v))
     return 0;
@@ -109,11 +118,66 @@ static int json_token_id(const cJSON *o, const char *key, int *out, const char *
   return 0;
 }
 
+/* KEY of RS: a list of N numbers into OUT. */
+static int json_factors(const cJSON *rs, const char *key, float *out, int n, const char *obj,
+                        const char *name) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(rs, key);
+  if (!cJSON_IsArray(a))
+    return ERR("%s: %s has no \"%s\" list", name, obj, key);
+  if (cJSON_GetArraySize(a) != n)
+    return ERR("%s: %s.%s has %d entries, expected rotated dims / 2 = %d", name, obj, key,
+               cJSON_GetArraySize(a), n);
+  int i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, a) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble))
+      return ERR("%s: %s.%s[%d] is not a positive number", name, obj, key, i);
+    out[i++] = (float)v->valuedouble;
+  }
+  return 0;
+}
+
+/* Phi-3's longrope (older spelling "su"), after transformers' _compute_longrope_parameters:
+ * original_max_position_embeddings from the top level or the rope object (required); the
+ * attention factor from "attention_factor" or else sqrt(1 + ln(s) / ln(original)) (1 when
+ * s <= 1) with s the object's "factor" or else max_position_embeddings / original. Needs
+ * max_seq_len and rope_dim known. */
+static int hf_longrope(struct model_config *c, const cJSON *root, const cJSON *rs, const char *obj,
+                       const char *name) {
+  c->rope_scaling = ROPE_SCALING_LONGROPE;
+  int half = c->rope_dim / 2;
+  if (half < 1 || half > ROPE_MAX_FACTORS)
+    return ERR("%s: longrope with %d rotated dims (at most %d are supported)", name, c->rope_dim,
+               2 * ROPE_MAX_FACTORS);
+  c->rope_orig_max_pos = 0;
+  c->rope_attn_factor = 0;
+  if (cfg_json_int(root, "original_max_position_embeddings", &c->rope_orig_max_pos, 0, name) ||
+      cfg_json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, 0, name) ||
+      cfg_json_float(rs, "attention_factor", &c->rope_attn_factor, 0, name) ||
+      json_factors(rs, "short_factor", c->rope_short_factor, half, obj, name) ||
+      json_factors(rs, "long_factor", c->rope_long_factor, half, obj, name))
+    return -1;
+  if (c->rope_orig_max_pos <= 0)
+    return ERR("%s: longrope needs original_max_position_embeddings > 0", name);
+  float factor = 0;
+  if (cfg_json_float(rs, "factor", &factor, 0, name))
+    return -1;
+  if (c->rope_attn_factor == 0) {
+    /* transformers 5: "factor" when given, else the ratio of the context lengths */
+    double s = factor > 0 ? (double)factor : (double)c->max_seq_len / c->rope_orig_max_pos;
+    c->rope_attn_factor =
+        s <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(s) / log((double)c->rope_orig_max_pos));
+  }
+  if (!(c->rope_attn_factor > 0))
+    return ERR("%s: %s.attention_factor %g is not positive", name, obj, (double)c->rope_attn_factor);
+  return 0;
+}
+
 /* RoPE settings: transformers < 5 writes top-level rope_theta and rope_scaling {rope_type|type,
  * factor, ...}; transformers >= 5 writes one rope_parameters object {rope_type, rope_theta,
  * factor, ...}. Either is accepted; rope_parameters wins when both are present. */
 static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char *name) {
-  if (json_float(root, "rope_theta", &c->rope_theta, 0, name))
+  if (cfg_json_float(root, "rope_theta", &c->rope_theta, 0, name))
     return -1;
   const char *key = "rope_parameters";
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -123,7 +187,7 @@ static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char
     return 0;
   if (!cJSON_IsObject(rs))
     return ERR("%s: \"%s\" is not an object", name, key);
-  if (json_float(rs, "rope_theta", &c->rope_theta, 0, name))
+  if (cfg_json_float(rs, "rope_theta", &c->rope_theta, 0, name))
     return -1;
   const cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
   if (!type)
@@ -135,7 +199,9 @@ static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char
   const char *t = type->valuestring;
   if (!strcmp(t, "default"))
     return 0;
-  if (json_float(rs, "factor", &c->rope_factor, 1, name))
+  if (!strcmp(t, "longrope") || !strcmp(t, "su"))
+    return hf_longrope(c, root, rs, key, name);
+  if (cfg_json_float(rs, "factor", &c->rope_factor, 1, name))
     return -1;
   if (!strcmp(t, "linear")) {
     c->rope_scaling = ROPE_SCALING_LINEAR;
@@ -143,13 +209,13 @@ static int hf_rope_scaling(struct model_config *c, const cJSON *root, const char
   }
   if (!strcmp(t, "llama3")) {
     c->rope_scaling = ROPE_SCALING_LLAMA3;
-    if (json_float(rs, "low_freq_factor", &c->rope_low_freq_factor, 1, name) ||
-        json_float(rs, "high_freq_factor", &c->rope_high_freq_factor, 1, name) ||
-        json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, 1, name))
+    if (cfg_json_float(rs, "low_freq_factor", &c->rope_low_freq_factor, 1, name) ||
+        cfg_json_float(rs, "high_freq_factor", &c->rope_high_freq_factor, 1, name) ||
+        cfg_json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, 1, name))
       return -1;
     return 0;
   }
-  return ERR("%s: %s type \"%.40s\" is not supported (default, linear and llama3 are)", name,
+  return ERR("%s: %s type \"%.40s\" is not supported (default, linear, llama3 and longrope are)", name,
              key, t);
 }
 
@@ -174,6 +240,36 @@ static int hf_dtype(struct model_config *c, const cJSON *root, const char *name)
   return 0;
 }
 
+/* partial_rotary_factor (top level or in the rope object): rope_dim = head_dim * factor. */
+static int hf_rope_dim(struct model_config *c, const cJSON *root, const char *name) {
+  float prf = 1.0f;
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+  if (cfg_json_float(root, "partial_rotary_factor", &prf, 0, name) ||
+      (cJSON_IsObject(rp) && cfg_json_float(rp, "partial_rotary_factor", &prf, 0, name)))
+    return -1;
+  if (!(prf > 0 && prf <= 1))
+    return ERR("%s: partial_rotary_factor %g is not in (0, 1]", name, (double)prf);
+  c->rope_dim = (int)((float)c->head_dim * prf);
+  if (c->rope_dim < 2 || c->rope_dim % 2)
+    return ERR("%s: partial_rotary_factor %g gives %d rotated dims of %d (must be even, >= 2)",
+               name, (double)prf, c->rope_dim, c->head_dim);
+  return 0;
+}
+
+int cfg_sliding_window(struct model_config *c, const cJSON *root, const char *use_key,
+                       const char *name) {
+  int use = 1;
+  if (use_key && cfg_json_bool(root, use_key, &use, name))
+    return -1;
+  c->sliding_window = 0;
+  if (use && cfg_json_int(root, "sliding_window", &c->sliding_window, 0, name))
+    return -1;
+  if (c->sliding_window < 0)
+    return ERR("%s: sliding_window %d is negative", name, c->sliding_window);
+  return 0;
+}
+
+/* The fields every architecture shares; the architecture's hf_config reads the rest. */
 static int hf_parse(struct model_config *c, const cJSON *root, const char *name) {
   if (!cJSON_IsObject(root))
     return ERR("%s: not a JSON object", name);
@@ -181,47 +277,35 @@ static int hf_parse(struct model_config *c, const cJSON *root, const char *name)
   const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
   if (!cJSON_IsString(a0))
     return ERR("%s: no \"architectures\" list naming the model class", name);
-  const char *arch = a0->valuestring;
-  int default_ctx;
-  if (!strcmp(arch, "LlamaForCausalLM")) {
-    snprintf(c->arch, sizeof c->arch, "llama");
-    default_ctx = 2048;
-  } else if (!strcmp(arch, "MistralForCausalLM")) {
-    snprintf(c->arch, sizeof c->arch, "mistral");
-    default_ctx = 4096 * 32;
-  } else if (!strcmp(arch, "Qwen2ForCausalLM")) {
-    snprintf(c->arch, sizeof c->arch, "qwen2");
-    c->qkv_bias = 1;
-    default_ctx = 32768;
-  } else {
-    return ERR("%s: architecture %.64s is not supported (LlamaForCausalLM, MistralForCausalLM, "
-               "Qwen2ForCausalLM are)", name, arch);
-  }
+  const struct arch *arch = arch_by_hf_class(a0->valuestring);
+  if (!arch)
+    return ERR("%s: architecture %.64s is not supported (%s are)", name, a0->valuestring,
+               arch_list(0));
+  snprintf(c->arch, sizeof c->arch, "%s", arch->name);
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
   if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
     return ERR("%s: hidden_act must be \"silu\"", name);
   int attention_bias = 0, mlp_bias = 0;
-  if (json_bool(root, "attention_bias", &attention_bias, name) ||
-      json_bool(root, "mlp_bias", &mlp_bias, name))
+  if (cfg_json_bool(root, "attention_bias", &attention_bias, name) ||
+      cfg_json_bool(root, "mlp_bias", &mlp_bias, name))
     return -1;
   if (attention_bias || mlp_bias)
     return ERR("%s: %s = true is not supported", name, attention_bias ? "attention_bias" : "mlp_bias");
-  c->max_seq_len = default_ctx;
+  c->max_seq_len = arch->default_ctx;
   c->head_dim = 0;
   c->n_kv_heads = 0;
-  if (json_int(root, "vocab_size", &c->vocab_size, 1, name) ||
-      json_int(root, "hidden_size", &c->dim, 1, name) ||
-      json_int(root, "intermediate_size", &c->ffn_dim, 1, name) ||
-      json_int(root, "num_hidden_layers", &c->n_layers, 1, name) ||
-      json_int(root, "num_attention_heads", &c->n_heads, 1, name) ||
-      json_int(root, "num_key_value_heads", &c->n_kv_heads, 0, name) ||
-      json_int(root, "head_dim", &c->head_dim, 0, name) ||
-      json_int(root, "max_position_embeddings", &c->max_seq_len, 0, name) ||
-      json_float(root, "rms_norm_eps", &c->rms_eps, 0, name) ||
-      json_bool(root, "tie_word_embeddings", &c->tie_embeddings, name) ||
+  if (cfg_json_int(root, "vocab_size", &c->vocab_size, 1, name) ||
+      cfg_json_int(root, "hidden_size", &c->dim, 1, name) ||
+      cfg_json_int(root, "intermediate_size", &c->ffn_dim, 1, name) ||
+      cfg_json_int(root, "num_hidden_layers", &c->n_layers, 1, name) ||
+      cfg_json_int(root, "num_attention_heads", &c->n_heads, 1, name) ||
+      cfg_json_int(root, "num_key_value_heads", &c->n_kv_heads, 0, name) ||
+      cfg_json_int(root, "head_dim", &c->head_dim, 0, name) ||
+      cfg_json_int(root, "max_position_embeddings", &c->max_seq_len, 0, name) ||
+      cfg_json_float(root, "rms_norm_eps", &c->rms_eps, 0, name) ||
+      cfg_json_bool(root, "tie_word_embeddings", &c->tie_embeddings, name) ||
       json_token_id(root, "bos_token_id", &c->bos_id, name) ||
-      json_token_id(root, "eos_token_id", &c->eos_id, name) || hf_rope_scaling(c, root, name) ||
-      hf_dtype(c, root, name))
+      json_token_id(root, "eos_token_id", &c->eos_id, name) || hf_dtype(c, root, name))
     return -1;
   if (c->n_heads <= 0)
     return ERR("%s: num_attention_heads %d is not positive", name, c->n_heads);
@@ -229,16 +313,12 @@ static int hf_parse(struct model_config *c, const cJSON *root, const char *name)
     c->n_kv_heads = c->n_heads;
   if (c->head_dim == 0)
     c->head_dim = c->dim / c->n_heads;
-  /* Mistral's sliding_window (and Qwen2's use_sliding_window) limit attention to the last W
-   * positions; pagoda attends to the whole context, which matches while sequences stay within
-   * W tokens (the released Mistral-7B-v0.2+ and Qwen2 configs disable it). */
-  const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-  int use_sw = !strcmp(c->arch, "mistral");
-  json_bool(root, "use_sliding_window", &use_sw, name);
-  if (use_sw && cJSON_IsNumber(sw) && sw->valuedouble < c->max_seq_len)
-    log_warn("%s: sliding_window %d is ignored: attention spans the whole context, so outputs "
-             "differ from the reference beyond %d tokens", name, (int)sw->valuedouble,
-             (int)sw->valuedouble);
+  if (c->head_dim % 2)
+    return ERR("%s: head_dim %d is odd (RoPE rotates pairs)", name, c->head_dim);
+  if (hf_rope_dim(c, root, name) || hf_rope_scaling(c, root, name))
+    return -1;
+  if (arch->hf_config && arch->hf_config(c, root, name))
+    return -1;
   c->rope_neox = 1; /* HF checkpoints use rotate_half (first half / second half pairs) */
   return config_validate(c, name);
 }
@@ -270,7 +350,7 @@ static int gguf_key(char *buf, size_t n, const char *arch, const char *suffix) {
 }
 
 /* Integer ARCH.SUFFIX into *OUT; absent: keep *OUT unless REQUIRED. */
-static int gguf_int_key(const struct gguf_file *g, const char *arch, const char *suffix, int *out,
+int cfg_gguf_int(const struct gguf_file *g, const char *arch, const char *suffix, int *out,
                         int required, const char *name) {
   char key[128];
   gguf_key(key, sizeof key, arch, suffix);
@@ -284,7 +364,7 @@ static int gguf_int_key(const struct gguf_file *g, const char *arch, const char 
   return 0;
 }
 
-static int gguf_float_key(const struct gguf_file *g, const char *arch, const char *suffix,
+int cfg_gguf_float(const struct gguf_file *g, const char *arch, const char *suffix,
                           float *out, int required, const char *name) {
   char key[128];
   gguf_key(key, sizeof key, arch, suffix);
@@ -304,32 +384,26 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   const char *arch = gguf_get_str(g, "general.architecture", &alen);
   if (!arch)
     return ERR("%s: no general.architecture", name);
-  if (alen == 5 && !memcmp(arch, "llama", 5)) {
-    /* llama.cpp's converter permutes Q/K rows so that RoPE rotates adjacent pairs. */
-    c->rope_neox = 0;
-  } else if (alen == 5 && !memcmp(arch, "qwen2", 5)) {
-    c->rope_neox = 1;
-    c->qkv_bias = 1;
-  } else {
-    return ERR("%s: architecture \"%.*s\" is not supported (llama and qwen2 are)", name,
-               (int)(alen > 64 ? 64 : alen), arch);
-  }
-  memcpy(c->arch, arch, alen);
-  c->arch[alen] = 0;
-  const char *a = c->arch;
+  const struct arch *ar = arch_by_gguf(arch, alen);
+  if (!ar)
+    return ERR("%s: architecture \"%.*s\" is not supported (%s are)", name,
+               (int)(alen > 64 ? 64 : alen), arch, arch_list(1));
+  c->rope_neox = ar->rope_neox_gguf;
+  snprintf(c->arch, sizeof c->arch, "%s", ar->name);
+  const char *a = ar->gguf_name; /* the metadata keys' prefix */
   int rope_dims = 0, value_len = 0;
   c->max_seq_len = 2048;
-  if (gguf_int_key(g, a, "context_length", &c->max_seq_len, 0, name) ||
-      gguf_int_key(g, a, "embedding_length", &c->dim, 1, name) ||
-      gguf_int_key(g, a, "block_count", &c->n_layers, 1, name) ||
-      gguf_int_key(g, a, "feed_forward_length", &c->ffn_dim, 1, name) ||
-      gguf_int_key(g, a, "attention.head_count", &c->n_heads, 1, name) ||
-      gguf_int_key(g, a, "attention.head_count_kv", &c->n_kv_heads, 0, name) ||
-      gguf_int_key(g, a, "attention.key_length", &c->head_dim, 0, name) ||
-      gguf_int_key(g, a, "attention.value_length", &value_len, 0, name) ||
-      gguf_int_key(g, a, "rope.dimension_count", &rope_dims, 0, name) ||
-      gguf_float_key(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 0, name) ||
-      gguf_float_key(g, a, "rope.freq_base", &c->rope_theta, 0, name))
+  if (cfg_gguf_int(g, a, "context_length", &c->max_seq_len, 0, name) ||
+      cfg_gguf_int(g, a, "embedding_length", &c->dim, 1, name) ||
+      cfg_gguf_int(g, a, "block_count", &c->n_layers, 1, name) ||
+      cfg_gguf_int(g, a, "feed_forward_length", &c->ffn_dim, 1, name) ||
+      cfg_gguf_int(g, a, "attention.head_count", &c->n_heads, 1, name) ||
+      cfg_gguf_int(g, a, "attention.head_count_kv", &c->n_kv_heads, 0, name) ||
+      cfg_gguf_int(g, a, "attention.key_length", &c->head_dim, 0, name) ||
+      cfg_gguf_int(g, a, "attention.value_length", &value_len, 0, name) ||
+      cfg_gguf_int(g, a, "rope.dimension_count", &rope_dims, 0, name) ||
+      cfg_gguf_float(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 0, name) ||
+      cfg_gguf_float(g, a, "rope.freq_base", &c->rope_theta, 0, name))
     return -1;
   if (c->n_heads <= 0)
     return ERR("%s: %s.attention.head_count is 0", name, a);
@@ -340,7 +414,7 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (value_len && value_len != c->head_dim)
     return ERR("%s: %s.attention.value_length %d differs from key_length %d (unsupported)", name,
                a, value_len, c->head_dim);
-  if (rope_dims && rope_dims != c->head_dim)
+  if (rope_dims && rope_dims != c->head_dim && !ar->gguf_partial_rope)
     return ERR("%s: %s.rope.dimension_count %d differs from head_dim %d (partial RoPE is "
                "unsupported)", name, a, rope_dims, c->head_dim);
   /* Linear RoPE scaling is stored as metadata; llama3-style scaling as the rope_freqs tensor. */
@@ -350,7 +424,7 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   const char *st = gguf_get_str(g, key, &slen);
   if (st && slen == 6 && !memcmp(st, "linear", 6)) {
     c->rope_scaling = ROPE_SCALING_LINEAR;
-    if (gguf_float_key(g, a, "rope.scaling.factor", &c->rope_factor, 1, name))
+    if (cfg_gguf_float(g, a, "rope.scaling.factor", &c->rope_factor, 1, name))
       return -1;
   } else if (st && !(slen == 4 && !memcmp(st, "none", 4))) {
     return ERR("%s: %s = \"%.*s\" is not supported (none and linear are)", name, key,
@@ -371,5 +445,8 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (gguf_get_int(g, "tokenizer.ggml.eos_token_id", &id) == 0 && id >= 0 && id < c->vocab_size)
     c->eos_id = (int)id;
   c->tie_embeddings = gguf_find_tensor(g, "output.weight") == NULL;
+  c->rope_dim = rope_dims ? rope_dims : c->head_dim;
+  if (ar->gguf_config && ar->gguf_config(c, g, name))
+    return -1;
   return config_validate(c, name);
 }

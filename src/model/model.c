@@ -5,18 +5,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/arch.h"
+#include "model/blocks.h"
 #include "model/model_file.h"
 #include "model/quant_isq.h"
 #include "util/log.h"
 
-struct model_layer {
-  struct weight attn_norm;      /* (1, dim) */
-  struct weight wq, wk, wv, wo; /* (n_heads*hd, dim), (n_kv*hd, dim) x2, (dim, n_heads*hd) */
-  struct weight bq, bk, bv;     /* qwen2: (1, n_heads*hd), (1, n_kv*hd) x2; else data NULL */
-  struct weight ffn_norm;       /* (1, dim) */
-  struct weight w_gate, w_up;   /* (ffn, dim) */
-  struct weight w_down;         /* (dim, ffn) */
-};
+/* Every weight of a layer, whichever the architecture has (the others NULL). */
+#define LAYER_WEIGHTS(L)                                                                          \
+  {&(L)->attn_norm, &(L)->wq,     &(L)->wk,        &(L)->wv,     &(L)->wo,                       \
+   &(L)->bq,        &(L)->bk,     &(L)->bv,        &(L)->ffn_norm, &(L)->w_gate,                 \
+   &(L)->w_up,      &(L)->w_down, &(L)->wqkv,      &(L)->w_gate_up, &(L)->q_norm, &(L)->k_norm}
 
 /* Offsets (in int32 elements) of the batch arrays inside model.meta. */
 struct meta_layout {
@@ -25,14 +24,16 @@ struct meta_layout {
 
 struct model {
   struct model_config config;
+  const struct arch *arch;     /* the architecture's row: tensors and forward pass */
   struct backend *be;          /* borrowed */
   struct model_file *file;     /* kept open while weights alias its mapping (cpu); else NULL */
   int host_mem;                /* backend memory is host memory: batch and logits used in place */
   struct weight tok_embd;      /* (vocab, dim) */
   struct weight out_norm;      /* (1, dim) */
   struct weight lm_head;       /* (vocab, dim); aliases tok_embd's data when tied */
-  struct model_layer *layers;  /* (n_layers) */
-  float *inv_freq;             /* (head_dim / 2) backend memory, scaling applied */
+  struct layer_weights *layers; /* (n_layers) */
+  float *inv_freq;             /* (rope_dim / 2) backend memory, scaling applied; longrope: the
+                                  short factors' then the long factors' (rope_dim) */
   struct rope_params rope;
 
   /* Set by model_alloc_kv. */
@@ -49,6 +50,8 @@ struct model {
   void *att;   /* (max_tokens, n_heads, head_dim) attention output */
   void *gate;  /* (max_tokens, ffn_dim) gate, then silu(gate) * up */
   void *up;    /* (max_tokens, ffn_dim) */
+  void *fused; /* (max_tokens, blocks_fused_cols) fused projections' output, or NULL */
+  int32_t *split_idx; /* blocks_split_idx_count gather indices splitting it, or NULL */
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
   struct meta_layout ml;
@@ -78,11 +81,18 @@ static void free_weight(struct model *m, struct weight *w) {
  * by factor, shorter than orig_max_pos / high_freq_factor kept, and the band between interpolated
  * smoothly. GGUF files store llama3's result as rope_freqs (divisors), applied instead. */
 static void compute_inv_freq(float *out, const struct model_config *c, const float *rope_freqs) {
-  int half = c->head_dim / 2;
+  int half = c->rope_dim / 2;
   for (int i = 0; i < half; i++) {
     /* as torch: exponent in f32, then 1 / theta^exponent */
-    float e = (float)(2 * i) / (float)c->head_dim;
+    float e = (float)(2 * i) / (float)c->rope_dim;
     double f = 1.0 / pow((double)c->rope_theta, (double)e);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE) {
+      /* transformers: 1 / (ext_factors * base^e) in f32; the long table follows the short */
+      float base_e = (float)pow((double)c->rope_theta, (double)e);
+      out[i] = 1.0f / (c->rope_short_factor[i] * base_e);
+      out[half + i] = 1.0f / (c->rope_long_factor[i] * base_e);
+      continue;
+    }
     if (rope_freqs) {
       f /= rope_freqs[i];
     } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
@@ -118,7 +128,7 @@ static void free_kv(struct model *m) {
 static void free_workspace(struct model *m) {
   struct backend *be = m->be;
   void **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->k, &m->v, &m->att, &m->gate, &m->up,
-                   (void **)&m->logits_dev, (void **)&m->meta};
+                   &m->fused, (void **)&m->split_idx, (void **)&m->logits_dev, (void **)&m->meta};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
     if (*bufs[i])
       be->ops->free(be, *bufs[i]);
@@ -135,9 +145,8 @@ void model_free(struct model *m) {
   free_workspace(m);
   if (m->layers) {
     for (int l = 0; l < m->config.n_layers; l++) {
-      struct model_layer *L = &m->layers[l];
-      struct weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                             &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+      struct layer_weights *L = &m->layers[l];
+      struct weight *ws[] = LAYER_WEIGHTS(L);
       for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
         free_weight(m, ws[i]);
     }
@@ -177,6 +186,10 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
   m->config = f->config;
   m->host_mem = strcmp(be->ops->name, "cpu") == 0;
   const struct model_config *c = &m->config;
+  if (!(m->arch = arch_by_name(c->arch))) {
+    ERR("%s: architecture %s has no forward pass", path, c->arch);
+    goto fail;
+  }
   if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
     ERR("%s: unsupported attention shape (%d heads, %d KV heads, head_dim %d)", path, c->n_heads,
         c->n_kv_heads, c->head_dim);
@@ -194,22 +207,16 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
     m->lm_head = m->tok_embd;
   else if (load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1))
     goto fail;
-  for (int l = 0; l < c->n_layers; l++) {
-    const struct layer_tensors *t = &f->layers[l];
-    struct model_layer *L = &m->layers[l];
-    if (load_weight(m, &L->attn_norm, &t->attn_norm, "attn_norm", l) ||
-        load_weight(m, &L->wq, &t->wq, "wq", l) || load_weight(m, &L->wk, &t->wk, "wk", l) ||
-        load_weight(m, &L->wv, &t->wv, "wv", l) || load_weight(m, &L->wo, &t->wo, "wo", l) ||
-        load_weight(m, &L->bq, &t->bq, "bq", l) || load_weight(m, &L->bk, &t->bk, "bk", l) ||
-        load_weight(m, &L->bv, &t->bv, "bv", l) ||
-        load_weight(m, &L->ffn_norm, &t->ffn_norm, "ffn_norm", l) ||
-        load_weight(m, &L->w_gate, &t->w_gate, "w_gate", l) ||
-        load_weight(m, &L->w_up, &t->w_up, "w_up", l) ||
-        load_weight(m, &L->w_down, &t->w_down, "w_down", l))
-      goto fail;
-  }
+  for (int l = 0; l < c->n_layers; l++)
+    for (int i = 0; i < m->arch->n_tensors; i++) {
+      const struct arch_tensor *at = &m->arch->tensors[i];
+      if (load_weight(m, (struct weight *)((char *)&m->layers[l] + at->w_off),
+                      (const struct host_tensor *)((const char *)&f->layers[l] + at->host_off),
+                      at->hf, l))
+        goto fail;
+    }
   /* RoPE frequencies, once, on the host, then to the backend. */
-  int half = c->head_dim / 2;
+  int half = c->rope_dim / 2, n_freq = c->rope_scaling == ROPE_SCALING_LONGROPE ? 2 * half : half;
   float *host_freq = malloc(sizeof(float) * (size_t)half * 2);
   if (!host_freq) {
     ERR("out of memory");
@@ -227,13 +234,18 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
     dtype_to_f32(divisors, f->rope_freqs.data, f->rope_freqs.dtype, half);
   }
   compute_inv_freq(host_freq, c, divisors);
-  m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)half);
-  if (!m->inv_freq || be->ops->upload(be, m->inv_freq, host_freq, sizeof(float) * (size_t)half)) {
+  m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)n_freq);
+  if (!m->inv_freq || be->ops->upload(be, m->inv_freq, host_freq, sizeof(float) * (size_t)n_freq)) {
     free(host_freq);
     goto fail;
   }
   free(host_freq);
-  m->rope = (struct rope_params){m->inv_freq, c->head_dim, c->rope_neox};
+  m->rope = (struct rope_params){.inv_freq = m->inv_freq, .rot_dim = c->rope_dim, .neox = c->rope_neox};
+  if (c->rope_scaling == ROPE_SCALING_LONGROPE) {
+    m->rope.inv_freq_long = m->inv_freq + half;
+    m->rope.long_after = c->rope_orig_max_pos;
+    m->rope.mscale = c->rope_attn_factor;
+  }
   if (!m->host_mem) { /* the weights were copied to the device: the mapping is no longer needed */
     model_file_close(m->file);
     m->file = NULL;
@@ -259,9 +271,8 @@ size_t model_weight_bytes(const struct model *m) {
     if (top[i]->data && (i < 2 || m->lm_head.data != m->tok_embd.data))
       total += dtype_row_bytes(top[i]->dtype, top[i]->cols) * (size_t)top[i]->rows;
   for (int l = 0; m->layers && l < m->config.n_layers; l++) {
-    const struct model_layer *L = &m->layers[l];
-    const struct weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                                 &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+    const struct layer_weights *L = &m->layers[l];
+    const struct weight *ws[] = LAYER_WEIGHTS(L);
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
       if (ws[i]->data)
         total += dtype_row_bytes(ws[i]->dtype, ws[i]->cols) * (size_t)ws[i]->rows;
@@ -282,6 +293,27 @@ static void *alloc0(struct model *m, size_t bytes, const char *what) {
   if (m->be->ops->memset0(m->be, p, bytes) != 0)
     return NULL;
   return p;
+}
+
+/* The fused projections' output buffer and the gather indices that split it (blocks.h). */
+static int alloc_fused(struct model *m, int max_tokens) {
+  const struct model_config *c = &m->config;
+  size_t cols = blocks_fused_cols(c, &m->layers[0]);
+  size_t n_idx = blocks_split_idx_count(c, &m->layers[0], max_tokens);
+  size_t fb = (size_t)max_tokens * cols * dtype_row_bytes(m->be->act_dtype, 1);
+  int32_t *idx = malloc(n_idx * sizeof *idx);
+  if (!idx)
+    return ERR("out of memory");
+  blocks_split_idx_fill(idx, c, &m->layers[0], max_tokens);
+  int rc = -1;
+  if ((m->fused = alloc0(m, fb, "activation workspace")) &&
+      (m->split_idx = alloc0(m, n_idx * sizeof *idx, "activation workspace")) &&
+      m->be->ops->upload(m->be, m->split_idx, idx, n_idx * sizeof *idx) == 0) {
+    m->workspace_bytes += fb + n_idx * sizeof *idx;
+    rc = 0;
+  }
+  free(idx);
+  return rc;
 }
 
 int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
@@ -307,6 +339,8 @@ int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max
       goto fail;
     m->workspace_bytes += bufs[i].bytes;
   }
+  if (blocks_fused_cols(c, &m->layers[0]) && alloc_fused(m, max_tokens))
+    goto fail;
   struct meta_layout *ml = &m->ml;
   ml->ids = 0;
   ml->positions = ml->ids + T;
@@ -535,8 +569,7 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   struct batch b;
   if (stage_batch(m, batch, &b) != 0)
     return -1;
-  const int T = b.num_tokens, dim = c->dim, hd = c->head_dim;
-  const struct attn_params ap = {.n_heads = c->n_heads, .scale = 1.0f / sqrtf((float)hd)};
+  const int T = b.num_tokens, dim = c->dim;
   /* Each call returns nonzero with err_last() set; the first failure ends the step. */
 #define TRY(call)  \
   do {             \
@@ -544,28 +577,17 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
       return -1;   \
   } while (0)
 
-  TRY(op->embed(be, m->x, &m->tok_embd, b.input_ids, T));
-  TRY(op->rmsnorm(be, m->xb, NULL, m->x, &m->layers[0].attn_norm, T, dim, c->rms_eps));
-  for (int l = 0; l < c->n_layers; l++) {
-    const struct model_layer *L = &m->layers[l];
-    /* attention: xb is the normed residual stream */
-    TRY(op->matmul(be, m->q, m->xb, &L->wq, L->bq.data ? &L->bq : NULL, T, 0));
-    TRY(op->matmul(be, m->k, m->xb, &L->wk, L->bk.data ? &L->bk : NULL, T, 0));
-    TRY(op->matmul(be, m->v, m->xb, &L->wv, L->bv.data ? &L->bv : NULL, T, 0));
-    TRY(op->rope(be, m->q, m->k, b.positions, T, c->n_heads, c->n_kv_heads, hd, &m->rope));
-    TRY(op->kv_write(be, &m->kv[l], m->k, m->v, &b));
-    TRY(op->attention(be, m->att, m->q, &m->kv[l], &b, &ap));
-    TRY(op->matmul(be, m->xb2, m->att, &L->wo, NULL, T, 0));
-    /* x += attention output; xb = norm(x) for the MLP */
-    TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, &L->ffn_norm, T, dim, c->rms_eps));
-    TRY(op->matmul(be, m->gate, m->xb, &L->w_gate, NULL, T, 0));
-    TRY(op->matmul(be, m->up, m->xb, &L->w_up, NULL, T, 0));
-    TRY(op->silu_mul(be, m->gate, m->gate, m->up, T, c->ffn_dim));
-    TRY(op->matmul(be, m->xb2, m->gate, &L->w_down, NULL, T, 0));
-    /* x += MLP output; xb = norm(x) with the next layer's (or the final) norm */
-    const struct weight *next = l + 1 < c->n_layers ? &m->layers[l + 1].attn_norm : &m->out_norm;
-    TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, next, T, dim, c->rms_eps));
+  /* The layers: the architecture's forward pass leaves the final normed states in xb. */
+  struct rope_params rope = m->rope;
+  if (rope.inv_freq_long) { /* longrope picks its factors from each sequence's length */
+    rope.query_start = b.query_start;
+    rope.seq_lens = b.seq_lens;
+    rope.num_seqs = b.num_seqs;
   }
+  struct fwd fw = {be, c, m->layers, &m->tok_embd, &m->out_norm, m->kv, &b, &rope, T,
+                   m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
+                   m->fused, m->split_idx};
+  TRY(m->arch->forward(&fw));
   /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
   int n = b.num_logits;
   if (n == 0)

@@ -7,10 +7,17 @@
 
 #include "backend/backend.h"
 
-enum rope_scaling_type { ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR };
+enum rope_scaling_type {
+  ROPE_SCALING_NONE,
+  ROPE_SCALING_LLAMA3,
+  ROPE_SCALING_LINEAR,
+  ROPE_SCALING_LONGROPE /* Phi-3 "longrope" / "su": short and long per-frequency factors */
+};
+
+#define ROPE_MAX_FACTORS 256 /* longrope factors per list (rot_dim / 2 <= 256) */
 
 struct model_config {
-  char arch[32];          /* "llama", "mistral", "qwen2" */
+  char arch[32];          /* struct arch's name: "llama", "mistral", "qwen2", "phi3", "qwen3" */
   int vocab_size;
   int dim;                /* hidden size */
   int n_layers;
@@ -23,6 +30,16 @@ struct model_config {
   enum rope_scaling_type rope_scaling;
   float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   int rope_orig_max_pos;
+  int rope_dim;           /* rotated dims per head: head_dim * partial_rotary_factor (even) */
+  /* longrope: inv_freq[i] = 1 / (factor[i] * theta^(2i/rope_dim)), short_factor while the
+   * sequence is at most rope_orig_max_pos tokens long, long_factor beyond (docs/model-formats.md);
+   * cos and sin are scaled by rope_attn_factor. */
+  float rope_short_factor[ROPE_MAX_FACTORS], rope_long_factor[ROPE_MAX_FACTORS];
+  float rope_attn_factor; /* 1 unless longrope */
+  int sliding_window;     /* 0: none; else a query sees the last sliding_window positions */
+  int swa_first_layer;    /* layers >= this one use the window (Qwen2's max_window_layers) */
+  int swa_pattern;        /* 0: every such layer; N: layer l is global when (l + 1) % N == 0
+                             (transformers' sliding_window_pattern: Gemma 2 N = 2, Gemma 3 6) */
   int tie_embeddings;
   int qkv_bias;           /* Qwen2 */
   enum dtype weight_dtype; /* dtype of the projection weights in the file */
@@ -40,6 +57,10 @@ struct model *model_load(const char *path, struct backend *be);
 struct model *model_load_isq(const char *path, struct backend *be, const char *isq);
 void model_free(struct model *m);
 const struct model_config *model_get_config(const struct model *m);
+
+/* The sliding window every layer attends within (tokens), or 0 when some layer attends to the
+ * whole context: what the KV manager may free blocks by (kv_manager_set_window). */
+int model_kv_window(const struct model_config *c);
 
 /* Bytes one KV block takes over all layers (K and V, scales included). */
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/arch.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
@@ -122,34 +123,19 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
   return 0;
 }
 
-/* The per-layer tensors: where each goes, its name under both formats, and its shape. */
-enum dim_kind { DIM_ONE, DIM_MODEL, DIM_Q, DIM_KV, DIM_FFN };
-static const struct layer_tensor_spec {
-  size_t offset;       /* into struct layer_tensors */
-  const char *hf, *gguf; /* after "model.layers.N." / "blk.N." */
-  enum dim_kind rows, cols;
-  int bias;            /* present only when config.qkv_bias */
-} layer_specs[] = {
-    {offsetof(struct layer_tensors, attn_norm), "input_layernorm.weight", "attn_norm.weight", DIM_ONE, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, wq), "self_attn.q_proj.weight", "attn_q.weight", DIM_Q, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, wk), "self_attn.k_proj.weight", "attn_k.weight", DIM_KV, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, wv), "self_attn.v_proj.weight", "attn_v.weight", DIM_KV, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, wo), "self_attn.o_proj.weight", "attn_output.weight", DIM_MODEL, DIM_Q, 0},
-    {offsetof(struct layer_tensors, bq), "self_attn.q_proj.bias", "attn_q.bias", DIM_ONE, DIM_Q, 1},
-    {offsetof(struct layer_tensors, bk), "self_attn.k_proj.bias", "attn_k.bias", DIM_ONE, DIM_KV, 1},
-    {offsetof(struct layer_tensors, bv), "self_attn.v_proj.bias", "attn_v.bias", DIM_ONE, DIM_KV, 1},
-    {offsetof(struct layer_tensors, ffn_norm), "post_attention_layernorm.weight", "ffn_norm.weight", DIM_ONE, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, w_gate), "mlp.gate_proj.weight", "ffn_gate.weight", DIM_FFN, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, w_up), "mlp.up_proj.weight", "ffn_up.weight", DIM_FFN, DIM_MODEL, 0},
-    {offsetof(struct layer_tensors, w_down), "mlp.down_proj.weight", "ffn_down.weight", DIM_MODEL, DIM_FFN, 0},
-};
+static const char *p_where(const struct model_file *mf) {
+  return ((const struct model_file_priv *)mf->priv)->where;
+}
 
-static int64_t dim_of(const struct model_config *c, enum dim_kind k) {
+static int64_t dim_of(const struct model_config *c, enum arch_dim k) {
   switch (k) {
-  case DIM_ONE: return 1;
-  case DIM_MODEL: return c->dim;
-  case DIM_Q: return (int64_t)c->n_heads * c->head_dim;
-  case DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
+  case AD_ONE: return 1;
+  case AD_MODEL: return c->dim;
+  case AD_Q: return (int64_t)c->n_heads * c->head_dim;
+  case AD_KV: return (int64_t)c->n_kv_heads * c->head_dim;
+  case AD_QKV: return (int64_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+  case AD_FFN2: return 2 * (int64_t)c->ffn_dim;
+  case AD_HEAD: return c->head_dim;
   default: return c->ffn_dim;
   }
 }
@@ -178,17 +164,20 @@ static int load_tensors(struct model_file *mf, int gguf) {
     mf->config.tie_embeddings = 1;
   }
   char n[160];
+  const struct arch *a = arch_by_name(c->arch);
+  if (!a)
+    return ERR("%s: architecture %s has no tensor table", p_where(mf), c->arch);
   for (int i = 0; i < c->n_layers; i++)
-    for (size_t s = 0; s < sizeof layer_specs / sizeof layer_specs[0]; s++) {
-      const struct layer_tensor_spec *sp = &layer_specs[s];
-      if (sp->bias && !c->qkv_bias)
+    for (int s = 0; s < a->n_tensors; s++) {
+      const struct arch_tensor *sp = &a->tensors[s];
+      if (sp->need == AN_QKV_BIAS && !c->qkv_bias)
         continue;
       if (gguf)
         snprintf(n, sizeof n, "blk.%d.%s", i, sp->gguf);
       else
         snprintf(n, sizeof n, "model.layers.%d.%s", i, sp->hf);
-      struct host_tensor *t = (struct host_tensor *)((char *)&mf->layers[i] + sp->offset);
-      if (take(mf, t, n, dim_of(c, sp->rows), dim_of(c, sp->cols), sp->rows == DIM_ONE, 0))
+      struct host_tensor *t = (struct host_tensor *)((char *)&mf->layers[i] + sp->host_off);
+      if (take(mf, t, n, dim_of(c, sp->rows), dim_of(c, sp->cols), sp->rows == AD_ONE, 0))
         return -1;
     }
   return 0;
@@ -262,7 +251,7 @@ struct model_file *model_file_open(const char *path) {
     model_file_close(mf);
     return NULL;
   }
-  mf->config.weight_dtype = mf->layers[0].wq.dtype;
+  mf->config.weight_dtype = mf->layers[0].wo.dtype;
   return mf;
 }
 

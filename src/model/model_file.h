@@ -20,7 +20,11 @@ struct layer_tensors {
   struct host_tensor ffn_norm;           /* (1, dim) */
   struct host_tensor w_gate, w_up;       /* (ffn, dim) */
   struct host_tensor w_down;             /* (dim, ffn) */
+  struct host_tensor wqkv;               /* phi3: (n_heads*hd + 2*n_kv*hd, dim), q | k | v rows */
+  struct host_tensor w_gate_up;          /* phi3: (2*ffn, dim), gate rows then up rows */
+  struct host_tensor q_norm, k_norm;     /* qwen3: (1, head_dim) */
 };
+/* Which of these an architecture has, and their names: its table in model/arch.h. */
 
 struct model_file {
   struct model_config config;

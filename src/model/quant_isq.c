@@ -7,6 +7,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "model/arch.h"
 #include "util/log.h"
 #include "util/quant.h"
 
@@ -112,19 +113,20 @@ int model_file_isq(struct model_file *f, enum dtype t, int n_threads) {
   const struct model_config *c = &f->config;
   int tied = f->lm_head.data == f->tok_embd.data;
   /* Everything that will be quantized, for the progress total. */
-  struct host_tensor **all = malloc(sizeof *all * (2 + 7 * (size_t)c->n_layers));
+  const struct arch *a = arch_by_name(c->arch);
+  if (!a)
+    return ERR("isq: architecture %s has no tensor table", c->arch);
+  struct host_tensor **all = malloc(sizeof *all * (2 + (size_t)a->n_tensors * c->n_layers));
   if (!all)
     return ERR("isq: out of memory");
   int n = 0;
   all[n++] = &f->tok_embd;
   if (!tied)
     all[n++] = &f->lm_head;
-  for (int l = 0; l < c->n_layers; l++) {
-    struct layer_tensors *L = &f->layers[l];
-    struct host_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    for (int i = 0; i < 7; i++)
-      all[n++] = ws[i];
-  }
+  for (int l = 0; l < c->n_layers; l++)
+    for (int i = 0; i < a->n_tensors; i++)
+      if (a->tensors[i].isq)
+        all[n++] = (struct host_tensor *)((char *)&f->layers[l] + a->tensors[i].host_off);
   for (int i = 0; i < n; i++)
     if (is_float_matrix(all[i]))
       pr.total += dtype_row_bytes(all[i]->dtype, all[i]->cols) * (size_t)all[i]->rows;
@@ -145,7 +147,7 @@ int model_file_isq(struct model_file *f, enum dtype t, int n_threads) {
     f->lm_head = f->tok_embd;
   if (pr.tty)
     fputc('\n', stderr);
-  f->config.weight_dtype = f->layers[0].wq.dtype;
+  f->config.weight_dtype = f->layers[0].wo.dtype;
   log_info("isq %s: %.1f MiB of float weights -> %.1f MiB", dtype_name(t),
            (double)pr.total / (1 << 20), (double)out_bytes / (1 << 20));
   return 0;

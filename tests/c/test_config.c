@@ -166,6 +166,76 @@ static void test_published(void) {
             strstr(err_last(), "/nonexistent/config.json"), "missing file named");
 }
 
+/* Phi-3.5-mini-instruct's published config (longrope, 48 factors per list, sliding_window above
+ * the context), Mistral v0.1's window, Qwen3's and Qwen2's window switches, and the errors. */
+static void test_arch_fields(void) {
+  struct model_config c;
+  char *t = seed_text("phi35_mini_instruct.json");
+  if (t) {
+    REQUIRE_V(config_from_hf_json(&c, t, strlen(t), "phi35/config.json") == 0);
+    CHECK(!strcmp(c.arch, "phi3") && c.dim == 3072 && c.n_heads == 32 && c.n_kv_heads == 32 &&
+              c.head_dim == 96 && c.rope_dim == 96 && c.ffn_dim == 8192 && c.vocab_size == 32064,
+          "phi-3.5 shapes");
+    CHECK(c.rope_scaling == ROPE_SCALING_LONGROPE && c.rope_orig_max_pos == 4096 &&
+              c.max_seq_len == 131072 && c.sliding_window == 262144 && c.swa_first_layer == 0,
+          "phi-3.5 longrope and window");
+    /* transformers' _compute_longrope_parameters: sqrt(1 + ln(131072/4096) / ln(4096)) */
+    CHECK(fabsf(c.rope_attn_factor - 1.1902380714f) < 1e-6f, "attention factor %.9g",
+          (double)c.rope_attn_factor);
+    CHECK(c.rope_short_factor[1] == 1.0199999809265137f && c.rope_long_factor[47] == 64.83999633789062f,
+          "factors read in order");
+    CHECK(parse_edited(&c, t, "partial_rotary_factor=0.75") != 0 && strstr(err_last(), "36"),
+          "partial rotary leaves 36 factors per list: %s", err_last());
+    CHECK(parse_edited(&c, t, "max_position_embeddings=4096") == 0 && c.rope_attn_factor == 1.0f,
+          "no extension: attention factor 1");
+    struct {
+      const char *edit, *want;
+    } bad[] = {
+        {"rope_scaling={\"type\":\"longrope\",\"short_factor\":[1,2],\"long_factor\":[1,2]}",
+         "48"},
+        {"original_max_position_embeddings=", "original_max_position_embeddings"},
+        {"partial_rotary_factor=0.01", "partial_rotary_factor"},
+        {"partial_rotary_factor=1.5", "partial_rotary_factor"},
+        {"sliding_window=-4", "sliding_window"},
+        {"rope_scaling={\"type\":\"su\",\"long_factor\":[1]}", "short_factor"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+      int rc = parse_edited(&c, t, bad[i].edit);
+      CHECK(rc != 0 && strstr(err_last(), "edited/config.json") && strstr(err_last(), bad[i].want),
+            "%s: message should name the file and '%s': %s", bad[i].edit, bad[i].want, err_last());
+    }
+    free(t);
+  }
+  t = seed_text("mistral_7b_v01.json");
+  if (t) {
+    REQUIRE_V(config_from_hf_json(&c, t, strlen(t), "mistral/config.json") == 0);
+    CHECK(c.sliding_window == 4096 && c.swa_first_layer == 0, "mistral v0.1 window 4096");
+    CHECK(parse_edited(&c, t, "sliding_window=null") == 0 && c.sliding_window == 0, "v0.2: none");
+    free(t);
+  }
+  t = seed_text("qwen25_05b_instruct.json");
+  if (t) {
+    REQUIRE_V(config_from_hf_json(&c, t, strlen(t), "qwen/config.json") == 0);
+    CHECK(c.sliding_window == 0 && c.rope_dim == 64, "qwen2: use_sliding_window false, no window");
+    CHECK(parse_edited(&c, t, "partial_rotary_factor=0.75") == 0 && c.rope_dim == 48,
+          "partial rotary: %s", err_last());
+    CHECK(parse_edited(&c, t, "use_sliding_window=true") == 0 && c.sliding_window == 32768 &&
+              c.swa_first_layer == 21,
+          "qwen2 window on the layers from max_window_layers: %d from %d", c.sliding_window,
+          c.swa_first_layer);
+    CHECK(model_kv_window(&c) == 0, "layers 0..20 are global: the KV manager frees nothing");
+    c.swa_first_layer = 0;
+    CHECK(model_kv_window(&c) == 32768, "every layer windowed: the KV manager may free");
+    c.swa_pattern = 2; /* Gemma 2's alternation */
+    CHECK(model_kv_window(&c) == 0, "alternating global layers: nothing freed");
+    /* Qwen3: the same fields plus head_dim; the class picks the q/k-norm tensor table */
+    CHECK(parse_edited(&c, t, "architectures=[\"Qwen3ForCausalLM\"]") == 0 &&
+              !strcmp(c.arch, "qwen3") && c.qkv_bias == 0 && c.sliding_window == 0,
+          "qwen3: %s", err_last());
+    free(t);
+  }
+}
+
 /* ---- GGUF metadata, on files built here ---- */
 
 struct buf {
@@ -299,6 +369,7 @@ static void test_gguf(void) {
 int main(void) {
   log_set_level(LOG_LEVEL_ERROR);
   test_published();
+  test_arch_fields();
   test_gguf();
   return test_finish("test_config");
 }

@@ -208,7 +208,7 @@ static int test_rope(struct backend *be) {
     float *qr = malloc(sizeof(float) * T * H * HD), *kr = malloc(sizeof(float) * T * KVH * HD);
     memcpy(qr, q, sizeof(float) * T * H * HD);
     memcpy(kr, k, sizeof(float) * T * KVH * HD);
-    struct rope_params rp = {inv_freq, HD, neox};
+    struct rope_params rp = {.inv_freq = inv_freq, .rot_dim = HD, .neox = neox};
     REQUIRE(be->ops->rope(be, q, k, pos, T, H, KVH, HD, &rp) == 0, "rope");
     for (int t = 0; t < T; t++) {
       for (int h = 0; h < H; h++)
@@ -220,6 +220,56 @@ static int test_rope(struct backend *be) {
     CHECK(eq < TOL && ek < TOL, "rope neox=%d: q %g k %g", neox, eq, ek);
     free(q), free(k), free(qr), free(kr);
   }
+  return 0;
+}
+
+/* LongRoPE with partial rotation: 3 sequences in one batch, the first at most long_after
+ * tokens long (short table), the others longer (long table, including the prompt tokens of
+ * the third whose positions are below long_after). Each token must equal the plain reference
+ * with its sequence's table, cos/sin scaled by mscale on the rotated dims, and the dims past
+ * rot_dim must pass unchanged. */
+static int test_rope_longrope(struct backend *be) {
+  enum { T = 23, H = 4, KVH = 2, HD = 32, ROT = 24 };
+  const float mscale = 1.19f;
+  int32_t qs[4] = {0, 9, 10, 23}, lens[3] = {9, 40, 13}, pos[T];
+  for (int t = 0; t < 9; t++)
+    pos[t] = t;
+  pos[9] = 39;
+  for (int t = 10; t < 23; t++)
+    pos[t] = t - 10;
+  float inv[2 * (ROT / 2)];
+  for (int i = 0; i < ROT / 2; i++) {
+    float base = (float)pow(10000.0, (double)(2 * i) / ROT);
+    inv[i] = 1.0f / ((1.0f + 0.1f * i) * base);            /* short */
+    inv[ROT / 2 + i] = 1.0f / ((1.0f + 2.0f * i) * base);  /* long */
+  }
+  float *q = rand_floats(T * H * HD), *k = rand_floats(T * KVH * HD);
+  float *qr = malloc(sizeof(float) * T * H * HD), *kr = malloc(sizeof(float) * T * KVH * HD);
+  memcpy(qr, q, sizeof(float) * T * H * HD);
+  memcpy(kr, k, sizeof(float) * T * KVH * HD);
+  struct rope_params rp = {.inv_freq = inv, .rot_dim = ROT, .neox = 1, .inv_freq_long = inv + ROT / 2,
+                           .long_after = 12, .query_start = qs, .seq_lens = lens, .num_seqs = 3,
+                           .mscale = mscale};
+  REQUIRE(be->ops->rope(be, q, k, pos, T, H, KVH, HD, &rp) == 0, "longrope");
+  int bad = 0;
+  for (int t = 0; t < T; t++) {
+    const float *tab = t < 9 ? inv : inv + ROT / 2;
+    for (int h = 0; h < H + KVH; h++) {
+      float *v = h < H ? qr + (t * H + h) * HD : kr + (t * KVH + h - H) * HD;
+      const float *got = h < H ? q + (t * H + h) * HD : k + (t * KVH + h - H) * HD;
+      float pass[HD];
+      memcpy(pass, v, sizeof pass);
+      for (int i = 0; i < ROT; i++)
+        v[i] *= mscale; /* rotation is linear: scaling before = cos, sin scaled */
+      rope_ref(v, pos[t], tab, ROT, 1);
+      for (int i = 0; i < HD; i++) {
+        double want = i < ROT ? v[i] : pass[i];
+        bad += fabs(got[i] - want) > 1e-5 * (1 + fabs(want));
+      }
+    }
+  }
+  CHECK(bad == 0, "longrope: %d values differ from the reference with the sequence's table", bad);
+  free(q), free(k), free(qr), free(kr);
   return 0;
 }
 
@@ -796,6 +846,7 @@ int main(void) {
   test_matmul(be);
   test_rmsnorm(be);
   test_rope(be);
+  test_rope_longrope(be);
   test_small_ops(be);
   test_attention(be);
   test_kv_misc(be);

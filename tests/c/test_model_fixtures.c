@@ -58,7 +58,8 @@ static int run_chunks(struct model *m, const int32_t *tokens, int n, int bs, int
   return 0;
 }
 
-static int check_fixture(struct backend *be, const char *dir, const char *name) {
+/* MODEL_PATH: DIR itself (the safetensors) or DIR/model.gguf (the same weights converted). */
+static int check_fixture(struct backend *be, const char *dir, const char *name, const char *model_path) {
   char *path = join(dir, "tokens.json");
   size_t len;
   char *json = test_read_file(path, &len);
@@ -74,7 +75,7 @@ static int check_fixture(struct backend *be, const char *dir, const char *name) 
     tokens[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
   cJSON_Delete(arr);
 
-  struct model *m = model_load(dir, be);
+  struct model *m = model_load(model_path, be);
   REQUIRE(m, "%s: model_load: %s", name, err_last_where());
   const struct model_config *c = model_get_config(m);
   int V = c->vocab_size;
@@ -86,21 +87,39 @@ static int check_fixture(struct backend *be, const char *dir, const char *name) 
   float *got = malloc(sizeof(float) * (size_t)n * V);
   if (want && len == (size_t)n * V * sizeof(float)) {
     /* one prefill (block size 16), then chunks of 5 over the cached prefix (block size 8), then
-     * one token at a time (block size 32): all three must match transformers */
+     * one token at a time (block size 32): all three must match transformers. Fixtures with
+     * logits_step.bin hold transformers' one-token-at-a-time logits for the last: they differ
+     * from logits.bin under LongRoPE, whose factors follow the sequence's length at each step
+     * (short while it is at most original_max_position_embeddings); chunks of 5 then match
+     * neither, and are skipped for longrope models whose tokens cross that length. */
     const int bss[3] = {16, 8, 32}, chunks[3] = {256, 5, 1};
+    path = join(dir, "logits_step.bin");
+    size_t step_len = 0;
+    float *want_step = (float *)test_read_file(path, &step_len);
+    free(path);
+    CHECK(!want_step || step_len == (size_t)n * V * sizeof(float), "%s: logits_step.bin has %zu bytes",
+          name, step_len);
+    int crosses = c->rope_scaling == ROPE_SCALING_LONGROPE && n > c->rope_orig_max_pos;
     for (int k = 0; k < 3; k++) {
+      const float *ref = k == 2 && want_step && step_len == len ? want_step : want;
+      if (crosses && k == 1)
+        continue;
       if (model_alloc_cache(m, MAXB + 1, bss[k], DTYPE_F32, 256, 1, MAXB) != 0 ||
           run_chunks(m, tokens, n, bss[k], chunks[k], got) != 0) {
         CHECK(0, "%s: %s", name, err_last_where());
         break;
       }
-      double e = test_rel_l2(got, want, (size_t)n * V);
+      double e = test_rel_l2(got, ref, (size_t)n * V);
       CHECK(e < TOL, "%s (%s, %s weights), block size %d, chunks of %d: rel L2 %g", name, c->arch,
             dtype_name(c->weight_dtype), bss[k], chunks[k], e);
+      if (crosses && k == 2) /* the two references differ: the wrong one must fail */
+        CHECK(test_rel_l2(got, want, (size_t)n * V) > 100 * TOL,
+              "%s: one token at a time should not match the one-prompt logits", name);
       if (k == 0)
         printf("%s: %s, %s weights, %d tokens: rel L2 vs transformers %.3g\n", name, c->arch,
                dtype_name(c->weight_dtype), n, e);
     }
+    free(want_step);
   }
   free(got);
   free(want);
@@ -129,7 +148,16 @@ int main(void) {
     if (f) {
       fclose(f);
       found++;
-      check_fixture(be, dir, names[i]);
+      check_fixture(be, dir, names[i], dir);
+      char *gguf = join(dir, "model.gguf");
+      FILE *g = fopen(gguf, "rb");
+      if (g) { /* its GGUF conversion (tools/make_fixtures.py) must give the same logits */
+        fclose(g);
+        char label[300];
+        snprintf(label, sizeof label, "%s (gguf)", names[i]);
+        check_fixture(be, dir, label, gguf);
+      }
+      free(gguf);
     }
     free(dir);
     free(probe);

@@ -368,8 +368,8 @@ int main(void) {
   if (!pair_open())
     return test_skip("no CUDA device");
   pair_seed();
-  static const char *fixtures[] = {"llama", "llama3", "llama_hd", "mistral", "qwen2", "llama_bf16",
-                                   "llama_sharded"};
+  static const char *fixtures[] = {"llama",      "llama3", "llama_hd", "mistral", "qwen2",
+                                   "llama_bf16", "llama_sharded", "mistral_sw", "qwen3", "phi3"};
   for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++)
     test_fixture(fixtures[i]);
 

@@ -246,6 +246,57 @@ static void test_rope(int head_dim, int n_heads, int n_kv, int neox, int max_pos
   free(k);
 }
 
+/* LongRoPE (Phi-3): 3 sequences in one batch, the first at most long_after tokens long (short
+ * table), the others longer (long table), partial rotation (rot_dim < head_dim) and the
+ * attention factor on cos/sin: CUDA against the CPU reference. */
+static void test_rope_longrope(int head_dim, int n_heads, int n_kv) {
+  enum { T = 23 };
+  int rot = head_dim * 3 / 4 / 2 * 2, half = rot / 2;
+  size_t nq = (size_t)T * n_heads * head_dim, nk = (size_t)T * n_kv * head_dim;
+  float *q = malloc(nq * 4), *k = malloc(nk * 4), inv[256];
+  int32_t pos[T], qs[4] = {0, 9, 10, T}, lens[3] = {9, 5000, 13};
+  for (int t = 0; t < T; t++)
+    pos[t] = t < 9 ? t : t == 9 ? 4999 : t - 10;
+  pair_fill(q, nq, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  for (int i = 0; i < half; i++) {
+    float base = (float)pow(10000.0, (double)(2 * i) / rot);
+    inv[i] = 1.0f / ((1.0f + 0.05f * i) * base);
+    inv[half + i] = 1.0f / ((1.0f + 1.5f * i) * base);
+  }
+  struct dbuf dq = pair_acts(q, nq), dk = pair_acts(k, nk), dpos = pair_bytes(pos, sizeof pos),
+              dinv = pair_bytes(inv, sizeof(float) * 2 * half), dqs = pair_bytes(qs, sizeof qs),
+              dlens = pair_bytes(lens, sizeof lens);
+  for (int i = 0; i < 2; i++) {
+    struct rope_params rp = {.inv_freq = dinv.p[i], .rot_dim = rot, .neox = 1,
+                             .inv_freq_long = (const float *)dinv.p[i] + half, .long_after = 12,
+                             .query_start = dqs.p[i], .seq_lens = dlens.p[i], .num_seqs = 3,
+                             .mscale = 1.19f};
+    if (pair_be[i]->ops->rope(pair_be[i], dq.p[i], dk.p[i], dpos.p[i], T, n_heads, n_kv, head_dim, &rp))
+      pair_die("longrope");
+  }
+  float *c, *g;
+  char what[80];
+  snprintf(what, sizeof what, "longrope hd%d rot%d q", head_dim, rot);
+  pair_get_both(dq, nq, &c, &g);
+  pair_expect(what, g, c, nq, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  snprintf(what, sizeof what, "longrope hd%d rot%d k", head_dim, rot);
+  pair_get_both(dk, nk, &c, &g);
+  pair_expect(what, g, c, nk, TOL_BF16_OUT);
+  free(c);
+  free(g);
+  pair_free(dq);
+  pair_free(dk);
+  pair_free(dpos);
+  pair_free(dinv);
+  pair_free(dqs);
+  pair_free(dlens);
+  free(q);
+  free(k);
+}
+
 static void test_silu_mul(int T, int F) {
   size_t n = (size_t)T * F;
   float *a = malloc(n * 4), *b = malloc(n * 4);
@@ -840,6 +891,8 @@ int main(void) {
   test_rope(64, 8, 2, 0, 4096);
   test_rope(128, 4, 4, 1, 4096);
   test_rope(8, 8, 4, 0, 256); /* stories260K's shape */
+  test_rope_longrope(96, 8, 4); /* Phi-3's head_dim */
+  test_rope_longrope(64, 4, 2);
   test_silu_mul(13, 344);
   test_gather_rows();
   test_kv_write_padding();

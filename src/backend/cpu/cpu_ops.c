@@ -75,12 +75,29 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
 #pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)T * (half * 16 + (n_heads + n_kv_heads) * head_dim))) if (T > 1) schedule(static)
   for (int t = 0; t < T; t++) {
     float cs[CPU_MAX_HEAD_DIM / 2], sn[CPU_MAX_HEAD_DIM / 2];
+    const float *inv_freq = rp->inv_freq;
+    if (rp->inv_freq_long) { /* LongRoPE: the sequence holding t, by binary search */
+      int lo = 0, hi = rp->num_seqs - 1;
+      while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (rp->query_start[mid] <= t)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      if (rp->seq_lens[lo] > rp->long_after)
+        inv_freq = rp->inv_freq_long;
+    }
     for (int i = 0; i < half; i++) {
       /* The angle is rounded to f32 as in HF (position * inv_freq in float32); cos/sin of it are
        * then taken accurately. */
-      float ang = (float)positions[t] * rp->inv_freq[i];
+      float ang = (float)positions[t] * inv_freq[i];
       cs[i] = (float)cos((double)ang);
       sn[i] = (float)sin((double)ang);
+      if (rp->mscale != 0) { /* as transformers: cos * factor, sin * factor in f32 */
+        cs[i] *= rp->mscale;
+        sn[i] *= rp->mscale;
+      }
     }
     for (int h = 0; h < n_heads; h++)
       rope_head(qs + ((size_t)t * n_heads + h) * head_dim, cs, sn, half, rp->neox);

@@ -120,15 +120,34 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             const int32_t *positions, /* (T) */
                             int n_heads, int n_kv, int hd,
                             const float *inv_freq,    /* (rot_dim / 2) */
-                            int rot_dim, int neox) {
+                            int rot_dim, int neox,
+                            const float *inv_freq_long, /* LongRoPE (see rope_params) or NULL */
+                            int long_after, const int32_t *query_start, const int32_t *seq_lens,
+                            int num_seqs, float mscale) {
   int t = blockIdx.x;
   int half = rot_dim / 2;
+  if (inv_freq_long) { /* the sequence holding t, by binary search (every thread alike) */
+    int lo = 0, hi = num_seqs - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) / 2;
+      if (query_start[mid] <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    if (seq_lens[lo] > long_after)
+      inv_freq = inv_freq_long;
+  }
   float pos = (float)positions[t];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float ang = pos * inv_freq[i];
     double s, c;
     sincos((double)ang, &s, &c);
     float sf = (float)s, cf = (float)c;
+    if (mscale != 0.0f) {
+      sf *= mscale;
+      cf *= mscale;
+    }
     int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads + n_kv; h++) {
       bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
@@ -150,7 +169,9 @@ int cuda_op_rope(struct backend *be, void *q, void *k, const int32_t *positions,
   int half = rp->rot_dim / 2;
   int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
   rope_kernel<<<T, threads, 0, cuda_be(be)->stream>>>((bf16 *)q, (bf16 *)k, positions, n_heads, n_kv_heads,
-                                                      head_dim, rp->inv_freq, rp->rot_dim, rp->neox);
+                                                      head_dim, rp->inv_freq, rp->rot_dim, rp->neox,
+                                                      rp->inv_freq_long, rp->long_after,
+                                                      rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale);
   CUDA_LAUNCH_CHECK();
   return 0;
 }
