@@ -39,6 +39,52 @@ int moe_scratch_alloc(struct backend *be, struct moe_scratch *s, int max_tokens,
   return 0;
 }
 
+#define MOE_ALIGN 256
+
+static size_t up_align(size_t n) { return (n + MOE_ALIGN - 1) / MOE_ALIGN * MOE_ALIGN; }
+
+/* The parts' sizes in carve order: router_logits, row_token, row_weight, token_rows,
+ * expert_start, xg, g, u, y. */
+static void part_sizes(const struct backend *be, size_t sz[9], int max_tokens, int n_experts, int top_k,
+                       int D, int F) {
+  size_t rows = (size_t)max_tokens * top_k, act = dtype_row_bytes(be->act_dtype, 1);
+  sz[0] = sizeof(float) * (size_t)max_tokens * n_experts;
+  sz[1] = sizeof(int32_t) * rows;
+  sz[2] = sizeof(float) * rows;
+  sz[3] = sizeof(int32_t) * rows;
+  sz[4] = sizeof(int32_t) * (size_t)(n_experts + 1);
+  sz[5] = act * rows * (size_t)D;
+  sz[6] = sz[7] = act * rows * (size_t)F;
+  sz[8] = act * rows * (size_t)D;
+}
+
+size_t moe_scratch_bytes(const struct backend *be, int max_tokens, int n_experts, int top_k, int D, int F) {
+  size_t sz[9], total = 0;
+  part_sizes(be, sz, max_tokens, n_experts, top_k, D, F);
+  for (int i = 0; i < 9; i++)
+    total += up_align(sz[i]);
+  return total;
+}
+
+void moe_scratch_carve(const struct backend *be, struct moe_scratch *s, void *base, int max_tokens,
+                       int n_experts, int top_k, int D, int F, int32_t *expert_start_host) {
+  size_t sz[9];
+  part_sizes(be, sz, max_tokens, n_experts, top_k, D, F);
+  void **dst[9] = {(void **)&s->router_logits, (void **)&s->row_token, (void **)&s->row_weight,
+                   (void **)&s->token_rows, (void **)&s->expert_start, &s->xg, &s->g, &s->u, &s->y};
+  char *p = base;
+  for (int i = 0; i < 9; i++) {
+    *dst[i] = p;
+    p += up_align(sz[i]);
+  }
+  s->max_tokens = max_tokens;
+  s->n_experts = n_experts;
+  s->top_k = top_k;
+  s->D = D;
+  s->F = F;
+  s->expert_start_host = expert_start_host;
+}
+
 void moe_scratch_free(struct backend *be, struct moe_scratch *s) {
   void *dev[] = {s->router_logits, s->row_token, s->row_weight, s->token_rows, s->expert_start,
                  s->xg, s->g, s->u, s->y};

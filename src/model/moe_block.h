@@ -32,6 +32,12 @@ struct moe_scratch {
   void *y;                    /* (T * k, D) act: the experts' outputs by row */
 };
 
+/* Bytes of backend memory the scratch takes for these sizes (each part 256-byte aligned), and
+ * carving it from BASE (backend memory of that many bytes, e.g. a model's workspace);
+ * expert_start_host (E + 1 int32, host) is the caller's. Owned by the caller: no free. */
+size_t moe_scratch_bytes(const struct backend *be, int max_tokens, int n_experts, int top_k, int D, int F);
+void moe_scratch_carve(const struct backend *be, struct moe_scratch *s, void *base, int max_tokens,
+                       int n_experts, int top_k, int D, int F, int32_t *expert_start_host);
 /* Allocates the scratch on BE; 0, or -1 with err_last() set (what was allocated is freed). */
 int moe_scratch_alloc(struct backend *be, struct moe_scratch *s, int max_tokens, int n_experts, int top_k,
                       int D, int F);

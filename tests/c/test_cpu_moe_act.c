@@ -206,6 +206,19 @@ static void test_moe_ffn(struct backend *be, enum dtype wt) {
   CHECK(err < TOL, "moe_ffn (%s experts) rel L2 %g", dtype_name(wt), err);
   CHECK(moe_ffn(be, out, x, &mw, &s, 33) != 0 && strstr(err_last(), "33 tokens"), "T over the scratch: %s",
         err_last());
+  /* the same block on scratch carved from one buffer (a model's workspace) */
+  size_t bytes = moe_scratch_bytes(be, 32, E, k, D, F);
+  void *ws = be->ops->alloc(be, bytes);
+  int32_t host_start[9];
+  struct moe_scratch sc;
+  moe_scratch_carve(be, &sc, ws, 32, E, k, D, F, host_start);
+  float *out2 = malloc(sizeof(float) * T * D);
+  CHECK(moe_ffn(be, out2, x, &mw, &sc, T) == 0, "moe_ffn on carved scratch: %s", err_last());
+  CHECK(memcmp(out, out2, sizeof(float) * T * D) == 0 || test_rel_l2(out2, ref, (size_t)T * D) < TOL,
+        "carved scratch gives the same result");
+  CHECK((char *)sc.y + sizeof(float) * 32 * k * D <= (char *)ws + bytes, "carved parts fit in %zu bytes", bytes);
+  be->ops->free(be, ws);
+  free(out2);
   moe_scratch_free(be, &s);
   for (int e = 0; e < E; e++)
     for (int m = 0; m < 3; m++) {
