@@ -400,6 +400,10 @@ def write_gguf(name, sd, cfg, path):
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         w.add_sliding_window(cfg["sliding_window"])
+        # Not a llama.cpp key: llama.cpp derives the query scale from the model size (27B:
+        # hidden/heads, else head_dim). pagoda reads this key when present (docs/model-formats.md),
+        # so the fixture's query_pre_attn_scalar != head_dim survives the conversion.
+        w.add_uint32("gemma2.attention.query_pre_attn_scalar", int(cfg["query_pre_attn_scalar"]))
         names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
                  "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
                  "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -502,6 +506,17 @@ def build_arch(torch, transformers, name, cls_name, kw, out, seed):
     return size
 
 
+def rewrite_ggufs(out_dir):
+    """Only the GGUF conversions, from fixtures already saved in OUT_DIR (needs numpy,
+    safetensors and gguf-py, not torch): python3 tools/make_fixtures.py --out DIR --gguf-only"""
+    for name in arch_specs():
+        out = os.path.join(out_dir, name)
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        write_gguf(name, saved_tensors(out), cfg, out + ".gguf")
+        print(f"{name}: wrote {out}.gguf ({os.path.getsize(out + '.gguf')} bytes)", flush=True)
+
+
 def build_archops_fixtures(torch, transformers, args, failed):
     """Builds the arch_specs() fixtures; yields (name, size)."""
     for i, (name, (cls_name, kw)) in enumerate(arch_specs().items()):
@@ -522,7 +537,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="only rewrite the Gemma 2 / Mixtral GGUFs from the saved fixtures")
     args = ap.parse_args()
+    if args.gguf_only:
+        rewrite_ggufs(args.out)
+        return 0
     import torch
     import transformers
     import safetensors
