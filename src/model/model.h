@@ -40,6 +40,14 @@ struct model_config {
   int swa_first_layer;    /* layers >= this one use the window (Qwen2's max_window_layers) */
   int tie_embeddings;
   int qkv_bias;           /* Qwen2 */
+  int swa_pattern;        /* 0: the window applies to every layer >= swa_first_layer; 2: only to
+                             the even layers (Gemma 2's local layers; the odd ones are global) */
+  /* Gemma 2 (arch_gemma2.c): scores scaled by query_pre_attn_scalar^-0.5, attention and final
+   * logits softcapped (0: off); norm_plus_one: the file stores w where the forward needs 1 + w
+   * (HF), so model_file adds 1 to every norm weight once at load. */
+  float query_pre_attn_scalar, attn_softcap, final_softcap;
+  int norm_plus_one;
+  int n_experts, n_experts_used; /* Mixtral (arch_mixtral.c): experts per layer, chosen per token */
   enum dtype weight_dtype; /* dtype of the projection weights in the file */
   int bos_id, eos_id;     /* from config.json / GGUF metadata; -1 when absent */
 };

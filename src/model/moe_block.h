@@ -12,6 +12,9 @@
 
 #include "backend/backend.h"
 
+#define MOE_MAX_EXPERTS 256 /* backend moe_route's bound */
+#define MOE_MAX_TOP_K 8     /* the CUDA routing kernel's bound on experts per token */
+
 struct moe_weights {
   int n_experts, top_k;
   struct weight router;                 /* (n_experts, D) */
