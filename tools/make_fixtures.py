@@ -497,6 +497,8 @@ def build_arch(torch, transformers, name, cls_name, kw, out, seed):
         print(f"{name}: wrote {out}.gguf ({os.path.getsize(out + '.gguf')} bytes)", flush=True)
     except ImportError as e:
         print(f"{name}: no GGUF ({e}); put llama.cpp's gguf-py on PYTHONPATH", flush=True)
+    if name.startswith("mixtral"):
+        mixtral_router_gaps(out)
     std = logits.std().item()
     assert std > 0.1, f"{name}: logits std {std} too small to test anything"
     files = sorted(os.listdir(out))
@@ -504,6 +506,69 @@ def build_arch(torch, transformers, name, cls_name, kw, out, seed):
     print(f"{name}: {cls_name}, files {files}, {size} bytes, logits std {std:.3f}, greedy {greedy}",
           flush=True)
     return size
+
+
+def mixtral_router_gaps(out):
+    """router_gaps.json for a Mixtral fixture: per layer and position, the gap between the k-th
+    and (k+1)-th largest router logits of transformers' routing, from an independent float64
+    numpy forward pass over the saved weights (checked against logits.bin). A gap below what bf16
+    activations move (~0.05 here) may pick another expert on a bf16 backend, and a token routed
+    differently gets other outputs: tests compare such positions separately."""
+    import numpy as np
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(out, "tokens.json")) as f:
+        toks = json.load(f)
+    sd = {k: v.astype(np.float64) for k, v in saved_tensors(out).items()}
+    D, H, KV, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]
+    hd, E, K, eps = D // H, cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["rms_norm_eps"]
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    T = len(toks)
+    inv = 1.0 / (theta ** (np.arange(0, hd, 2) / hd))
+    ang = np.arange(T)[:, None] * inv[None]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(x):
+        rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+        return x * cos[:, None] + rot * sin[:, None]
+    x, gaps = sd["model.embed_tokens.weight"][toks], []
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms(x, sd[p + "input_layernorm.weight"])
+        q = rope((h @ sd[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd))
+        k = np.repeat(rope((h @ sd[p + "self_attn.k_proj.weight"].T).reshape(T, KV, hd)), H // KV, 1)
+        v = np.repeat((h @ sd[p + "self_attn.v_proj.weight"].T).reshape(T, KV, hd), H // KV, 1)
+        sc = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -1e30), 1)[None]
+        a = np.exp(sc - sc.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        x = x + np.einsum("hts,shd->thd", a, v).reshape(T, D) @ sd[p + "self_attn.o_proj.weight"].T
+        h = rms(x, sd[p + "post_attention_layernorm.weight"])
+        r = h @ mixtral_experts(sd, p, E)["router"].T
+        srt = -np.sort(-r, -1)
+        gaps.append([round(float(g), 6) for g in srt[:, K - 1] - srt[:, K]])
+        pr = np.exp(r - r.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        ex = mixtral_experts(sd, p, E)
+        moe = np.zeros_like(x)
+        for t in range(T):
+            top = np.argsort(-pr[t], kind="stable")[:K]
+            for e, w in zip(top, pr[t, top] / pr[t, top].sum()):
+                g, u = ex["gate"][e] @ h[t], ex["up"][e] @ h[t]
+                moe[t] += w * (ex["down"][e] @ (g / (1 + np.exp(-g)) * u))
+        x = x + moe
+    logits = rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T
+    want = np.fromfile(os.path.join(out, "logits.bin"), dtype="<f4").reshape(T, -1)
+    err = float(np.linalg.norm(logits - want) / np.linalg.norm(want))
+    assert err < 1e-5, f"numpy Mixtral reference differs from logits.bin: rel L2 {err}"
+    with open(os.path.join(out, "router_gaps.json"), "w") as f:
+        json.dump({"note": "per layer, per position: k-th minus (k+1)-th largest router logit",
+                   "numpy_vs_transformers_rel_l2": float(f"{err:.3g}"), "gaps": gaps}, f)
+        f.write("\n")
+    print(f"{os.path.basename(out)}: router_gaps.json (numpy reference rel L2 {err:.3g}; smallest gaps "
+          f"{sorted((g, l, t) for l, row in enumerate(gaps) for t, g in enumerate(row))[:3]})", flush=True)
 
 
 def rewrite_ggufs(out_dir):
@@ -515,6 +580,8 @@ def rewrite_ggufs(out_dir):
             cfg = json.load(f)
         write_gguf(name, saved_tensors(out), cfg, out + ".gguf")
         print(f"{name}: wrote {out}.gguf ({os.path.getsize(out + '.gguf')} bytes)", flush=True)
+        if name.startswith("mixtral"):
+            mixtral_router_gaps(out)
 
 
 def build_archops_fixtures(torch, transformers, args, failed):
