@@ -101,6 +101,32 @@ out:
   model_free(m);
 }
 
+/* --isq q8_0 (experts and projections quantized at load, the stacked experts as one matrix):
+ * logits within 2e-2 rel L2 of transformers' f32 ones per 2 layers (test_isq.c's bound for q8_0
+ * on 2-layer models; the rounding errors of more layers add up: gemma2 has 4, measured 2.2e-2,
+ * mixtral 2, 1.7e-2). A MoE
+ * near-tie may route differently, so Mixtral is compared before its first router gap < 0.05
+ * (router_gaps.json: position 10). */
+static void check_isq(struct backend *be, const char *name, const char *path, const int32_t *toks, int n,
+                      const float *want, int n_cmp) {
+  struct model *m = model_load_isq(path, be, "q8_0");
+  if (!m) {
+    CHECK(0, "%s --isq q8_0: %s", path, err_last_where());
+    return;
+  }
+  int V = model_get_config(m)->vocab_size;
+  float *got = malloc(sizeof(float) * (size_t)n * V);
+  if (model_alloc_cache(m, MAXB + 1, BS, DTYPE_F32, 128, 1, MAXB) != 0 || step(m, toks, 0, n, got) != 0) {
+    CHECK(0, "%s --isq q8_0: %s", path, err_last_where());
+  } else {
+    double e = test_rel_l2(got, want, (size_t)n_cmp * V), tol = 2e-2 * model_get_config(m)->n_layers / 2;
+    CHECK(e < tol && e > 1e-5, "%s --isq q8_0: rel L2 %g over %d positions (tol %g)", path, e, n_cmp, tol);
+    printf("%s --isq q8_0: rel L2 vs transformers %.3g over positions 0..%d\n", name, e, n_cmp - 1);
+  }
+  free(got);
+  model_free(m);
+}
+
 static char *fixture_file(const char *name, const char *file) {
   char rel[256];
   snprintf(rel, sizeof rel, "%s%s", name, file);
@@ -124,6 +150,7 @@ static void check_fixture(struct backend *be, const char *name) {
   if (n > 0 && np > 0 && ng > 0 && want) {
     check_model(be, name, dir, toks, n, NULL, prompt, np, gr, ng); /* its logits: test_model_fixtures */
     check_model(be, name, gguf, toks, n, want, prompt, np, gr, ng);
+    check_isq(be, name, dir, toks, n, want, strcmp(name, "mixtral") ? n : 10);
   }
   cJSON_Delete(tokens);
   cJSON_Delete(greedy);

@@ -1,7 +1,6 @@
 /* cpu_moe.c - the CPU backend's mixture-of-experts routing and combine (see backend.h): the
  * reference for the CUDA kernels, with the same grouping of rows by expert. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -44,32 +43,31 @@ int cpu_moe_route(struct backend *be, const float *router_logits, int T, int E, 
   if (E < 1 || E > CPU_MOE_MAX_EXPERTS || k < 1 || k > E || T < 0)
     return ERR("moe_route: %d experts, top %d, %d tokens (need 1 <= k <= E <= %d)", E, k, T,
                CPU_MOE_MAX_EXPERTS);
-  int *sel = malloc(sizeof *sel * ((size_t)T * k + 1));
-  float *w = malloc(sizeof *w * ((size_t)T * k + 1));
-  if (!sel || !w) {
-    free(sel);
-    free(w);
-    return ERR("out of memory routing %d tokens", T);
-  }
-  for (int t = 0; t < T; t++)
-    route_one(router_logits + (size_t)t * E, E, k, sel + (size_t)t * k, w + (size_t)t * k);
-  /* Counting sort by expert, stable in (token, j) order. */
+  /* Counting sort by expert, stable in (token, j) order, without scratch memory (nothing is
+   * allocated per step): pass 1 counts each token's choices, pass 2 routes again (the same
+   * result) and places the rows. */
+  int sel[CPU_MOE_MAX_EXPERTS];
+  float w[CPU_MOE_MAX_EXPERTS];
   memset(expert_start, 0, sizeof *expert_start * (size_t)(E + 1));
-  for (size_t s = 0; s < (size_t)T * k; s++)
-    expert_start[sel[s] + 1]++;
+  for (int t = 0; t < T; t++) {
+    route_one(router_logits + (size_t)t * E, E, k, sel, w);
+    for (int j = 0; j < k; j++)
+      expert_start[sel[j] + 1]++;
+  }
   for (int e = 0; e < E; e++)
     expert_start[e + 1] += expert_start[e];
   int32_t next[CPU_MOE_MAX_EXPERTS];
   memcpy(next, expert_start, sizeof *next * (size_t)E);
-  for (size_t s = 0; s < (size_t)T * k; s++) {
-    int r = next[sel[s]]++;
-    row_token[r] = (int32_t)(s / (size_t)k);
-    row_weight[r] = w[s];
-    token_rows[s] = r;
+  for (int t = 0; t < T; t++) {
+    route_one(router_logits + (size_t)t * E, E, k, sel, w);
+    for (int j = 0; j < k; j++) {
+      int r = next[sel[j]]++;
+      row_token[r] = t;
+      row_weight[r] = w[j];
+      token_rows[(size_t)t * k + j] = r;
+    }
   }
   memcpy(expert_start_host, expert_start, sizeof *expert_start * (size_t)(E + 1));
-  free(sel);
-  free(w);
   return 0;
 }
 
