@@ -9,7 +9,8 @@
  *   ffn_norm(x))) (ffn_norm is HF's pre_feedforward_layernorm);
  * - GeGLU MLP with the tanh GELU (hidden_activation gelu_pytorch_tanh);
  * - attention scores scaled by query_pre_attn_scalar^-0.5 and softcapped (attn_logit_softcapping);
- *   even layers (0, 2, ...) attend inside sliding_window, odd layers globally;
+ *   even layers (0, 2, ...) attend inside sliding_window, odd layers globally (config.local_window;
+ *   config.sliding_window stays 0 so that no KV block the global layers read is released);
  * - the logits softcapped by final_logit_softcapping (model.c, from config.final_softcap);
  * - tied embeddings. */
 #include <math.h>
@@ -82,7 +83,8 @@ static int gemma2_hf(struct model_config *c, const cJSON *root, const char *name
                    name, l, want);
     }
   }
-  c->swa_pattern = 2;
+  c->local_window = c->sliding_window; /* on the even layers only (see model.h) */
+  c->sliding_window = 0;
   c->norm_plus_one = 1; /* HF stores w; the forward needs 1 + w */
   return 0;
 }
@@ -95,12 +97,10 @@ static int gemma2_gguf(struct model_config *c, const struct gguf_file *g, const 
   if (cfg_gguf_int(g, "gemma2", "attention.query_pre_attn_scalar", &qpas, 0, name) ||
       cfg_gguf_float(g, "gemma2", "attn_logit_softcapping", &c->attn_softcap, 0, name) ||
       cfg_gguf_float(g, "gemma2", "final_logit_softcapping", &c->final_softcap, 0, name) ||
-      cfg_gguf_int(g, "gemma2", "attention.sliding_window", &c->sliding_window, 0, name))
+      cfg_gguf_int(g, "gemma2", "attention.sliding_window", &c->local_window, 0, name))
     return -1;
   if (qpas > 0)
     c->query_pre_attn_scalar = (float)qpas;
-  c->swa_first_layer = 0;
-  c->swa_pattern = 2;
   c->norm_plus_one = 0; /* the converter stored 1 + w */
   return 0;
 }

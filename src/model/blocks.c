@@ -10,8 +10,8 @@
   } while (0)
 
 int block_layer_window(const struct model_config *c, int l) {
-  if (c->swa_pattern == 2 && l % 2)
-    return 0; /* Gemma 2: odd layers are global */
+  if (c->local_window > 0) /* Gemma 2: even layers local, odd layers global */
+    return l % 2 == 0 ? c->local_window : 0;
   return c->sliding_window > 0 && l >= c->swa_first_layer ? c->sliding_window : 0;
 }
 

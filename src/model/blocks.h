@@ -15,7 +15,7 @@
 #include "model/arch.h"
 
 /* The window (0: none) of layer L: config.sliding_window for layers >= swa_first_layer (with
- * swa_pattern 2, only the even ones). */
+ * local_window, Gemma 2's: that window on the even layers, none on the odd ones). */
 int block_layer_window(const struct model_config *c, int l);
 
 /* Attention sub-block of layer L: f->xb (normed input) -> f->xb2 (after o_proj). q/k/v from

@@ -40,8 +40,10 @@ struct model_config {
   int swa_first_layer;    /* layers >= this one use the window (Qwen2's max_window_layers) */
   int tie_embeddings;
   int qkv_bias;           /* Qwen2 */
-  int swa_pattern;        /* 0: the window applies to every layer >= swa_first_layer; 2: only to
-                             the even layers (Gemma 2's local layers; the odd ones are global) */
+  /* Gemma 2: the window of the even (local) layers; the odd ones are global. Kept apart from
+   * sliding_window (0 then), which the KV manager may use to release blocks: Gemma 2's global
+   * layers read every block, so none may go. */
+  int local_window;
   /* Gemma 2 (arch_gemma2.c): scores scaled by query_pre_attn_scalar^-0.5, attention and final
    * logits softcapped (0: off); norm_plus_one: the file stores w where the forward needs 1 + w
    * (HF), so model_file adds 1 to every norm weight once at load. */

@@ -183,7 +183,7 @@ static void test_configs(void) {
   struct model_config c;
   CHECK(parse_with(&c, "gemma2", NULL, NULL) == 0, "gemma2 config: %s", err_last());
   CHECK(!strcmp(c.arch, "gemma2") && c.head_dim == 32 && c.query_pre_attn_scalar == 24.0f &&
-            c.attn_softcap == 3.0f && c.final_softcap == 4.0f && c.sliding_window == 8 && c.swa_pattern == 2 &&
+            c.attn_softcap == 3.0f && c.final_softcap == 4.0f && c.local_window == 8 && c.sliding_window == 0 &&
             c.norm_plus_one == 1 && c.tie_embeddings == 1,
         "gemma2 fields");
   CHECK(parse_with(&c, "gemma2", "final_logit_softcapping", "null") == 0 && c.final_softcap == 0.0f,

@@ -1,6 +1,7 @@
 /* fuzz_model_config.c - fuzz target: config.json text into the HF config parser. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "model/config.h"
 #include "util/log.h"
@@ -16,7 +17,7 @@ int fuzz_one(const uint8_t *data, size_t size) {
     /* Mixtral: the routing's bounds; Gemma 2: a positive query scale, softcaps not negative */
     if (c.n_experts && (c.n_experts_used < 1 || c.n_experts_used > c.n_experts))
       abort();
-    if (c.swa_pattern == 2 && (!(c.query_pre_attn_scalar > 0) || c.attn_softcap < 0 || c.final_softcap < 0))
+    if (!strcmp(c.arch, "gemma2") && (!(c.query_pre_attn_scalar > 0) || c.attn_softcap < 0 || c.final_softcap < 0))
       abort();
   }
   return 0;
