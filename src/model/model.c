@@ -16,7 +16,9 @@
 #define LAYER_WEIGHTS(L)                                                                          \
   {&(L)->attn_norm, &(L)->wq,     &(L)->wk,        &(L)->wv,     &(L)->wo,                       \
    &(L)->bq,        &(L)->bk,     &(L)->bv,        &(L)->ffn_norm, &(L)->w_gate,                 \
-   &(L)->w_up,      &(L)->w_down, &(L)->wqkv,      &(L)->w_gate_up, &(L)->q_norm, &(L)->k_norm}
+   &(L)->w_up,      &(L)->w_down, &(L)->wqkv,      &(L)->w_gate_up, &(L)->q_norm, &(L)->k_norm,    \
+   &(L)->post_attn_norm, &(L)->post_ffw_norm, &(L)->moe_router, &(L)->exps_gate, &(L)->exps_up,      \
+   &(L)->exps_down}
 
 /* Offsets (in int32 elements) of the batch arrays inside model.meta. */
 struct meta_layout {
