@@ -485,7 +485,7 @@ def build_arch(torch, transformers, name, cls_name, kw, out, seed):
     if gen != greedy:  # reported, not fatal: min_new_tokens masks eos, which argmax may pick
         print(f"{name}: NOTE generate() {gen} != full recomputation {greedy}", flush=True)
     with open(os.path.join(out, "greedy.json"), "w") as f:
-        json.dump({"prompt": prompt, "greedy": greedy}, f)
+        json.dump([{"prompt": prompt, "output": greedy}], f)  # test_model_greedy.c's format
         f.write("\n")
     sd = saved_tensors(out)
     keys = sorted(sd)

@@ -194,8 +194,8 @@ static void check_fixture(const char *name) {
   cJSON *tokens = tj ? cJSON_Parse(tj) : NULL, *greedy = gj ? cJSON_Parse(gj) : NULL;
   int32_t toks[128], prompt[64], gr[64];
   int n = tokens ? read_ids(tokens, toks, 128) : -1;
-  int np = greedy ? read_ids(cJSON_GetObjectItem(greedy, "prompt"), prompt, 64) : -1;
-  int ng = greedy ? read_ids(cJSON_GetObjectItem(greedy, "greedy"), gr, 64) : -1;
+  int np = greedy ? read_ids(cJSON_GetObjectItem(cJSON_GetArrayItem(greedy, 0), "prompt"), prompt, 64) : -1;
+  int ng = greedy ? read_ids(cJSON_GetObjectItem(cJSON_GetArrayItem(greedy, 0), "output"), gr, 64) : -1;
   CHECK(n > 0 && np > 0 && ng > 0 && want && llen == (size_t)n * 256 * sizeof(float), "%s: fixture files", name);
   if (n > 0 && np > 0 && ng > 0 && want && llen == (size_t)n * 256 * sizeof(float)) {
     check_model(dir, toks, n, want, prompt, np, gr, ng);
