@@ -414,11 +414,311 @@ Log of the run:
 """
 
 
+# ---- Gemma 2 and Mixtral (issue 10): fixtures with a longer prompt, greedy continuations that
+# cross the sliding window, and GGUF conversions written with gguf-py the way llama.cpp's
+# convert_hf_to_gguf.py lays them out (Gemma 2: norm weights + 1, lm_head dropped as tied;
+# Mixtral: GGUF arch "llama", Q/K rows permuted for interleaved RoPE, experts stacked into
+# ffn_{gate,up,down}_exps of shape (n_expert, rows, cols)).
+
+# 40 prompt tokens: spread over the vocabulary with repeats; 5x Gemma 2's window of 8.
+ARCH_TOKENS = [1, 17, 200, 43, 43, 255, 0, 128, 77, 17, 9, 250, 33, 64, 64, 101, 5, 199, 230, 12,
+               17, 88, 3, 145, 167, 43, 2, 99, 210, 71, 71, 130, 18, 240, 6, 57, 190, 11, 222, 1]
+GREEDY_PROMPT = 12   # greedy.json: the first 12 prompt tokens, then
+GREEDY_NEW = 28      # 28 greedy tokens (positions 12..39: far past the window of 8)
+
+
+def arch_specs():
+    """name -> (class name, config kwargs). vocab 256, hidden 64."""
+    base = dict(vocab_size=VOCAB, hidden_size=64, max_position_embeddings=256, initializer_range=0.1,
+                bos_token_id=1, eos_token_id=2, rope_theta=10000.0)
+    return {
+        # Gemma 2: 4 layers (local, global, local, global), window 8, head_dim 32 != 64/4,
+        # query_pre_attn_scalar 24 != head_dim, softcaps small enough to bend these scores/logits.
+        "gemma2": ("Gemma2ForCausalLM",
+                   dict(base, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                        sliding_window=8, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
+                        tie_word_embeddings=True, pad_token_id=0)),
+        # Mixtral: 8 experts, top 2, GQA 4/2, no sliding window.
+        "mixtral": ("MixtralForCausalLM",
+                    dict(base, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
+                         num_key_value_heads=2, rms_norm_eps=1e-5, num_local_experts=8,
+                         num_experts_per_tok=2, sliding_window=None, router_jitter_noise=0.0,
+                         tie_word_embeddings=False, hidden_act="silu")),
+    }
+
+
+def randomize_arch_extras(torch, model, seed, gemma):
+    """Norm weights random: Gemma's RMSNorm scales by (1 + w), so there w = 0.2 N(0,1)."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
+
+
+def full_logits(torch, model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0].float().contiguous()
+
+
+def greedy_full(torch, model, prompt, n_new):
+    """Greedy tokens by a full forward pass per step (no KV cache: the plain definition)."""
+    ids = list(prompt)
+    for _ in range(n_new):
+        ids.append(int(full_logits(torch, model, ids)[-1].argmax().item()))
+    return ids[len(prompt):]
+
+
+def saved_tensors(out):
+    from safetensors.numpy import load_file
+    sd = {}
+    for f in sorted(os.listdir(out)):
+        if f.endswith(".safetensors"):
+            sd.update(load_file(os.path.join(out, f)))
+    return sd
+
+
+def write_gguf(name, sd, cfg, path):
+    """GGUF (all f32) of a saved fixture with gguf-py; llama.cpp's tensor names and layout."""
+    import numpy as np
+    import gguf
+    L = cfg["num_hidden_layers"]
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    arch = "gemma2" if name.startswith("gemma2") else "llama"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_file_type(0)  # ALL_F32
+    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    w.add_rope_freq_base(float(rope))
+    t = {}
+    t["token_embd.weight"] = sd["model.embed_tokens.weight"]
+    t["output_norm.weight"] = sd["model.norm.weight"]
+    if arch == "gemma2":
+        hd = cfg["head_dim"]
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+        # Not a llama.cpp key: llama.cpp derives the query scale from the model size (27B:
+        # hidden/heads, else head_dim). pagoda reads this key when present (docs/model-formats.md),
+        # so the fixture's query_pre_attn_scalar != head_dim survives the conversion.
+        w.add_uint32("gemma2.attention.query_pre_attn_scalar", int(cfg["query_pre_attn_scalar"]))
+        names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+        for i in range(L):
+            for hf, gg in names.items():
+                t[f"blk.{i}.{gg}.weight"] = sd[f"model.layers.{i}.{hf}.weight"]
+        for k in list(t):  # llama.cpp's converter stores Gemma's (1 + w) norm weights
+            if k.endswith("norm.weight"):
+                t[k] = t[k] + 1.0
+    else:
+        w.add_expert_count(cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_rope_dimension_count(cfg["hidden_size"] // H)
+        t["output.weight"] = sd["lm_head.weight"]
+
+        def permute(x, n_head):  # HF rotate_half order -> GGUF llama's interleaved pairs
+            return (x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:])
+                    .swapaxes(1, 2).reshape(x.shape))
+        for i in range(L):
+            p = f"model.layers.{i}."
+            t[f"blk.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
+            t[f"blk.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+            t[f"blk.{i}.attn_q.weight"] = permute(sd[p + "self_attn.q_proj.weight"], H)
+            t[f"blk.{i}.attn_k.weight"] = permute(sd[p + "self_attn.k_proj.weight"], KV)
+            t[f"blk.{i}.attn_v.weight"] = sd[p + "self_attn.v_proj.weight"]
+            t[f"blk.{i}.attn_output.weight"] = sd[p + "self_attn.o_proj.weight"]
+            e = mixtral_experts(sd, p, cfg["num_local_experts"])
+            t[f"blk.{i}.ffn_gate_inp.weight"] = e["router"]
+            t[f"blk.{i}.ffn_gate_exps.weight"] = e["gate"]
+            t[f"blk.{i}.ffn_up_exps.weight"] = e["up"]
+            t[f"blk.{i}.ffn_down_exps.weight"] = e["down"]
+    for k, v in t.items():
+        w.add_tensor(k, np.ascontiguousarray(v.astype(np.float32)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def mixtral_experts(sd, p, n):
+    """Router and stacked experts (E, rows, cols) from either checkpoint layout: per-expert
+    block_sparse_moe.experts.N.w1/w3/w2 (gate/up/down), or fused mlp.experts tensors."""
+    import numpy as np
+    if p + "block_sparse_moe.gate.weight" in sd:
+        q = p + "block_sparse_moe."
+        return {"router": sd[q + "gate.weight"],
+                "gate": np.stack([sd[f"{q}experts.{x}.w1.weight"] for x in range(n)]),
+                "up": np.stack([sd[f"{q}experts.{x}.w3.weight"] for x in range(n)]),
+                "down": np.stack([sd[f"{q}experts.{x}.w2.weight"] for x in range(n)])}
+    q = p + "mlp."
+    gu = sd[q + "experts.gate_up_proj"]  # (E, 2F, D): gate rows first
+    F = gu.shape[1] // 2
+    return {"router": sd[q + "gate.weight"], "gate": gu[:, :F], "up": gu[:, F:],
+            "down": sd[q + "experts.down_proj"]}
+
+
+def build_arch(torch, transformers, name, cls_name, kw, out, seed):
+    torch.manual_seed(seed)
+    cfg = make_config(transformers, cls_name, kw)
+    model = getattr(transformers, cls_name)(cfg).float().eval()
+    randomize_arch_extras(torch, model, seed, name.startswith("gemma2"))
+    save(model, out)
+    reloaded = load(transformers, torch, cls_name, out).eval()
+    logits = full_logits(torch, reloaded, ARCH_TOKENS)
+    diff = (full_logits(torch, model, ARCH_TOKENS) - logits).abs().max().item()
+    assert diff < 1e-5, f"{name}: reloaded model's logits differ by {diff}"
+    with open(os.path.join(out, "tokens.json"), "w") as f:
+        json.dump(ARCH_TOKENS, f)
+        f.write("\n")
+    logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
+    prompt = ARCH_TOKENS[:GREEDY_PROMPT]
+    greedy = greedy_full(torch, reloaded, prompt, GREEDY_NEW)
+    # transformers' own generate() (with its caches) must agree with the full recomputation
+    with torch.no_grad():
+        gen = reloaded.generate(torch.tensor([prompt]), max_new_tokens=GREEDY_NEW, do_sample=False,
+                                min_new_tokens=GREEDY_NEW)[0, len(prompt):].tolist()
+    if gen != greedy:  # reported, not fatal: min_new_tokens masks eos, which argmax may pick
+        print(f"{name}: NOTE generate() {gen} != full recomputation {greedy}", flush=True)
+    with open(os.path.join(out, "greedy.json"), "w") as f:
+        json.dump([{"prompt": prompt, "output": greedy}], f)  # test_model_greedy.c's format
+        f.write("\n")
+    sd = saved_tensors(out)
+    keys = sorted(sd)
+    print(f"{name}: saved tensors: " + ", ".join(f"{k}{list(sd[k].shape)}" for k in keys), flush=True)
+    with open(os.path.join(out, "config.json")) as f:
+        saved_cfg = json.load(f)
+    try:
+        write_gguf(name, sd, saved_cfg, out + ".gguf")  # beside the directory: NAME.gguf
+        print(f"{name}: wrote {out}.gguf ({os.path.getsize(out + '.gguf')} bytes)", flush=True)
+    except ImportError as e:
+        print(f"{name}: no GGUF ({e}); put llama.cpp's gguf-py on PYTHONPATH", flush=True)
+    if name.startswith("mixtral"):
+        mixtral_router_gaps(out)
+    std = logits.std().item()
+    assert std > 0.1, f"{name}: logits std {std} too small to test anything"
+    files = sorted(os.listdir(out))
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
+    print(f"{name}: {cls_name}, files {files}, {size} bytes, logits std {std:.3f}, greedy {greedy}",
+          flush=True)
+    return size
+
+
+def mixtral_router_gaps(out):
+    """router_gaps.json for a Mixtral fixture: per layer and position, the gap between the k-th
+    and (k+1)-th largest router logits of transformers' routing, from an independent float64
+    numpy forward pass over the saved weights (checked against logits.bin). A gap below what bf16
+    activations move (~0.05 here) may pick another expert on a bf16 backend, and a token routed
+    differently gets other outputs: tests compare such positions separately."""
+    import numpy as np
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(out, "tokens.json")) as f:
+        toks = json.load(f)
+    sd = {k: v.astype(np.float64) for k, v in saved_tensors(out).items()}
+    D, H, KV, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]
+    hd, E, K, eps = D // H, cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["rms_norm_eps"]
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    T = len(toks)
+    inv = 1.0 / (theta ** (np.arange(0, hd, 2) / hd))
+    ang = np.arange(T)[:, None] * inv[None]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    def rope(x):
+        rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+        return x * cos[:, None] + rot * sin[:, None]
+    x, gaps = sd["model.embed_tokens.weight"][toks], []
+    for l in range(L):
+        p = f"model.layers.{l}."
+        h = rms(x, sd[p + "input_layernorm.weight"])
+        q = rope((h @ sd[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd))
+        k = np.repeat(rope((h @ sd[p + "self_attn.k_proj.weight"].T).reshape(T, KV, hd)), H // KV, 1)
+        v = np.repeat((h @ sd[p + "self_attn.v_proj.weight"].T).reshape(T, KV, hd), H // KV, 1)
+        sc = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + np.triu(np.full((T, T), -1e30), 1)[None]
+        a = np.exp(sc - sc.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        x = x + np.einsum("hts,shd->thd", a, v).reshape(T, D) @ sd[p + "self_attn.o_proj.weight"].T
+        h = rms(x, sd[p + "post_attention_layernorm.weight"])
+        r = h @ mixtral_experts(sd, p, E)["router"].T
+        srt = -np.sort(-r, -1)
+        gaps.append([round(float(g), 6) for g in srt[:, K - 1] - srt[:, K]])
+        pr = np.exp(r - r.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        ex = mixtral_experts(sd, p, E)
+        moe = np.zeros_like(x)
+        for t in range(T):
+            top = np.argsort(-pr[t], kind="stable")[:K]
+            for e, w in zip(top, pr[t, top] / pr[t, top].sum()):
+                g, u = ex["gate"][e] @ h[t], ex["up"][e] @ h[t]
+                moe[t] += w * (ex["down"][e] @ (g / (1 + np.exp(-g)) * u))
+        x = x + moe
+    logits = rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T
+    want = np.fromfile(os.path.join(out, "logits.bin"), dtype="<f4").reshape(T, -1)
+    err = float(np.linalg.norm(logits - want) / np.linalg.norm(want))
+    assert err < 1e-5, f"numpy Mixtral reference differs from logits.bin: rel L2 {err}"
+    with open(os.path.join(out, "router_gaps.json"), "w") as f:
+        json.dump({"note": "per layer, per position: k-th minus (k+1)-th largest router logit",
+                   "numpy_vs_transformers_rel_l2": float(f"{err:.3g}"), "gaps": gaps}, f)
+        f.write("\n")
+    print(f"{os.path.basename(out)}: router_gaps.json (numpy reference rel L2 {err:.3g}; smallest gaps "
+          f"{sorted((g, l, t) for l, row in enumerate(gaps) for t, g in enumerate(row))[:3]})", flush=True)
+
+
+def rewrite_ggufs(out_dir):
+    """Only the GGUF conversions, from fixtures already saved in OUT_DIR (needs numpy,
+    safetensors and gguf-py, not torch): python3 tools/make_fixtures.py --out DIR --gguf-only"""
+    for name in arch_specs():
+        out = os.path.join(out_dir, name)
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        write_gguf(name, saved_tensors(out), cfg, out + ".gguf")
+        print(f"{name}: wrote {out}.gguf ({os.path.getsize(out + '.gguf')} bytes)", flush=True)
+        if name.startswith("mixtral"):
+            mixtral_router_gaps(out)
+
+
+def build_archops_fixtures(torch, transformers, args, failed):
+    """Builds the arch_specs() fixtures; yields (name, size)."""
+    for i, (name, (cls_name, kw)) in enumerate(arch_specs().items()):
+        if args.only and name not in args.only:
+            continue
+        out = os.path.join(args.out, name)
+        os.makedirs(out, exist_ok=True)
+        for f in os.listdir(out):
+            os.remove(os.path.join(out, f))
+        try:
+            yield name, build_arch(torch, transformers, name, cls_name, kw, out, seed=4321 + i)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="only rewrite the Gemma 2 / Mixtral GGUFs from the saved fixtures")
     args = ap.parse_args()
+    if args.gguf_only:
+        rewrite_ggufs(args.out)
+        return 0
     import torch
     import transformers
     import safetensors
@@ -445,6 +745,9 @@ def main():
             traceback.print_exc()
             failed.append(name)
             continue
+        total += size
+        log.append(f"{name}: {size} bytes")
+    for name, size in build_archops_fixtures(torch, transformers, args, failed):
         total += size
         log.append(f"{name}: {size} bytes")
     log.append(f"total {total} bytes")

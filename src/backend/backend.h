@@ -163,6 +163,33 @@ struct backend_ops {
    * kept probabilities exceeds u * (their total). Synchronises. */
   int (*sample)(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                 const struct backend_sample_params *params);
+
+  /* ---- Ops of Gemma 2 and Mixtral (required; CPU reference in cpu_act.c / cpu_moe.c) ---- */
+  /* out(T, F) = gelu_tanh(gate(T, F)) * up(T, F), gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)
+   * (x + 0.044715 x^3))) (PyTorch's gelu approximate="tanh", HF "gelu_pytorch_tanh"); out may
+   * alias gate. */
+  int (*gelu_tanh_mul)(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+  /* x(n) *= s in place (activation dtype). With bf16 activations s is first rounded to bf16, as
+   * HF scales Gemma's embeddings by a normalizer tensor of the hidden states' dtype. */
+  int (*scale)(struct backend *be, void *x, size_t n, float s);
+  /* logits(n, vocab) F32 in place: x = cap * tanh(x / cap) (Gemma 2's final softcapping); cap > 0. */
+  int (*softcap)(struct backend *be, float *logits, int n, int vocab, float cap);
+  /* MoE routing (transformers' MixtralSparseMoeBlock): for each token t, p = softmax over the E
+   * experts of router_logits(T, E) (F32), the k largest p (lowest expert id on ties), weights
+   * w = p / (sum of the k chosen p). The T * k (token, expert) pairs become ROWS grouped by
+   * expert: expert e owns rows [expert_start[e], expert_start[e+1]), in token order within an
+   * expert. Outputs: row_token(T*k) the token of each row, row_weight(T*k) F32 its weight,
+   * token_rows(T, k) the rows of token t in increasing expert id, expert_start(E+1) in backend
+   * memory and its copy expert_start_host(E+1) (host) so the caller can size one GEMM per
+   * expert. Synchronises (the host copy is read back). 1 <= k <= E <= 256. */
+  int (*moe_route)(struct backend *be, const float *router_logits, int T, int E, int k,
+                   int32_t *row_token, float *row_weight, int32_t *token_rows, int32_t *expert_start,
+                   int32_t *expert_start_host);
+  /* out(T, D) = sum over j < k of row_weight[r] * y[r], r = token_rows[t, j] (in that order),
+   * y(T*k, D) the experts' outputs by row (activation dtype). A gather, so no atomics: the sum
+   * is deterministic and, for k = 2, equal to transformers' index_add over experts in id order. */
+  int (*moe_combine)(struct backend *be, void *out, const void *y, const int32_t *token_rows,
+                     const float *row_weight, int T, int k, int D);
 };
 
 struct backend {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 static const struct arch *const table[] = {&arch_llama, &arch_mistral, &arch_qwen2, &arch_phi3,
-                                           &arch_qwen3};
+                                           &arch_qwen3, &arch_gemma2, &arch_mixtral};
 #define N_ARCH (sizeof table / sizeof table[0])
 
 const struct arch *arch_by_hf_class(const char *cls) {

@@ -36,13 +36,24 @@ struct layer_weights {
   struct weight wqkv;      /* fused (n_heads*hd + 2*n_kv*hd, dim): Phi-3 qkv_proj; wq/wk/wv NULL */
   struct weight w_gate_up; /* fused (2*ffn, dim), gate rows first: Phi-3 gate_up_proj */
   struct weight q_norm, k_norm; /* (1, head_dim) RMSNorm per head before RoPE: Qwen3 */
+  struct weight post_attn_norm, post_ffw_norm; /* (1, dim) Gemma 2's norms after attention / MLP */
+  struct weight moe_router;     /* (n_experts, dim) Mixtral's router */
+  /* Mixtral's experts stacked by rows: gate/up (n_experts * ffn, dim), down (n_experts * dim,
+   * ffn); expert e is rows [e * rows / n_experts, (e + 1) * rows / n_experts) */
+  struct weight exps_gate, exps_up, exps_down;
 };
 
 /* The shape of a tensor dimension, resolved against the config. */
-enum arch_dim { AD_ONE, AD_MODEL, AD_Q, AD_KV, AD_FFN, AD_QKV, AD_FFN2, AD_HEAD };
+enum arch_dim { AD_ONE, AD_MODEL, AD_Q, AD_KV, AD_FFN, AD_QKV, AD_FFN2, AD_HEAD,
+                AD_EXPERTS /* n_experts */, AD_EXP_FFN /* n_experts * ffn */,
+                AD_EXP_MODEL /* n_experts * dim */ };
 
 /* When a tensor of the table must be present. */
-enum arch_need { AN_ALWAYS, AN_QKV_BIAS /* only when config.qkv_bias */ };
+enum arch_need { AN_ALWAYS, AN_QKV_BIAS /* only when config.qkv_bias */,
+                 /* experts stacked by rows: GGUF one 3-D tensor (n_experts, rows, cols); HF one
+                  * tensor per expert, the name a format with the expert's index (%d), copied
+                  * into the stacked layout at load */
+                 AN_EXPERTS };
 
 struct arch_tensor {
   size_t host_off;         /* into struct layer_tensors */
@@ -77,6 +88,8 @@ struct fwd {
   void *gate, *up;       /* (T, ffn_dim) */
   void *fused;           /* (T, arch_fused_cols(c)) fused-projection output, or NULL */
   const int32_t *split_idx; /* the fused split's gather indices (see blocks.h), or NULL */
+  void *arch_ws;         /* MoE models (config.n_experts > 0): moe_scratch_bytes of scratch for
+                            max_tokens tokens (model/moe_block.h); else NULL */
 };
 
 /* Rows are written with designated initializers (.name = ...), so that fields added later
@@ -123,5 +136,6 @@ int cfg_sliding_window(struct model_config *c, const cJSON *root, const char *us
 
 /* The rows, one per file (arch_*.c). */
 extern const struct arch arch_llama, arch_mistral, arch_qwen2, arch_phi3, arch_qwen3;
+extern const struct arch arch_gemma2, arch_mixtral;
 
 #endif

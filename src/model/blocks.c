@@ -10,6 +10,8 @@
   } while (0)
 
 int block_layer_window(const struct model_config *c, int l) {
+  if (c->local_window > 0) /* Gemma 2: even layers local, odd layers global */
+    return l % 2 == 0 ? c->local_window : 0;
   if (c->sliding_window <= 0 || l < c->swa_first_layer)
     return 0;
   if (c->swa_pattern > 0 && (l + 1) % c->swa_pattern == 0)

@@ -15,8 +15,9 @@
 #include "model/arch.h"
 
 /* The window (0: none) of layer L: config.sliding_window for layers >= swa_first_layer, except
- * every swa_pattern-th layer (global) when swa_pattern > 0. The one place the per-layer window
- * is decided: forward passes and model_kv_window (the KV manager's) both read it. */
+ * every swa_pattern-th layer (global) when swa_pattern > 0; with local_window (Gemma 2's), that
+ * window on the even layers and none on the odd ones. The one place the per-layer window is
+ * decided: forward passes and model_kv_window (the KV manager's) both read it. */
 int block_layer_window(const struct model_config *c, int l);
 
 /* Attention sub-block of layer L: f->xb (normed input) -> f->xb2 (after o_proj). q/k/v from

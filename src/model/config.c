@@ -283,7 +283,8 @@ static int hf_parse(struct model_config *c, const cJSON *root, const char *name)
                arch_list(0));
   snprintf(c->arch, sizeof c->arch, "%s", arch->name);
   const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
-  if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
+  /* Gemma 2 checks its own activation (gelu_pytorch_tanh) in its hf_config */
+  if (act && arch != &arch_gemma2 && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu")))
     return ERR("%s: hidden_act must be \"silu\"", name);
   int attention_bias = 0, mlp_bias = 0;
   if (cfg_json_bool(root, "attention_bias", &attention_bias, name) ||
@@ -385,12 +386,16 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (!arch)
     return ERR("%s: no general.architecture", name);
   const struct arch *ar = arch_by_gguf(arch, alen);
+  int64_t n_exp = 0; /* GGUF "llama" with experts is Mixtral (llama.cpp's converter writes it so) */
+  if (ar == &arch_llama && gguf_get_int(g, "llama.expert_count", &n_exp) == 0 && n_exp > 0)
+    ar = &arch_mixtral;
   if (!ar)
     return ERR("%s: architecture \"%.*s\" is not supported (%s are)", name,
                (int)(alen > 64 ? 64 : alen), arch, arch_list(1));
   c->rope_neox = ar->rope_neox_gguf;
   snprintf(c->arch, sizeof c->arch, "%s", ar->name);
-  const char *a = ar->gguf_name; /* the metadata keys' prefix */
+  /* the metadata keys' prefix (Mixtral's are llama.*) */
+  const char *a = ar == &arch_mixtral ? "llama" : ar->gguf_name;
   int rope_dims = 0, value_len = 0;
   c->max_seq_len = 2048;
   if (cfg_gguf_int(g, a, "context_length", &c->max_seq_len, 0, name) ||

@@ -8,6 +8,7 @@
 #include "model/arch.h"
 #include "model/blocks.h"
 #include "model/model_file.h"
+#include "model/moe_block.h"
 #include "model/quant_isq.h"
 #include "util/log.h"
 
@@ -15,7 +16,9 @@
 #define LAYER_WEIGHTS(L)                                                                          \
   {&(L)->attn_norm, &(L)->wq,     &(L)->wk,        &(L)->wv,     &(L)->wo,                       \
    &(L)->bq,        &(L)->bk,     &(L)->bv,        &(L)->ffn_norm, &(L)->w_gate,                 \
-   &(L)->w_up,      &(L)->w_down, &(L)->wqkv,      &(L)->w_gate_up, &(L)->q_norm, &(L)->k_norm}
+   &(L)->w_up,      &(L)->w_down, &(L)->wqkv,      &(L)->w_gate_up, &(L)->q_norm, &(L)->k_norm,    \
+   &(L)->post_attn_norm, &(L)->post_ffw_norm, &(L)->moe_router, &(L)->exps_gate, &(L)->exps_up,      \
+   &(L)->exps_down}
 
 /* Offsets (in int32 elements) of the batch arrays inside model.meta. */
 struct meta_layout {
@@ -52,6 +55,7 @@ struct model {
   void *up;    /* (max_tokens, ffn_dim) */
   void *fused; /* (max_tokens, blocks_fused_cols) fused projections' output, or NULL */
   int32_t *split_idx; /* blocks_split_idx_count gather indices splitting it, or NULL */
+  void *arch_ws;      /* MoE models: the MoE block's scratch (moe_scratch_bytes), else NULL */
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
   struct meta_layout ml;
@@ -128,7 +132,8 @@ static void free_kv(struct model *m) {
 static void free_workspace(struct model *m) {
   struct backend *be = m->be;
   void **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->k, &m->v, &m->att, &m->gate, &m->up,
-                   &m->fused, (void **)&m->split_idx, (void **)&m->logits_dev, (void **)&m->meta};
+                   &m->fused, (void **)&m->split_idx, (void **)&m->logits_dev, (void **)&m->meta,
+                   &m->arch_ws};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
     if (*bufs[i])
       be->ops->free(be, *bufs[i]);
@@ -341,6 +346,12 @@ int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max
   }
   if (blocks_fused_cols(c, &m->layers[0]) && alloc_fused(m, max_tokens))
     goto fail;
+  if (c->n_experts > 0) { /* the MoE block's scratch (arch_mixtral.c) */
+    size_t wb = moe_scratch_bytes(be, max_tokens, c->n_experts, c->n_experts_used, c->dim, c->ffn_dim);
+    if (!(m->arch_ws = alloc0(m, wb, "architecture workspace")))
+      goto fail;
+    m->workspace_bytes += wb;
+  }
   struct meta_layout *ml = &m->ml;
   ml->ids = 0;
   ml->positions = ml->ids + T;
@@ -586,7 +597,7 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   }
   struct fwd fw = {be, c, m->layers, &m->tok_embd, &m->out_norm, m->kv, &b, &rope, T,
                    m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
-                   m->fused, m->split_idx};
+                   m->fused, m->split_idx, m->arch_ws};
   TRY(m->arch->forward(&fw));
   /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
   int n = b.num_logits;
@@ -595,12 +606,16 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
   if (m->host_mem) {
     TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
+    if (c->final_softcap > 0) /* Gemma 2 */
+      TRY(op->softcap(be, logits, n, c->vocab_size, c->final_softcap));
     return 0;
   }
   size_t act = dtype_row_bytes(be->act_dtype, 1);
   for (int r0 = 0; r0 < n; r0 += m->max_seqs) {
     int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
     TRY(op->matmul(be, m->logits_dev, (char *)m->xb2 + (size_t)r0 * dim * act, &m->lm_head, NULL, nr, 1));
+    if (c->final_softcap > 0)
+      TRY(op->softcap(be, m->logits_dev, nr, c->vocab_size, c->final_softcap));
     TRY(op->download(be, logits + (size_t)r0 * c->vocab_size, m->logits_dev,
                      (size_t)nr * c->vocab_size * sizeof(float)));
   }

@@ -42,6 +42,16 @@ struct model_config {
                              (transformers' sliding_window_pattern: Gemma 2 N = 2, Gemma 3 6) */
   int tie_embeddings;
   int qkv_bias;           /* Qwen2 */
+  /* Gemma 2: the window of the even (local) layers; the odd ones are global. Kept apart from
+   * sliding_window (0 then), which the KV manager may use to release blocks: Gemma 2's global
+   * layers read every block, so none may go. */
+  int local_window;
+  /* Gemma 2 (arch_gemma2.c): scores scaled by query_pre_attn_scalar^-0.5, attention and final
+   * logits softcapped (0: off); norm_plus_one: the file stores w where the forward needs 1 + w
+   * (HF), so model_file adds 1 to every norm weight once at load. */
+  float query_pre_attn_scalar, attn_softcap, final_softcap;
+  int norm_plus_one;
+  int n_experts, n_experts_used; /* Mixtral (arch_mixtral.c): experts per layer, chosen per token */
   enum dtype weight_dtype; /* dtype of the projection weights in the file */
   int bos_id, eos_id;     /* from config.json / GGUF metadata; -1 when absent */
 };

@@ -29,6 +29,7 @@ struct raw_tensor {
   int n_dims;
   int64_t rows, cols;      /* (rows, cols) = torch (out, in); 1-D: rows = 1 */
   int64_t extra;           /* 1 when any further dimensions are all 1, else 2 */
+  int64_t ne2;             /* GGUF: the third dimension (ne[2]; stacked experts), else 1 */
   const void *data;
   size_t nbytes;
   const char *file;
@@ -49,6 +50,7 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
     /* Only whether further dimensions exist matters; their product could overflow for the
      * tensors of unsupported types, whose sizes the parser does not bound. */
     r->extra = t->ne[2] == 1 && t->ne[3] == 1 ? 1 : 2;
+    r->ne2 = t->n_dims == 3 && t->ne[3] == 1 ? t->ne[2] : 1;
     r->data = t->data;
     r->nbytes = t->nbytes;
     r->file = p->where;
@@ -136,8 +138,89 @@ static int64_t dim_of(const struct model_config *c, enum arch_dim k) {
   case AD_QKV: return (int64_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
   case AD_FFN2: return 2 * (int64_t)c->ffn_dim;
   case AD_HEAD: return c->head_dim;
+  case AD_EXPERTS: return c->n_experts;
+  case AD_EXP_FFN: return (int64_t)c->n_experts * c->ffn_dim;
+  case AD_EXP_MODEL: return (int64_t)c->n_experts * c->dim;
   default: return c->ffn_dim;
   }
+}
+
+/* Stacked experts (AN_EXPERTS) of layer L as one (ROWS, COLS) tensor, ROWS = N experts' rows:
+ * GGUF stores one 3-D tensor (ne = cols, rows / n, n), taken in place; HF one tensor per expert,
+ * named by the format SPEC with the expert's index, copied into one buffer F owns. */
+static int take_experts(struct model_file *mf, struct host_tensor *out, const struct arch_tensor *spec,
+                        int l, int gguf, int n, int64_t rows, int64_t cols) {
+  struct model_file_priv *p = mf->priv;
+  char name[192], sub[128];
+  memset(out, 0, sizeof *out);
+  if (n < 1 || rows % n)
+    return ERR("%s: %d experts for %lld stacked rows", p->where, n, (long long)rows);
+  int64_t per = rows / n;
+  if (gguf) {
+    struct raw_tensor r;
+    snprintf(name, sizeof name, "blk.%d.%s", l, spec->gguf);
+    if (find_raw(p, name, &r) != 0)
+      return ERR("%s: tensor '%s' is missing", p->where, name);
+    if (r.dtype < 0)
+      return ERR("%s: tensor '%s' has ggml type %u (%s), which pagoda cannot read", r.file, name,
+                 r.gguf_type, ggml_type_name(r.gguf_type));
+    if (r.n_dims != 3 || r.ne2 != n || r.rows != per || r.cols != cols)
+      return ERR("%s: tensor '%s' has %d-D shape (%lld, %lld, %lld), expected (%d, %lld, %lld) from "
+                 "the config (experts, rows, cols)", r.file, name, r.n_dims, (long long)r.ne2,
+                 (long long)r.rows, (long long)r.cols, n, (long long)per, (long long)cols);
+    *out = (struct host_tensor){r.data, (enum dtype)r.dtype, rows, cols};
+    return 0;
+  }
+  char *buf = NULL;
+  size_t row_b = 0;
+  for (int e = 0; e < n; e++) {
+    struct host_tensor t;
+    snprintf(sub, sizeof sub, spec->hf, e);
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, sub);
+    if (take(mf, &t, name, per, cols, 0, 0) != 0)
+      goto fail;
+    if (e == 0) {
+      row_b = dtype_row_bytes(t.dtype, cols);
+      out->dtype = t.dtype;
+      if (!(buf = malloc(row_b * (size_t)rows))) {
+        ERR("%s: out of memory stacking the experts of '%s'", p->where, name);
+        goto fail;
+      }
+    } else if (t.dtype != out->dtype) {
+      ERR("%s: tensor '%s' is %s, expert 0's is %s (the experts must share a dtype)", p->where, name,
+          dtype_name(t.dtype), dtype_name(out->dtype));
+      goto fail;
+    }
+    memcpy(buf + row_b * (size_t)per * e, t.data, row_b * (size_t)per);
+  }
+  if (model_file_own(mf, buf) != 0)
+    goto fail;
+  out->data = buf;
+  out->rows = rows;
+  out->cols = cols;
+  return 0;
+fail:
+  free(buf);
+  memset(out, 0, sizeof *out);
+  return -1;
+}
+
+/* Gemma's RMSNorm scales by (1 + w) and HF stores w: T becomes an owned f32 copy of 1 + w. */
+static int norm_plus_one(struct model_file *mf, struct host_tensor *t) {
+  int64_t n = t->rows * t->cols;
+  float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  if (!v)
+    return ERR("out of memory");
+  dtype_to_f32(v, t->data, t->dtype, n);
+  for (int64_t i = 0; i < n; i++)
+    v[i] += 1.0f;
+  if (model_file_own(mf, v) != 0) {
+    free(v);
+    return -1;
+  }
+  t->data = v;
+  t->dtype = DTYPE_F32;
+  return 0;
 }
 
 /* Top-level tensors by format, then every layer's through layer_specs. lm_head (HF:
@@ -177,9 +260,18 @@ static int load_tensors(struct model_file *mf, int gguf) {
       else
         snprintf(n, sizeof n, "model.layers.%d.%s", i, sp->hf);
       struct host_tensor *t = (struct host_tensor *)((char *)&mf->layers[i] + sp->host_off);
+      if (sp->need == AN_EXPERTS) {
+        if (take_experts(mf, t, sp, i, gguf, c->n_experts, dim_of(c, sp->rows), dim_of(c, sp->cols)))
+          return -1;
+        continue;
+      }
       if (take(mf, t, n, dim_of(c, sp->rows), dim_of(c, sp->cols), sp->rows == AD_ONE, 0))
         return -1;
+      if (c->norm_plus_one && sp->rows == AD_ONE && strstr(sp->hf, "norm") && norm_plus_one(mf, t))
+        return -1;
     }
+  if (c->norm_plus_one && norm_plus_one(mf, &mf->out_norm))
+    return -1;
   return 0;
 }
 

@@ -23,6 +23,10 @@ struct layer_tensors {
   struct host_tensor wqkv;               /* phi3: (n_heads*hd + 2*n_kv*hd, dim), q | k | v rows */
   struct host_tensor w_gate_up;          /* phi3: (2*ffn, dim), gate rows then up rows */
   struct host_tensor q_norm, k_norm;     /* qwen3: (1, head_dim) */
+  struct host_tensor post_attn_norm, post_ffw_norm; /* gemma2: (1, dim) */
+  struct host_tensor moe_router;         /* mixtral: (n_experts, dim) */
+  struct host_tensor exps_gate, exps_up; /* mixtral: (n_experts * ffn, dim), experts stacked */
+  struct host_tensor exps_down;          /* mixtral: (n_experts * dim, ffn) */
 };
 /* Which of these an architecture has, and their names: its table in model/arch.h. */
 

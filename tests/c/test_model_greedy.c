@@ -120,7 +120,7 @@ done:
 
 int main(void) {
   log_set_level(LOG_LEVEL_ERROR);
-  const char *names[] = {"mistral_sw", "phi3", "qwen3"};
+  const char *names[] = {"mistral_sw", "phi3", "qwen3", "gemma2", "mixtral"};
   struct backend *be = backend_cpu_create(2);
   REQUIRE(be, "backend: %s", err_last());
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)

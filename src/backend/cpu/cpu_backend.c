@@ -180,6 +180,11 @@ static const struct backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .copy_blocks = cpu_copy_blocks,
     .destroy = cpu_destroy,
+    .gelu_tanh_mul = cpu_gelu_tanh_mul,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
+    .moe_route = cpu_moe_route,
+    .moe_combine = cpu_moe_combine,
 };
 
 struct backend *backend_cpu_create(int n_threads) {

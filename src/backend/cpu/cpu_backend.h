@@ -45,4 +45,14 @@ int cpu_gather_rows(struct backend *be, void *out, const void *x, const int32_t 
 int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, const int32_t *src,
                     const int32_t *dst, int n);
 
+/* Gemma 2 / Mixtral ops (cpu_act.c, cpu_moe.c). */
+#define CPU_MOE_MAX_EXPERTS 256
+int cpu_gelu_tanh_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+int cpu_scale(struct backend *be, void *x, size_t n, float s);
+int cpu_softcap(struct backend *be, float *logits, int n, int vocab, float cap);
+int cpu_moe_route(struct backend *be, const float *router_logits, int T, int E, int k, int32_t *row_token,
+                  float *row_weight, int32_t *token_rows, int32_t *expert_start, int32_t *expert_start_host);
+int cpu_moe_combine(struct backend *be, void *out, const void *y, const int32_t *token_rows,
+                    const float *row_weight, int T, int k, int D);
+
 #endif

@@ -245,6 +245,11 @@ static const struct backend_ops cuda_ops = {
     /* .copy_blocks = */ cuda_copy_blocks,
     /* .destroy = */ cuda_destroy,
     /* .sample = */ cuda_op_sample,
+    /* .gelu_tanh_mul = */ cuda_op_gelu_tanh_mul,
+    /* .scale = */ cuda_op_scale,
+    /* .softcap = */ cuda_op_softcap,
+    /* .moe_route = */ cuda_op_moe_route,
+    /* .moe_combine = */ cuda_op_moe_combine,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,

@@ -92,6 +92,14 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
 extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_ctx);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
+/* Gemma 2 / Mixtral ops (cuda_moe_act.cu). */
+int cuda_op_gelu_tanh_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F);
+int cuda_op_scale(struct backend *be, void *x, size_t n, float s);
+int cuda_op_softcap(struct backend *be, float *logits, int n, int vocab, float cap);
+int cuda_op_moe_route(struct backend *be, const float *router_logits, int T, int E, int k, int32_t *row_token,
+                      float *row_weight, int32_t *token_rows, int32_t *expert_start, int32_t *expert_start_host);
+int cuda_op_moe_combine(struct backend *be, void *out, const void *y, const int32_t *token_rows,
+                        const float *row_weight, int T, int k, int D);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */
