@@ -74,7 +74,7 @@ struct backend_sample_params {
 };
 
 struct backend_ops {
-  const char *name;
+  const char *name; /* for logs and messages only: callers decide by be->caps, never by name */
   /* memory (start-up only) */
   void *(*alloc)(struct backend *be, size_t bytes); /* NULL with err_last() set when out of memory */
   void (*free)(struct backend *be, void *p);
@@ -122,6 +122,13 @@ struct backend_ops {
 
   void (*destroy)(struct backend *be);
 
+  /* Start-up sizing (NULL: nothing to size). Called by model_alloc_workspace with the largest
+   * step the engine will run: MAX_TOKENS tokens over MAX_SEQS sequences of at most MAX_BLOCKS
+   * blocks each. The backend allocates every scratch buffer a step of that size needs (cuda:
+   * sampling staging and its pinned host side) so that no step allocates; a later call with
+   * larger bounds grows them. 0, or -1 with err_last() set (out of memory names the flag). */
+  int (*reserve)(struct backend *be, int max_tokens, int max_seqs, int max_blocks);
+
   /* Optional ops (NULL: not supported by this backend; callers fall back to the host). */
   /* Sampling over logits(n, vocab) F32 in backend memory, one token per row into tokens(n)
    * (host), with params(n) (host). Rows with temperature <= 0 take the argmax (lowest id on
@@ -133,11 +140,32 @@ struct backend_ops {
                 const struct backend_sample_params *params);
 };
 
+/* What a backend can do, filled in by its create function; everything outside src/backend/
+ * reads these instead of comparing be->ops->name or guessing from act_dtype. */
+struct backend_caps {
+  int host_memory;        /* 1: alloc returns host memory the host may read and write directly
+                           * (weights may alias an mmap, the batch is used in place, logits are
+                           * written straight to the caller's array); 0: device memory */
+  uint32_t kv_dtypes;     /* KV cache dtypes its attention / kv_write implement: bit (1u << dtype) */
+  enum dtype kv_auto;     /* the dtype --pa-cache-type auto picks (the compute dtype) */
+  enum dtype kv_auto_gguf; /* ... for a GGUF model (cpu: f16, the cache llama.cpp runs GGUF
+                           * models with, so greedy outputs match the reference users compare) */
+  int needs_profile;      /* 1: a step may allocate lazily (kernel modules, library handles), so
+                           * the engine runs model_profile before sizing the pool from free memory */
+  int device_sampling;    /* 1: ops->sample runs where the logits are (no copy of the vocabulary) */
+};
+
 struct backend {
   const struct backend_ops *ops;
   enum dtype act_dtype;
   int n_threads; /* cpu only */
+  struct backend_caps caps;
 };
+
+/* 1 when BE's kernels implement a KV cache of dtype T. */
+static inline int backend_kv_dtype_ok(const struct backend *be, enum dtype t) {
+  return (int)t >= 0 && (int)t < 32 && (be->caps.kv_dtypes >> (int)t & 1u);
+}
 
 struct backend_params {
   const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
@@ -166,7 +194,7 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 1
+#define BACKEND_ABI_VERSION 2 /* 2: struct backend_caps, ops->reserve */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

@@ -177,7 +177,7 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
   m->be = be;
   m->file = f;
   m->config = f->config;
-  m->host_mem = strcmp(be->ops->name, "cpu") == 0;
+  m->host_mem = be->caps.host_memory;
   const struct model_config *c = &m->config;
   if (c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
     ERR("%s: unsupported attention shape (%d heads, %d KV heads, head_dim %d)", path, c->n_heads,
@@ -327,6 +327,8 @@ int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max
       goto fail;
     m->workspace_bytes += meta_b + logits_b;
   }
+  if (be->ops->reserve && be->ops->reserve(be, max_tokens, max_seqs, max_blocks_per_seq))
+    goto fail;
   m->max_tokens = max_tokens;
   m->max_seqs = max_seqs;
   m->max_blocks_per_seq = max_blocks_per_seq;
@@ -366,16 +368,15 @@ fail:
   return -1;
 }
 
-/* The KV dtypes the backends' kernels implement: the activation dtype (f32 on cpu, bf16 on cuda)
- * and f16 on cpu (llama.cpp's attention rounding); the f8e4m3 layout (scales) exists in struct
- * kv_layer but no kernel reads it yet. */
+/* The KV dtypes the backend's kernels implement are its caps.kv_dtypes (cpu: f32, f16; cuda:
+ * bf16); the f8e4m3 layout (scales) exists in struct kv_layer. */
 static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dtype) {
   if (block_size != 8 && block_size != 16 && block_size != 32)
     return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
-  if (kv_dtype != m->be->act_dtype && !(m->host_mem && kv_dtype == DTYPE_F16))
-    return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s (f8e4m3 KV is not implemented "
-               "on CPU or CUDA); use --pa-cache-type auto", dtype_name(kv_dtype), m->be->ops->name,
-               dtype_name(m->be->act_dtype));
+  if (!backend_kv_dtype_ok(m->be, kv_dtype))
+    return ERR("--pa-cache-type %s: the %s backend's kernels do not implement a KV cache of that dtype; "
+               "use --pa-cache-type auto (%s)", dtype_name(kv_dtype), m->be->ops->name,
+               dtype_name(m->be->caps.kv_auto));
   return 0;
 }
 

@@ -67,7 +67,7 @@ size_t model_workspace_bytes(const struct model *m); /* backend bytes; 0 before 
 int model_profile(struct model *m, int block_size, enum dtype kv_dtype);
 
 /* The KV pool: num_blocks (>= 2, block 0 the null block) per layer of block_size tokens in
- * kv_dtype, which must be the backend's activation dtype (f32 cpu, bf16 cuda; f8e4m3 refused). */
+ * kv_dtype, one of the backend's caps.kv_dtypes (cpu: f32, f16; cuda: bf16). */
 int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype);
 int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq);

@@ -6,8 +6,9 @@
 
 /* cuBLAS gets its workspace once at start-up (cublasSetWorkspace) so that no GEMM allocates. */
 #define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
-/* Rows of logits one sample call handles per launch; larger calls loop. */
-#define CUDA_SAMPLE_CAP 1024
+/* Rows of logits one sample call handles per launch before reserve sizes it (larger calls
+ * loop); reserve raises it to max_seqs. */
+#define CUDA_SAMPLE_CAP 64
 /* Host staging for weight conversion: converted in chunks of at most this many bytes. */
 #define CUDA_STAGE_BYTES ((size_t)64 << 20)
 
@@ -203,6 +204,45 @@ static int cuda_copy_blocks(struct backend *be, struct kv_layer *layers, int n_l
   return 0;
 }
 
+static void cuda_free_sample_staging(struct cuda_backend *cb) {
+  cudaFree(cb->sample_params_dev);
+  cudaFree(cb->sample_tokens_dev);
+  cudaFreeHost(cb->sample_params_host);
+  cudaFreeHost(cb->sample_tokens_host);
+  cb->sample_params_dev = NULL;
+  cb->sample_tokens_dev = NULL;
+  cb->sample_params_host = NULL;
+  cb->sample_tokens_host = NULL;
+  cb->sample_cap = 0;
+}
+
+/* The sampling staging for ROWS rows: parameters and tokens on the device, their pinned host
+ * copies (one async copy each way per call). */
+static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
+  cuda_free_sample_staging(cb);
+  CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * rows));
+  CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * rows));
+  cb->sample_cap = rows;
+  return 0;
+}
+
+/* Sizes the step scratch for the engine's largest step: sampling staging for max_seqs rows (one
+ * launch samples the whole batch). The cuBLAS workspace (cublasSetWorkspace, fixed size) and the
+ * quantized-weight slab were given at creation and load. */
+static int cuda_reserve(struct backend *be, int max_tokens, int max_seqs, int max_blocks) {
+  struct cuda_backend *cb = cuda_be(be);
+  (void)max_tokens;
+  (void)max_blocks;
+  if (max_seqs > cb->sample_cap) {
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    if (cuda_alloc_sample_staging(cb, max_seqs))
+      return ERR("cuda: cannot allocate the sampling staging for %d sequences: lower --max-num-seqs", max_seqs);
+  }
+  return 0;
+}
+
 static void cuda_destroy(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
   if (!cb)
@@ -213,10 +253,7 @@ static void cuda_destroy(struct backend *be) {
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
-  cudaFree(cb->sample_params_dev);
-  cudaFree(cb->sample_tokens_dev);
-  cudaFreeHost(cb->sample_params_host);
-  cudaFreeHost(cb->sample_tokens_host);
+  cuda_free_sample_staging(cb);
   if (cb->stream)
     cudaStreamDestroy(cb->stream);
   free(cb);
@@ -244,6 +281,7 @@ static const struct backend_ops cuda_ops = {
     /* .copy_blocks = */ cuda_copy_blocks,
     /* .destroy = */ cuda_destroy,
     /* .sample = */ cuda_op_sample,
+    /* .reserve = */ cuda_reserve,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -308,11 +346,8 @@ static int cuda_init(struct cuda_backend *cb) {
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)
     cb->qgemv_max_t = atoi(qmax);
-  cb->sample_cap = CUDA_SAMPLE_CAP;
-  CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * cb->sample_cap));
-  CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * cb->sample_cap));
-  CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * cb->sample_cap));
-  CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * cb->sample_cap));
+  if (cuda_alloc_sample_staging(cb, CUDA_SAMPLE_CAP))
+    return -1;
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB", prop.name,
@@ -331,6 +366,15 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   cb->base.ops = &cuda_ops;
   cb->base.act_dtype = DTYPE_BF16;
   cb->base.n_threads = 0;
+  /* Device memory; a bf16 cache (cuda_attention.cu); cuBLAS and lazily loaded kernel modules
+   * allocate on first use, so the engine profiles one step before sizing the pool; sampling
+   * runs on the device (cuda_sample.cu). */
+  cb->base.caps.host_memory = 0;
+  cb->base.caps.kv_dtypes = 1u << DTYPE_BF16;
+  cb->base.caps.kv_auto = DTYPE_BF16;
+  cb->base.caps.kv_auto_gguf = DTYPE_BF16;
+  cb->base.caps.needs_profile = 1;
+  cb->base.caps.device_sampling = 1;
   if (cuda_init(cb) != 0) {
     cuda_destroy(&cb->base);
     return NULL;
