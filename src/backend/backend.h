@@ -73,6 +73,19 @@ struct backend_sample_params {
   float u;
 };
 
+/* One entry of backend_ops.process: what the logits processors do to one token of one row, in
+ * the host sampler's order (sampler_apply_processors): the logit_bias values of the token, added
+ * in request order; the repetition penalty (l > 0 ? l / r : l * r) when REP; minus SUB (the
+ * presence and frequency penalties, computed by the host as sampler_penalty_sub); -inf when
+ * SUPPRESS. The entries of one row name distinct tokens. */
+struct backend_proc_entry {
+  int32_t row, id;       /* logits row and token id */
+  int32_t bias0, n_bias; /* its values: bias[bias0 .. bias0 + n_bias) */
+  float rep;             /* 1: no repetition penalty for this token */
+  float sub;             /* 0: no presence / frequency penalty */
+  int32_t suppress;      /* 1: the logit becomes -inf last */
+};
+
 struct backend_ops {
   const char *name; /* for logs and messages only: callers decide by be->caps, never by name */
   /* memory (start-up only) */
@@ -138,6 +151,16 @@ struct backend_ops {
    * kept probabilities exceeds u * (their total). Synchronises. */
   int (*sample)(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                 const struct backend_sample_params *params);
+  /* The logits processors of a step, in place on logits(rows, vocab) F32 in backend memory, from
+   * host arrays ENTRIES(n) and BIAS(n_bias) (struct backend_proc_entry; one copy up, no sync).
+   * Results are bitwise those of sampler_apply_processors on the same row. */
+  int (*process)(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                 const float *bias, int n_bias);
+  /* Page-locked host memory for staging what goes up each step (start-up only), so that one
+   * asynchronous copy moves it; NULL with err_last() set. The caller may rewrite it only after
+   * the next sync. NULL op: plain host memory (malloc) serves. */
+  void *(*alloc_host)(struct backend *be, size_t bytes);
+  void (*free_host)(struct backend *be, void *p);
 };
 
 /* What a backend can do, filled in by its create function; everything outside src/backend/

@@ -111,6 +111,10 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->copy_src = malloc((size_t)B * 4);
   e->copy_dst = malloc((size_t)B * 4);
   e->picked = malloc((size_t)B * 4);
+  e->dev_params = malloc((size_t)B * sizeof *e->dev_params);
+  e->dev_tokens = malloc((size_t)B * 4);
+  if (!e->dev_params || !e->dev_tokens)
+    return ERR("out of memory for the step buffers (lower --max-num-seqs)");
   if (!e->picked ||!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
       !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst || !e->lp_row0 || !e->lp_pos0 || !e->lp_n)
     return ERR("out of memory for the step buffers (lower --max-num-batched-tokens or --max-num-seqs)");
@@ -266,6 +270,9 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   for (int i = 0; i < e->n_samplers; i++)
     if (sampler_init(&e->samplers[i], e->vocab))
       goto fail;
+  const char *ds = getenv("PAGODA_DEVICE_SAMPLING"); /* 0: host sampling on every backend */
+  e->device_sampling = e->be->caps.device_sampling && e->be->ops->sample && e->be->ops->process &&
+                       !(ds && !strcmp(ds, "0"));
   int tv = tokenizer_vocab_size(e->tok);
   if (tv > e->vocab)
     tv = e->vocab;
@@ -313,6 +320,10 @@ void pagoda_engine_free(pagoda_engine_t *e) {
     sampler_free(&e->samplers[i]);
   free(e->samplers);
   free(e->picked);
+  free(e->dev_params);
+  free(e->dev_tokens);
+  free(e->proc);
+  free(e->proc_bias);
   free(e->input_ids);
   free(e->positions);
   free(e->slots);

@@ -61,6 +61,16 @@ struct pagoda_engine {
    * lp_pos0[b].. (each row predicts the next prompt token). */
   int32_t *lp_row0, *lp_pos0, *lp_n; /* (max_num_seqs) */
   int32_t *copy_src, *copy_dst; /* (max_num_seqs) */
+  /* Sampling where the logits are (caps.device_sampling; PAGODA_DEVICE_SAMPLING=0 turns it off):
+   * dev_logits says this step's logits stayed on the device (no prompt-logprob rows); the rows of
+   * requests that need the whole row on the host (beams, the first step of n > 1, logprobs) are
+   * downloaded, the others processed and sampled on the device, only their ids coming back. */
+  int device_sampling, dev_logits;
+  struct backend_sample_params *dev_params; /* (max_num_seqs) one per logits row */
+  int32_t *dev_tokens;                      /* (max_num_seqs) */
+  struct backend_proc_entry *proc;          /* (proc_cap) processor entries of the step */
+  float *proc_bias;                         /* (bias_cap) their logit_bias values */
+  size_t proc_cap, bias_cap;
   struct request *live;    /* doubly linked list of unfinished (or unreported) requests */
   struct request *dead;    /* reported finished: freed at the start of the next step */
   uint64_t next_id;

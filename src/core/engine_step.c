@@ -98,6 +98,7 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     max_len = start + n > max_len ? start + n : max_len;
   }
   e->query_start[o->num_items] = t;
+  int n_sample_rows = nl;
   for (int b = 0; b < o->num_items; b++) { /* prompt positions whose next token is scored */
     const struct sched_seq *s = o->items[b].seq;
     int start = s->num_computed, end = start + o->items[b].num_new;
@@ -124,7 +125,85 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
       .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
-  return model_forward(e->model, &batch, e->logits);
+  e->dev_logits = e->device_sampling && nl == n_sample_rows && nl <= e->p.max_num_seqs;
+  return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
+}
+
+/* 1 when S's row must be on the host: beams and the first step of n > 1 read it whole, and
+ * logprobs keep the raw row. */
+static int needs_host_row(const struct sequence *s) {
+  return s->req->beam || (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started) || s->req->sp.logprobs;
+}
+
+/* Sampling on the device for a step whose logits stayed there (e->dev_logits): host rows are
+ * downloaded to e->logits first; the other rows' processors go up as entries (one copy), then
+ * one sample call picks every row and synchronises (the step's one sync). Sets e->picked[b] to
+ * the token of device rows and -1 for host rows. The uniform draw u comes from the sequence's
+ * generator exactly as sampler_pick would take it (none when greedy), so both backends pick the
+ * same token from the same draw. */
+static int device_sample(struct pagoda_engine *e, const struct scheduler_output *o) {
+  struct backend *be = e->be;
+  size_t need = 0, need_bias = 0;
+  int nl = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->logit_row[b] < 0)
+      continue;
+    nl++;
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    if (needs_host_row(s))
+      continue;
+    const struct pagoda_sampling_params *sp = &s->req->sp;
+    need += (size_t)sp->n_logit_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + 64;
+    need_bias += (size_t)sp->n_logit_bias;
+  }
+  if (need > e->proc_cap) {
+    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for the logits processors of %zu tokens", need);
+    e->proc = p;
+    e->proc_cap = need * 2;
+  }
+  if (need_bias > e->bias_cap) {
+    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for %zu logit_bias values", need_bias);
+    e->proc_bias = p;
+    e->bias_cap = need_bias * 2;
+  }
+  int ne = 0, nb = 0;
+  for (int b = 0; b < o->num_items; b++)
+    e->picked[b] = -1;
+  for (int b = 0; b < o->num_items; b++) {
+    int row = e->logit_row[b];
+    if (row < 0)
+      continue;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    struct backend_sample_params *dp = &e->dev_params[row];
+    if (needs_host_row(s)) {
+      *dp = (struct backend_sample_params){0};
+      if (model_logits_download(e->model, row, 1, e->logits + (size_t)row * e->vocab))
+        return -1;
+      continue;
+    }
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    int n = sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                                 sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
+    ne += n;
+    nb += sp.n_bias;
+    int greedy = sp.temperature <= 0 || sp.top_k == 1;
+    *dp = (struct backend_sample_params){greedy ? 0.0f : sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                                         greedy ? 0.0f : (float)rng_uniform(&s->rng)};
+  }
+  float *logits = model_logits_device(e->model);
+  if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
+    return -1;
+  if (be->ops->sample(be, e->dev_tokens, logits, nl, e->vocab, e->dev_params))
+    return -1;
+  for (int b = 0; b < o->num_items; b++)
+    if (e->logit_row[b] >= 0 && !needs_host_row((const struct sequence *)o->items[b].seq))
+      e->picked[b] = e->dev_tokens[e->logit_row[b]];
+  return 0;
 }
 
 /* 1. Schedule: frees the requests whose final outputs were read after the last step, then asks
@@ -164,12 +243,18 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
   /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
    * thread its own scratch): processors, then the token for plain samples. Forks and beams
    * touch shared state and are finished in phase 2. */
+  if (e->dev_logits && device_sample(e, o)) {
+    log_error("sampling on the device failed: %s", err_last_where());
+    return PAGODA_ERR_BACKEND;
+  }
   int nl = 0;
   for (int b = 0; b < o->num_items; b++)
     nl += e->logit_row[b] >= 0;
   int nt = (long)nl * e->vocab >= (1L << 17) ? e->n_samplers : 1;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
   for (int b = 0; b < o->num_items; b++) {
+    if (e->dev_logits && e->picked[b] >= 0)
+      continue; /* sampled on the device */
     e->picked[b] = -1;
     if (e->logit_row[b] < 0)
       continue;

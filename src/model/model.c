@@ -51,6 +51,7 @@ struct model {
   void *up;    /* (max_tokens, ffn_dim) */
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
+  int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step */
   struct meta_layout ml;
 };
 
@@ -126,6 +127,11 @@ static void free_workspace(struct model *m) {
       be->ops->free(be, *bufs[i]);
     *bufs[i] = NULL;
   }
+  if (m->meta_host && be->ops->free_host)
+    be->ops->free_host(be, m->meta_host);
+  else
+    free(m->meta_host);
+  m->meta_host = NULL;
   m->max_tokens = m->max_seqs = m->max_blocks_per_seq = 0;
   m->workspace_bytes = 0;
 }
@@ -325,6 +331,12 @@ int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max
     if (!(m->meta = alloc0(m, meta_b, "batch metadata")) ||
         !(m->logits_dev = alloc0(m, logits_b, "logits buffer")))
       goto fail;
+    m->meta_host = be->ops->alloc_host ? be->ops->alloc_host(be, meta_b) : malloc(meta_b);
+    if (!m->meta_host) {
+      if (!be->ops->alloc_host)
+        ERR("out of memory for the batch metadata staging (%.1f MiB)", (double)meta_b / 1048576.0);
+      goto fail;
+    }
     m->workspace_bytes += meta_b + logits_b;
   }
   if (be->ops->reserve && be->ops->reserve(be, max_tokens, max_seqs, max_blocks_per_seq))
@@ -505,33 +517,36 @@ static int check_batch(const struct model *m, const struct batch *b) {
   return 0;
 }
 
-/* The batch in backend memory: the host arrays themselves on cpu, else copied into m->meta. */
+/* The batch in backend memory: the host arrays themselves when the backend's memory is host
+ * memory, else packed into the pinned staging m->meta_host (room for m->ml.total) and sent up in one
+ * copy into m->meta. The staging is rewritten only after the previous step's final sync. */
 static int stage_batch(struct model *m, const struct batch *hb, struct batch *db) {
   *db = *hb;
   if (m->host_mem)
     return 0;
   struct backend *be = m->be;
-  const struct meta_layout *ml = &m->ml;
   int T = hb->num_tokens, B = hb->num_seqs;
   struct {
     const int32_t *src;
-    size_t off, n;
+    size_t n;
     const int32_t **dst;
   } parts[] = {
-      {hb->input_ids, ml->ids, (size_t)T, &db->input_ids},
-      {hb->positions, ml->positions, (size_t)T, &db->positions},
-      {hb->slot_mapping, ml->slots, (size_t)T, &db->slot_mapping},
-      {hb->query_start, ml->query_start, (size_t)B + 1, &db->query_start},
-      {hb->seq_lens, ml->seq_lens, (size_t)B, &db->seq_lens},
-      {hb->block_tables, ml->block_tables, (size_t)B * hb->max_blocks_per_seq, &db->block_tables},
-      {hb->logits_idx, ml->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
+      {hb->input_ids, (size_t)T, &db->input_ids},
+      {hb->positions, (size_t)T, &db->positions},
+      {hb->slot_mapping, (size_t)T, &db->slot_mapping},
+      {hb->query_start, (size_t)B + 1, &db->query_start},
+      {hb->seq_lens, (size_t)B, &db->seq_lens},
+      {hb->block_tables, (size_t)B * hb->max_blocks_per_seq, &db->block_tables},
+      {hb->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
   };
+  size_t end = 0; /* packed back to back (never more than ml->total), so only what is used goes up */
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-    if (parts[i].n && be->ops->upload(be, m->meta + parts[i].off, parts[i].src, parts[i].n * sizeof(int32_t)))
-      return -1;
-    *parts[i].dst = m->meta + parts[i].off;
+    if (parts[i].n)
+      memcpy(m->meta_host + end, parts[i].src, parts[i].n * sizeof(int32_t));
+    *parts[i].dst = m->meta + end;
+    end += parts[i].n;
   }
-  return 0;
+  return be->ops->upload(be, m->meta, m->meta_host, end * sizeof(int32_t));
 }
 
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
@@ -582,7 +597,15 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
     return op->sync(be);
   TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
   if (m->host_mem) {
+    if (!logits)
+      return ERR("model_forward: the logits stay in backend memory only on a device backend");
     TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
+    return 0;
+  }
+  if (!logits) { /* they stay on the device: model_logits_device; no sync */
+    if (n > m->max_seqs)
+      return ERR("model_forward: %d logits rows kept on the device (room for %d)", n, m->max_seqs);
+    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, n, 1));
     return 0;
   }
   size_t act = dtype_row_bytes(be->act_dtype, 1);
@@ -594,4 +617,13 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   }
   return op->sync(be);
 #undef TRY
+}
+
+float *model_logits_device(struct model *m) { return m->host_mem ? NULL : m->logits_dev; }
+
+int model_logits_download(struct model *m, int row0, int n, float *dst) {
+  size_t V = (size_t)m->config.vocab_size;
+  if (m->host_mem || row0 < 0 || n < 0 || row0 + n > m->max_seqs)
+    return ERR("model_logits_download: rows %d..%d of %d on the device", row0, row0 + n, m->max_seqs);
+  return n ? m->be->ops->download(m->be, dst, m->logits_dev + (size_t)row0 * V, (size_t)n * V * sizeof(float)) : 0;
 }

@@ -72,9 +72,15 @@ int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype k
 int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq);
 
-/* Runs one step. BATCH is in host memory (the model copies it to the backend); LOGITS is host
- * memory of (batch->num_logits, vocab_size) floats. Returns 0 or -1 with err_last() set. */
+/* Runs one step. BATCH is in host memory (the model copies it to the backend in one copy);
+ * LOGITS is host memory of (batch->num_logits, vocab_size) floats, or NULL on a device backend
+ * (caps.host_memory 0) to leave at most max_seqs rows in model_logits_device, with the step
+ * still running on the backend's stream (no sync). Returns 0 or -1 with err_last() set. */
 int model_forward(struct model *m, const struct batch *batch, float *logits);
+/* The device logits of the last model_forward(..., NULL): (max_seqs, vocab) F32; NULL on host
+ * backends. model_logits_download copies rows [row0, row0 + n) into DST and synchronises. */
+float *model_logits_device(struct model *m);
+int model_logits_download(struct model *m, int row0, int n, float *dst);
 
 /* Copy-on-write support: copies KV blocks src[i] -> dst[i] in every layer (host arrays). */
 int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n);

@@ -37,6 +37,25 @@ static void cuda_free(struct backend *be, void *p) {
     cudaFree(p);
 }
 
+static void *cuda_alloc_host(struct backend *be, size_t bytes) {
+  (void)be;
+  void *p = NULL;
+  cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 16);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    ERR("CUDA error %s: cannot allocate %.1f MiB of pinned host memory; lower --max-num-batched-tokens or "
+        "--max-num-seqs", cudaGetErrorName(e), bytes / 1048576.0);
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_free_host(struct backend *be, void *p) {
+  (void)be;
+  if (p)
+    cudaFreeHost(p);
+}
+
 static int cuda_upload(struct backend *be, void *dst, const void *host_src, size_t bytes) {
   /* From pageable memory the call returns once the source is staged, so the caller may reuse
    * host_src at once; the copy itself stays ordered on the stream. */
@@ -254,6 +273,8 @@ static void cuda_destroy(struct backend *be) {
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
   cuda_free_sample_staging(cb);
+  cudaFree(cb->proc_dev);
+  cudaFreeHost(cb->proc_host);
   if (cb->stream)
     cudaStreamDestroy(cb->stream);
   free(cb);
@@ -280,8 +301,11 @@ static const struct backend_ops cuda_ops = {
     /* .gather_rows = */ cuda_op_gather_rows,
     /* .copy_blocks = */ cuda_copy_blocks,
     /* .destroy = */ cuda_destroy,
-    /* .sample = */ cuda_op_sample,
     /* .reserve = */ cuda_reserve,
+    /* .sample = */ cuda_op_sample,
+    /* .process = */ cuda_op_process,
+    /* .alloc_host = */ cuda_alloc_host,
+    /* .free_host = */ cuda_free_host,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,

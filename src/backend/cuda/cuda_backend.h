@@ -51,6 +51,10 @@ struct cuda_backend {
   int32_t *sample_tokens_dev;                      /* (sample_cap) */
   struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
   int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
+  /* logits-processor staging (cuda_op_process): entries then bias values, grown on demand to the
+   * largest step seen (doubling); pinned host side so the copy up is one async transfer */
+  void *proc_dev, *proc_host;
+  size_t proc_bytes;
   char name[256];            /* device name, for logs */
   /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
   void *deq_scratch;
@@ -80,6 +84,8 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
                       const struct batch *b, int n_heads, float scale);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
+int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                    const float *bias, int n_bias);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */

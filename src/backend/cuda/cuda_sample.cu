@@ -213,3 +213,55 @@ int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int
   }
   return 0;
 }
+
+/* One thread per entry (distinct tokens per row, so no two threads touch one logit). Every
+ * operation is rounded as the host's (--use_fast_math would otherwise turn the division into an
+ * approximation), so the result is bitwise sampler_apply_processors'. */
+__global__ void process_kernel(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                               const float *bias) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  struct backend_proc_entry e = entries[i];
+  float *p = logits + (size_t)e.row * vocab + e.id;
+  float l = *p;
+  for (int b = 0; b < e.n_bias; b++)
+    l = __fadd_rn(l, bias[e.bias0 + b]);
+  if (e.rep != 1.0f)
+    l = l > 0 ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
+  if (e.sub != 0.0f)
+    l = __fsub_rn(l, e.sub);
+  if (e.suppress)
+    l = -INFINITY;
+  *p = l;
+}
+
+int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                    const float *bias, int n_bias) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n <= 0)
+    return n == 0 ? 0 : ERR("cuda process: %d entries", n);
+  size_t eb = sizeof *entries * (size_t)n, bb = sizeof(float) * (size_t)n_bias, need = eb + bb;
+  if (need > cb->proc_bytes) { /* grows to the largest step seen; the stream is idle past the last sync */
+    size_t cap = cb->proc_bytes ? cb->proc_bytes : (size_t)1 << 16;
+    while (cap < need)
+      cap *= 2;
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    cudaFree(cb->proc_dev);
+    cudaFreeHost(cb->proc_host);
+    cb->proc_dev = cb->proc_host = NULL;
+    cb->proc_bytes = 0;
+    CUDA_CHECK(cudaMalloc(&cb->proc_dev, cap));
+    CUDA_CHECK(cudaMallocHost(&cb->proc_host, cap));
+    cb->proc_bytes = cap;
+  }
+  /* The previous use of the pinned staging ended at the last sync (sample synchronises). */
+  memcpy(cb->proc_host, entries, eb);
+  if (bb)
+    memcpy((char *)cb->proc_host + eb, bias, bb);
+  CUDA_CHECK(cudaMemcpyAsync(cb->proc_dev, cb->proc_host, need, cudaMemcpyHostToDevice, cb->stream));
+  process_kernel<<<(n + 255) / 256, 256, 0, cb->stream>>>(logits, vocab, (const struct backend_proc_entry *)cb->proc_dev,
+                                                          n, (const float *)((char *)cb->proc_dev + eb));
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
