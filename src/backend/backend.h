@@ -161,6 +161,12 @@ struct backend_ops {
    * the next sync. NULL op: plain host memory (malloc) serves. */
   void *(*alloc_host)(struct backend *be, size_t bytes);
   void (*free_host)(struct backend *be, void *p);
+  /* Runs RECORD(CTX), which enqueues one step's ops, as the graph captured for KEY: the first
+   * call for a KEY runs it directly (a warm-up: lazy module loads happen outside capture), the
+   * second captures and instantiates it, every later one replays it without calling RECORD.
+   * Everything RECORD enqueues must depend only on KEY (same pointers, same scalars). With
+   * replay off (PAGODA_CUDA_GRAPHS=0) it always runs RECORD directly. No sync. */
+  int (*graph_run)(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
 };
 
 /* What a backend can do, filled in by its create function; everything outside src/backend/
@@ -176,6 +182,9 @@ struct backend_caps {
   int needs_profile;      /* 1: a step may allocate lazily (kernel modules, library handles), so
                            * the engine runs model_profile before sizing the pool from free memory */
   int device_sampling;    /* 1: ops->sample runs where the logits are (no copy of the vocabulary) */
+  int graphs;             /* 1: decode steps may be replayed as captured graphs (ops->graph_run); the
+                           * engine then pads decode batches to graph sizes (model_forward_graph),
+                           * whether replay is on or off, so both give the same tokens */
 };
 
 struct backend {

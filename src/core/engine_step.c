@@ -61,6 +61,13 @@ static void account_waste(struct pagoda_engine *e) {
   e->alloc_slots += (double)used * e->block_size;
 }
 
+/* The graph size a decode step of B sequences is padded to: 1, 2, 4, then multiples of 8 (vLLM's
+ * sizes), never above MAX (max_num_seqs, itself a size). */
+static int graph_size(int b, int max) {
+  int p = b <= 1 ? 1 : b <= 2 ? 2 : b <= 4 ? 4 : (b + 7) / 8 * 8;
+  return p < max ? p : max;
+}
+
 static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) {
   for (int i = 0; i < o->num_copies; i++) {
     e->copy_src[i] = o->copies[i].src;
@@ -72,6 +79,19 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
   for (int b = 0; b < o->num_items; b++)
     if (o->items[b].seq->kv.num_blocks > stride)
       stride = o->items[b].seq->kv.num_blocks;
+  /* A decode-only step (one new token per item, each with its logits row) on a backend with
+   * graphs is padded to a graph size, its block tables at the full stride. */
+  int graph = e->be->caps.graphs, B = o->num_items, Bp = B;
+  for (int b = 0; b < B && graph; b++)
+    graph = o->items[b].num_new == 1 && o->items[b].seq->num_computed + 1 == o->items[b].seq->num_tokens;
+  if (graph) {
+    Bp = graph_size(B, e->p.max_num_seqs);
+    graph = Bp <= e->p.max_num_batched_tokens;
+  }
+  if (graph)
+    stride = e->max_blocks_per_seq;
+  else
+    Bp = B;
   for (int b = 0; b < o->num_items; b++) {
     const struct sched_seq *s = o->items[b].seq;
     int n = o->items[b].num_new, start = s->num_computed;
@@ -126,7 +146,24 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
   e->dev_logits = e->device_sampling && nl == n_sample_rows && nl <= e->p.max_num_seqs;
-  return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
+  if (!graph)
+    return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
+  for (int b = B; b < Bp; b++, t++) { /* padding rows: they read the null block, write nothing */
+    e->query_start[b] = t;
+    e->input_ids[t] = 0;
+    e->positions[t] = 0;
+    e->slots[t] = -1;
+    e->seq_lens[b] = 1;
+    memset(e->block_tables + (size_t)b * stride, 0, (size_t)stride * sizeof(int32_t));
+    e->logits_idx[nl++] = t;
+  }
+  e->query_start[Bp] = t;
+  batch.num_tokens = t;
+  batch.num_seqs = Bp;
+  batch.num_logits = nl;
+  batch.max_seq_len = e->max_model_len; /* graph-stable bounds */
+  batch.max_query_len = 1;
+  return model_forward_graph(e->model, &batch, e->dev_logits ? NULL : e->logits);
 }
 
 /* 1 when S's row must be on the host: beams and the first step of n > 1 read it whole, and

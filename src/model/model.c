@@ -549,17 +549,21 @@ static int stage_batch(struct model *m, const struct batch *hb, struct batch *db
   return be->ops->upload(be, m->meta, m->meta_host, end * sizeof(int32_t));
 }
 
-int model_forward(struct model *m, const struct batch *batch, float *logits) {
-  if (!m->kv || !m->max_tokens)
-    return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
-  if (check_batch(m, batch) != 0)
-    return -1;
+/* The ops of one step on a staged batch, from the embedding to the final norm (into m->xb); for
+ * a graph batch also the logits rows into m->logits_dev. Only enqueues: it is what a CUDA graph
+ * captures (model_forward_graph). */
+struct forward_ctx {
+  struct model *m;
+  const struct batch *b;
+  int graph;
+};
+
+static int forward_ops(void *ctx) {
+  struct model *m = ((struct forward_ctx *)ctx)->m;
+  const struct batch b = *((struct forward_ctx *)ctx)->b;
   struct backend *be = m->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = &m->config;
-  struct batch b;
-  if (stage_batch(m, batch, &b) != 0)
-    return -1;
   const int T = b.num_tokens, dim = c->dim, hd = c->head_dim;
   const float scale = 1.0f / sqrtf((float)hd);
   /* Each call returns nonzero with err_last() set; the first failure ends the step. */
@@ -591,6 +595,41 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
     const struct weight *next = l + 1 < c->n_layers ? &m->layers[l + 1].attn_norm : &m->out_norm;
     TRY(op->rmsnorm(be, m->xb, m->x, m->xb2, next, T, dim, c->rms_eps));
   }
+  if (((struct forward_ctx *)ctx)->graph) {
+    TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, b.num_logits, dim));
+    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, b.num_logits, 1));
+  }
+  return 0;
+}
+
+static int forward(struct model *m, const struct batch *batch, float *logits, int graph) {
+  if (!m->kv || !m->max_tokens)
+    return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
+  if (check_batch(m, batch) != 0)
+    return -1;
+  struct backend *be = m->be;
+  const struct backend_ops *op = be->ops;
+  const struct model_config *c = &m->config;
+  const int dim = c->dim;
+  struct batch b;
+  if (stage_batch(m, batch, &b) != 0)
+    return -1;
+  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run};
+  if (ctx.graph) {
+    /* Its launches depend only on B: same staged pointers (packed by size), same scalars. */
+    if (b.num_tokens != b.num_seqs || b.num_logits != b.num_seqs || b.max_blocks_per_seq != m->max_blocks_per_seq ||
+        b.num_seqs > m->max_seqs)
+      return ERR("graph batch of %d tokens, %d sequences, %d logits rows, %d blocks per sequence: a padded "
+                 "decode batch has one of each per sequence and %d blocks", b.num_tokens, b.num_seqs,
+                 b.num_logits, b.max_blocks_per_seq, m->max_blocks_per_seq);
+    if (op->graph_run(be, b.num_seqs, forward_ops, &ctx))
+      return -1;
+    if (!logits)
+      return 0;
+    return model_logits_download(m, 0, b.num_logits, logits);
+  }
+  if (forward_ops(&ctx))
+    return -1;
   /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
   int n = b.num_logits;
   if (n == 0)
@@ -617,6 +656,12 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   }
   return op->sync(be);
 #undef TRY
+}
+
+int model_forward(struct model *m, const struct batch *batch, float *logits) { return forward(m, batch, logits, 0); }
+
+int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
+  return forward(m, batch, logits, 1);
 }
 
 float *model_logits_device(struct model *m) { return m->host_mem ? NULL : m->logits_dev; }

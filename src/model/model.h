@@ -77,6 +77,13 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
  * (caps.host_memory 0) to leave at most max_seqs rows in model_logits_device, with the step
  * still running on the backend's stream (no sync). Returns 0 or -1 with err_last() set. */
 int model_forward(struct model *m, const struct batch *batch, float *logits);
+/* model_forward for a decode batch padded to one of the engine's graph sizes (caps.graphs):
+ * T = B, one query and one logits row per sequence, max_blocks_per_seq the model's bound and
+ * max_seq_len / max_query_len upper bounds (the largest context, 1); rows past the real ones
+ * have input id 0, position 0, slot -1, seq_len 1 and a block-table row of zeros (the null
+ * block). Its launches depend only on B, so the backend replays the graph captured for B
+ * (ops->graph_run; on host backends it is model_forward). */
+int model_forward_graph(struct model *m, const struct batch *batch, float *logits);
 /* The device logits of the last model_forward(..., NULL): (max_seqs, vocab) F32; NULL on host
  * backends. model_logits_download copies rows [row0, row0 + n) into DST and synchronises. */
 float *model_logits_device(struct model *m);

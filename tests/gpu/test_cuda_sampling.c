@@ -9,10 +9,12 @@
  *    presence and frequency penalties and suppression (min_tokens), over vocabularies of 1000,
  *    32000 and 128256.
  * 2. Engine level: the same requests (greedy, seeded temperature / top-k / top-p / min-p,
- *    penalties, logit_bias, logprobs + top logprobs, prompt logprobs, n = 3, beam search) run
- *    through an engine on the CUDA backend with device sampling and with PAGODA_DEVICE_SAMPLING=0
- *    (host sampling of downloaded logits from the same forward passes): identical token ids,
- *    logprobs within 1e-4. */
+ *    penalties, logit_bias, min_tokens, logprobs + top logprobs, prompt logprobs, n = 3, beam
+ *    search; different lengths, so sequences finish mid-run and the batch shrinks) run through
+ *    an engine on the CUDA backend with device sampling and with PAGODA_DEVICE_SAMPLING=0 (host
+ *    sampling of downloaded logits from the same forward passes), and with CUDA graphs on and
+ *    off (PAGODA_CUDA_GRAPHS=0) at 32 and 6 sequences per step: identical token ids, logprobs
+ *    within 1e-4. */
 #include <math.h>
 
 #include "gpu_pair.h"
@@ -194,14 +196,15 @@ static void request_params(int i, struct pagoda_sampling_params *sp) {
   sp->min_tokens = i % 4 == 1 ? 5 : 0;
 }
 
-static int run_engine(const char *model, int device_sampling, struct result *res) {
+static int run_engine(const char *model, int device_sampling, int graphs, int max_seqs, struct result *res) {
   setenv("PAGODA_DEVICE_SAMPLING", device_sampling ? "1" : "0", 1);
+  setenv("PAGODA_CUDA_GRAPHS", graphs ? "1" : "0", 1);
   struct pagoda_engine_params ep;
   pagoda_engine_params_default(&ep);
   ep.model = model;
   ep.device = "cuda";
   ep.block_size = 16;
-  ep.max_num_seqs = 32;
+  ep.max_num_seqs = max_seqs;
   ep.max_num_batched_tokens = 512;
   ep.pa_memory_mb = 64;
   pagoda_engine_t *e;
@@ -259,6 +262,26 @@ static int close_lp(const float *a, const float *b, int n) {
   return 1;
 }
 
+/* Compares two runs sequence by sequence; returns the number that differ. */
+static int compare(const char *what, const struct result *a, const struct result *b) {
+  int seqs = 0, bad = 0;
+  for (int s = 0; s < MAX_REQ * 3; s++) {
+    if (!a->n_ids[s] && !b->n_ids[s])
+      continue;
+    seqs++;
+    int ok = a->n_ids[s] == b->n_ids[s] && !memcmp(a->ids[s], b->ids[s], sizeof(int32_t) * a->n_ids[s]) &&
+             close_lp(a->lp[s], b->lp[s], a->n_ids[s]) && close_lp(a->top_lp[s], b->top_lp[s], a->n_ids[s] * 4) &&
+             a->n_prompt_lp[s] == b->n_prompt_lp[s] && close_lp(a->prompt_lp[s], b->prompt_lp[s], a->n_prompt_lp[s]);
+    if (!ok) {
+      bad++;
+      printf("FAIL %s: request %d sample %d (kind %d) differs: %d vs %d tokens\n", what, s / 3, s % 3,
+             (s / 3) % 11, a->n_ids[s], b->n_ids[s]);
+    }
+  }
+  printf("%s: %d sequences, %d equal\n", what, seqs, seqs - bad);
+  return bad || seqs < MAX_REQ ? 1 : 0;
+}
+
 static void test_engine(void) {
   const char *td = getenv("PAGODA_TESTDATA");
   char model[1024];
@@ -268,28 +291,16 @@ static void test_engine(void) {
     failures++;
     return;
   }
-  static struct result dev, host;
-  if (run_engine(model, 1, &dev) || run_engine(model, 0, &host)) {
+  static struct result dev, host, nograph, dev6, nograph6;
+  if (run_engine(model, 1, 1, 32, &dev) || run_engine(model, 0, 1, 32, &host) ||
+      run_engine(model, 1, 0, 32, &nograph) || run_engine(model, 1, 1, 6, &dev6) ||
+      run_engine(model, 1, 0, 6, &nograph6)) {
     failures++;
     return;
   }
-  int seqs = 0, bad = 0;
-  for (int s = 0; s < MAX_REQ * 3; s++) {
-    if (!dev.n_ids[s] && !host.n_ids[s])
-      continue;
-    seqs++;
-    int ok = dev.n_ids[s] == host.n_ids[s] && !memcmp(dev.ids[s], host.ids[s], sizeof(int32_t) * dev.n_ids[s]) &&
-             close_lp(dev.lp[s], host.lp[s], dev.n_ids[s]) && close_lp(dev.top_lp[s], host.top_lp[s], dev.n_ids[s] * 4) &&
-             dev.n_prompt_lp[s] == host.n_prompt_lp[s] && close_lp(dev.prompt_lp[s], host.prompt_lp[s], dev.n_prompt_lp[s]);
-    if (!ok) {
-      bad++;
-      printf("FAIL engine: request %d sample %d (kind %d) differs: %d vs %d tokens\n", s / 3, s % 3, (s / 3) % 11,
-             dev.n_ids[s], host.n_ids[s]);
-    }
-  }
-  printf("engine level: %d sequences, %d equal with device and host sampling\n", seqs, seqs - bad);
-  if (bad || seqs < MAX_REQ)
-    failures++;
+  failures += compare("device vs host sampling (graphs on)", &dev, &host);
+  failures += compare("graphs on vs off (32 sequences)", &dev, &nograph);
+  failures += compare("graphs on vs off (6 sequences, the rest waiting)", &dev6, &nograph6);
 }
 
 int main(void) {

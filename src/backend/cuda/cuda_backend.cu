@@ -272,6 +272,7 @@ static void cuda_destroy(struct backend *be) {
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
+  cuda_graph_free_all(cb);
   cuda_free_sample_staging(cb);
   cudaFree(cb->proc_dev);
   cudaFreeHost(cb->proc_host);
@@ -306,6 +307,7 @@ static const struct backend_ops cuda_ops = {
     /* .process = */ cuda_op_process,
     /* .alloc_host = */ cuda_alloc_host,
     /* .free_host = */ cuda_free_host,
+    /* .graph_run = */ cuda_graph_run,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -399,6 +401,9 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   cb->base.caps.kv_auto_gguf = DTYPE_BF16;
   cb->base.caps.needs_profile = 1;
   cb->base.caps.device_sampling = 1;
+  cb->base.caps.graphs = 1;
+  const char *g = getenv("PAGODA_CUDA_GRAPHS"); /* 0: replay off (the batches are padded still) */
+  cb->graphs_on = !(g && !strcmp(g, "0"));
   if (cuda_init(cb) != 0) {
     cuda_destroy(&cb->base);
     return NULL;

@@ -55,6 +55,10 @@ struct cuda_backend {
    * largest step seen (doubling); pinned host side so the copy up is one async transfer */
   void *proc_dev, *proc_host;
   size_t proc_bytes;
+  /* CUDA graphs (cuda_graph.cu): one per key, captured on the key's second run */
+  int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0 */
+  struct cuda_graph_entry *graphs;
+  int n_graphs, graphs_cap;
   char name[256];            /* device name, for logs */
   /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
   void *deq_scratch;
@@ -84,6 +88,9 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
                       const struct batch *b, int n_heads, float scale);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
+struct cuda_graph_entry;
+int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
+void cuda_graph_free_all(struct cuda_backend *cb);
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
                     const float *bias, int n_bias);
 
