@@ -193,6 +193,11 @@ static int cuda_matmul(struct backend *be, void *out, const void *x, const struc
                dtype_name(w->dtype));
   const float alpha = 1.0f, beta = 0.0f;
   int N = (int)w->rows, K = (int)w->cols;
+  if (T <= cb->gemv_max_t && K % 8 == 0) {
+    if (cuda_gemv_bf16(be, out, x, w, T, out_f32) != 0)
+      return -1;
+    return bias ? cuda_op_add_bias(be, out, out_f32, bias, T) : 0;
+  }
   CUBLAS_CHECK(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w->data, CUDA_R_16BF, K,
                             x, CUDA_R_16BF, K, &beta, out, out_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -368,6 +373,10 @@ static int cuda_init(struct cuda_backend *cb) {
   cb->blas_ws_bytes = CUDA_BLAS_WS_BYTES;
   CUDA_CHECK(cudaMalloc(&cb->blas_ws, cb->blas_ws_bytes));
   CUBLAS_CHECK(cublasSetWorkspace(cb->blas, cb->blas_ws, cb->blas_ws_bytes));
+  cb->gemv_max_t = CUDA_GEMV_MAX_T;
+  const char *gmax = getenv("PAGODA_GEMV_MAX_T"); /* for measuring the GEMV/cuBLAS crossover; 0: cuBLAS */
+  if (gmax && *gmax)
+    cb->gemv_max_t = atoi(gmax) < CUDA_GEMV_MAX_T ? atoi(gmax) : CUDA_GEMV_MAX_T;
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)

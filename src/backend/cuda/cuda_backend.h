@@ -64,6 +64,7 @@ struct cuda_backend {
   void *deq_scratch;
   size_t deq_scratch_bytes;
   int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
+  int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -93,6 +94,11 @@ int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *
 void cuda_graph_free_all(struct cuda_backend *cb);
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
                     const float *bias, int n_bias);
+
+/* bf16 GEMV for decode-sized T (cuda_gemv.cu): T <= gemv_max_t (CUDA_GEMV_MAX_T unless
+ * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
+#define CUDA_GEMV_MAX_T 8
+int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */
