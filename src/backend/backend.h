@@ -163,7 +163,8 @@ struct backend_ops {
   void (*free_host)(struct backend *be, void *p);
   /* Runs RECORD(CTX), which enqueues one step's ops, as the graph captured for KEY: the first
    * call for a KEY runs it directly (a warm-up: lazy module loads happen outside capture), the
-   * second captures and instantiates it, every later one replays it without calling RECORD.
+   * second captures and instantiates it, every later one replays it without calling RECORD (a
+   * capture that fails is logged, and the step and every later one run RECORD directly).
    * Everything RECORD enqueues must depend only on KEY (same pointers, same scalars). With
    * replay off (PAGODA_CUDA_GRAPHS=0) it always runs RECORD directly. No sync. */
   int (*graph_run)(struct backend *be, int key, int (*record)(void *ctx), void *ctx);

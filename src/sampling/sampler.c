@@ -85,6 +85,22 @@ int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, cons
   return n;
 }
 
+void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                           const float *bias) {
+  for (int i = 0; i < n; i++) {
+    const struct backend_proc_entry *e = &entries[i];
+    float *l = &logits[(size_t)e->row * vocab + e->id];
+    for (int b = 0; b < e->n_bias; b++)
+      *l += bias[e->bias0 + b];
+    if (e->rep != 1.0f)
+      *l = *l > 0 ? *l / e->rep : *l * e->rep;
+    if (e->sub != 0.0f)
+      *l -= e->sub;
+    if (e->suppress)
+      *l = -INFINITY;
+  }
+}
+
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,
                               const int32_t *prompt, int n_prompt, const int32_t *output, int n_output) {
   for (int i = 0; i < p->n_bias; i++)

@@ -53,6 +53,11 @@ int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, cons
                          const int32_t *output, int n_output, int row, struct backend_proc_entry *out,
                          float *bias, int bias0);
 
+/* The CPU reference of backend_ops.process: applies N entries (rows of VOCAB logits) in place,
+ * each operation rounded as sampler_apply_processors rounds it. */
+void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                           const float *bias);
+
 /* In place on LOGITS (vocab): logit bias, repetition penalty, presence and frequency penalties,
  * suppression, in that order. PROMPT (n_prompt) and OUTPUT (n_output) are the sequence so far. */
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,

@@ -39,24 +39,30 @@ static struct cuda_graph_entry *entry(struct cuda_backend *cb, int key) {
 }
 
 /* Captures RECORD into E's executable graph. On any failure the capture is ended and discarded,
- * the stream is usable again and -1 is returned with the error of the failing call. */
-static int capture(struct cuda_backend *cb, struct cuda_graph_entry *e, int (*record)(void *), void *ctx) {
-  CUDA_CHECK(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
-  int rc = record(ctx);
-  cudaGraph_t graph = NULL;
-  cudaError_t end = cudaStreamEndCapture(cb->stream, &graph);
-  if (rc != 0) {
-    if (graph)
-      cudaGraphDestroy(graph);
+ * the stream is usable again, WHY names the failing step and -1 is returned. */
+static int capture(struct cuda_backend *cb, struct cuda_graph_entry *e, int (*record)(void *), void *ctx,
+                   const char **why) {
+  cudaError_t err = cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) {
     cudaGetLastError();
+    *why = cudaGetErrorString(err);
     return -1;
   }
-  CUDA_CHECK(end);
-  cudaError_t inst = cudaGraphInstantiate(&e->exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (inst != cudaSuccess)
-    e->exec = NULL;
-  CUDA_CHECK(inst);
+  int rc = record(ctx);
+  cudaGraph_t graph = NULL;
+  err = cudaStreamEndCapture(cb->stream, &graph);
+  if (rc == 0 && err == cudaSuccess) {
+    err = cudaGraphInstantiate(&e->exec, graph, 0);
+    if (err != cudaSuccess)
+      e->exec = NULL;
+  }
+  if (graph)
+    cudaGraphDestroy(graph);
+  if (rc != 0 || err != cudaSuccess) {
+    cudaGetLastError();
+    *why = rc != 0 ? "an op failed while being captured" : cudaGetErrorString(err);
+    return -1;
+  }
   return 0;
 }
 
@@ -69,8 +75,14 @@ int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *
     return -1;
   if (!e->exec && e->runs++ == 0) /* warm-up: run directly once */
     return record(ctx);
-  if (!e->exec && capture(cb, e, record, ctx) != 0)
-    return -1;
+  const char *why = NULL;
+  if (!e->exec && capture(cb, e, record, ctx, &why) != 0) {
+    /* Never fatal: the step runs directly and replay stays off for this backend. */
+    log_warn("cuda: capturing the decode graph for batch size %d failed (%s); CUDA graphs are off from "
+             "here on", key, why);
+    cb->graphs_on = 0;
+    return record(ctx);
+  }
   CUDA_CHECK(cudaGraphLaunch(e->exec, cb->stream));
   return 0;
 }
