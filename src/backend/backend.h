@@ -156,6 +156,11 @@ struct backend_ops {
    * Results are bitwise those of sampler_apply_processors on the same row. */
   int (*process)(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
                  const float *bias, int n_bias);
+  /* Log-probabilities of one token per row: out[i] (host) = log softmax(logits row i)[targets[i]]
+   * for logits(n, vocab) F32 in backend memory and TARGETS(n) host ids; max and sum in double as
+   * the host computes prompt logprobs. Synchronises; n <= the max_seqs given to reserve. */
+  int (*logprob_rows)(struct backend *be, float *out, const float *logits, int n, int vocab,
+                      const int32_t *targets);
   /* Page-locked host memory for staging what goes up each step (start-up only), so that one
    * asynchronous copy moves it; NULL with err_last() set. The caller may rewrite it only after
    * the next sync. NULL op: plain host memory (malloc) serves. */

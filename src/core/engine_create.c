@@ -113,7 +113,9 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->picked = malloc((size_t)B * 4);
   e->dev_params = malloc((size_t)B * sizeof *e->dev_params);
   e->dev_tokens = malloc((size_t)B * 4);
-  if (!e->dev_params || !e->dev_tokens)
+  e->lp_target = malloc((size_t)T * 4);
+  e->lp_value = malloc((size_t)T * sizeof(float));
+  if (!e->dev_params || !e->dev_tokens || !e->lp_target || !e->lp_value)
     return ERR("out of memory for the step buffers (lower --max-num-seqs)");
   if (!e->picked ||!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
       !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst || !e->lp_row0 || !e->lp_pos0 || !e->lp_n)
@@ -322,6 +324,8 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   free(e->picked);
   free(e->dev_params);
   free(e->dev_tokens);
+  free(e->lp_target);
+  free(e->lp_value);
   free(e->proc);
   free(e->proc_bias);
   free(e->input_ids);

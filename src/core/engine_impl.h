@@ -66,6 +66,9 @@ struct pagoda_engine {
    * requests that need the whole row on the host (beams, the first step of n > 1, logprobs) are
    * downloaded, the others processed and sampled on the device, only their ids coming back. */
   int device_sampling, dev_logits;
+  int n_sample_rows;                        /* logits rows of the step that sample (the first ones) */
+  int32_t *lp_target;                       /* (max_num_batched_tokens) prompt-logprob rows' next tokens */
+  float *lp_value;                          /* (max_num_batched_tokens) their log-probabilities */
   struct backend_sample_params *dev_params; /* (max_num_seqs) one per logits row */
   int32_t *dev_tokens;                      /* (max_num_seqs) */
   struct backend_proc_entry *proc;          /* (proc_cap) processor entries of the step */
@@ -92,6 +95,10 @@ void engine_finish_seq(struct pagoda_engine *e, struct sequence *s);
 /* log softmax of each prompt-logprob row at its next prompt token, into the request's array;
  * before scheduler_update (num_computed is still the chunk start). */
 void engine_prompt_logprobs(struct pagoda_engine *e, const struct scheduler_output *o);
+/* The same for a step whose logits stayed on the device (e->dev_logits): the rows are scored
+ * there (model_logits_rows, ops->logprob_rows) in chunks of max_num_seqs; only one float per row
+ * comes back. 0, or -1 with err_last() set. */
+int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct scheduler_output *o);
 /* Fills e->outs from the dirty sequences (*N_OUTS of them), moves fully reported requests to
  * the dead list and calls on_output for each. */
 void engine_collect_outputs(struct pagoda_engine *e, int *n_outs);

@@ -28,6 +28,36 @@ void engine_prompt_logprobs(struct pagoda_engine *e, const struct scheduler_outp
   }
 }
 
+int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct scheduler_output *o) {
+  int n = 0; /* the rows after the sampling ones, in item order, as run_batch laid them out */
+  for (int b = 0; b < o->num_items; b++) {
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    for (int j = 0; j < e->lp_n[b]; j++)
+      e->lp_target[n++] = s->s.tokens[e->lp_pos0[b] + j + 1];
+  }
+  if (n == 0)
+    return 0;
+  struct backend *be = e->be;
+  for (int k = 0; k < n; k += e->p.max_num_seqs) {
+    int nr = n - k < e->p.max_num_seqs ? n - k : e->p.max_num_seqs;
+    if (model_logits_rows(e->model, e->n_sample_rows + k, nr) ||
+        be->ops->logprob_rows(be, e->lp_value + k, model_logits_device(e->model), nr, e->vocab, e->lp_target + k))
+      return -1;
+  }
+  n = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    if (!e->lp_n[b])
+      continue;
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    struct request *r = s->req;
+    for (int j = 0; j < e->lp_n[b]; j++)
+      r->prompt_lp[e->lp_pos0[b] + j] = e->lp_value[n++];
+    if (e->lp_pos0[b] + e->lp_n[b] == r->num_prompt - 1)
+      r->prompt_lp_done = 1;
+  }
+  return 0;
+}
+
 void engine_collect_outputs(struct pagoda_engine *e, int *n_outs) {
   int n = 0;
   for (int i = 0; i < e->n_dirty; i++) {

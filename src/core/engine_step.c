@@ -133,7 +133,12 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     for (int j = start; j < end; j++)
       e->logits_idx[nl++] = e->query_start[b] + (j - start);
   }
-  if (nl > e->logits_cap) { /* grows only while prompt logprobs are asked for */
+  /* Device sampling keeps the logits on the device; prompt-logprob rows are then scored there
+   * too (ops->logprob_rows), else the step takes the host path. */
+  e->n_sample_rows = n_sample_rows;
+  e->dev_logits = e->device_sampling && n_sample_rows <= e->p.max_num_seqs &&
+                  (nl == n_sample_rows || e->be->ops->logprob_rows);
+  if (!e->dev_logits && nl > e->logits_cap) { /* grows only while prompt logprobs are asked for */
     float *g = realloc(e->logits, (size_t)nl * e->vocab * sizeof(float));
     if (!g)
       return ERR("out of memory for %d rows of prompt logprobs (lower --max-num-batched-tokens)", nl);
@@ -145,7 +150,6 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
       .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
-  e->dev_logits = e->device_sampling && nl == n_sample_rows && nl <= e->p.max_num_seqs;
   if (!graph)
     return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
   for (int b = B; b < Bp; b++, t++) { /* padding rows: they read the null block, write nothing */
@@ -275,15 +279,17 @@ static int engine_run(struct pagoda_engine *e, const struct scheduler_output *o)
  * produced logits (processors, sampling, forks, beams, stop conditions). */
 static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_output *o) {
   e->steps++;
-  engine_prompt_logprobs(e, o);
+  /* On the device the sampling rows go first: scoring prompt-logprob rows reuses their buffer. */
+  if (e->dev_logits && (device_sample(e, o) || engine_prompt_logprobs_device(e, o))) {
+    log_error("sampling on the device failed: %s", err_last_where());
+    return PAGODA_ERR_BACKEND;
+  }
+  if (!e->dev_logits)
+    engine_prompt_logprobs(e, o);
   scheduler_update(&e->sched);
   /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
    * thread its own scratch): processors, then the token for plain samples. Forks and beams
    * touch shared state and are finished in phase 2. */
-  if (e->dev_logits && device_sample(e, o)) {
-    log_error("sampling on the device failed: %s", err_last_where());
-    return PAGODA_ERR_BACKEND;
-  }
   int nl = 0;
   for (int b = 0; b < o->num_items; b++)
     nl += e->logit_row[b] >= 0;

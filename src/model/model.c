@@ -52,6 +52,7 @@ struct model {
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
   int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step */
+  int n_hidden_rows;      /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
   struct meta_layout ml;
 };
 
@@ -624,6 +625,7 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
                  b.num_logits, b.max_blocks_per_seq, m->max_blocks_per_seq);
     if (op->graph_run(be, b.num_seqs, forward_ops, &ctx))
       return -1;
+    m->n_hidden_rows = b.num_logits;
     if (!logits)
       return 0;
     return model_logits_download(m, 0, b.num_logits, logits);
@@ -641,10 +643,10 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
     TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
     return 0;
   }
-  if (!logits) { /* they stay on the device: model_logits_device; no sync */
-    if (n > m->max_seqs)
-      return ERR("model_forward: %d logits rows kept on the device (room for %d)", n, m->max_seqs);
-    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, n, 1));
+  if (!logits) { /* they stay on the device: the first max_seqs rows in model_logits_device, the
+                  * others by model_logits_rows; no sync */
+    m->n_hidden_rows = n;
+    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, n < m->max_seqs ? n : m->max_seqs, 1));
     return 0;
   }
   size_t act = dtype_row_bytes(be->act_dtype, 1);
@@ -662,6 +664,14 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) { r
 
 int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
   return forward(m, batch, logits, 1);
+}
+
+int model_logits_rows(struct model *m, int r0, int n) {
+  if (m->host_mem || r0 < 0 || n < 1 || n > m->max_seqs || r0 + n > m->n_hidden_rows)
+    return ERR("model_logits_rows: rows %d..%d of the %d kept (at most %d at a time)", r0, r0 + n,
+               m->n_hidden_rows, m->max_seqs);
+  size_t off = (size_t)r0 * m->config.dim * dtype_row_bytes(m->be->act_dtype, 1);
+  return m->be->ops->matmul(m->be, m->logits_dev, (char *)m->xb2 + off, &m->lm_head, NULL, n, 1);
 }
 
 float *model_logits_device(struct model *m) { return m->host_mem ? NULL : m->logits_dev; }

@@ -74,8 +74,9 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
 
 /* Runs one step. BATCH is in host memory (the model copies it to the backend in one copy);
  * LOGITS is host memory of (batch->num_logits, vocab_size) floats, or NULL on a device backend
- * (caps.host_memory 0) to leave at most max_seqs rows in model_logits_device, with the step
- * still running on the backend's stream (no sync). Returns 0 or -1 with err_last() set. */
+ * (caps.host_memory 0) to leave the first min(num_logits, max_seqs) rows in
+ * model_logits_device (the others come from model_logits_rows), with the step still running
+ * on the backend's stream (no sync). Returns 0 or -1 with err_last() set. */
 int model_forward(struct model *m, const struct batch *batch, float *logits);
 /* model_forward for a decode batch padded to one of the engine's graph sizes (caps.graphs):
  * T = B, one query and one logits row per sequence, max_blocks_per_seq the model's bound and
@@ -87,6 +88,9 @@ int model_forward_graph(struct model *m, const struct batch *batch, float *logit
 /* The device logits of the last model_forward(..., NULL): (max_seqs, vocab) F32; NULL on host
  * backends. model_logits_download copies rows [row0, row0 + n) into DST and synchronises. */
 float *model_logits_device(struct model *m);
+/* After model_forward(..., NULL): rows [r0, r0 + n) of its logits (n <= max_seqs) into rows
+ * [0, n) of model_logits_device, replacing what was there. No sync. */
+int model_logits_rows(struct model *m, int r0, int n);
 int model_logits_download(struct model *m, int row0, int n, float *dst);
 
 /* Copy-on-write support: copies KV blocks src[i] -> dst[i] in every layer (host arrays). */

@@ -233,6 +233,9 @@ static void cuda_free_sample_staging(struct cuda_backend *cb) {
   cudaFree(cb->sample_tokens_dev);
   cudaFreeHost(cb->sample_params_host);
   cudaFreeHost(cb->sample_tokens_host);
+  cudaFree(cb->lp_out_dev);
+  cudaFreeHost(cb->lp_out_host);
+  cb->lp_out_dev = cb->lp_out_host = NULL;
   cb->sample_params_dev = NULL;
   cb->sample_tokens_dev = NULL;
   cb->sample_params_host = NULL;
@@ -248,12 +251,14 @@ static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
   CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * rows));
   CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * rows));
   CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * rows));
+  CUDA_CHECK(cudaMalloc(&cb->lp_out_dev, sizeof(float) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->lp_out_host, sizeof(float) * rows));
   cb->sample_cap = rows;
   return 0;
 }
 
-/* Sizes the step scratch for the engine's largest step: sampling staging for max_seqs rows (one
- * launch samples the whole batch). The cuBLAS workspace (cublasSetWorkspace, fixed size) and the
+/* Sizes the step scratch for the engine's largest step: sampling and logprob staging for
+ * max_seqs rows (one launch samples the whole batch). The cuBLAS workspace (cublasSetWorkspace, fixed size) and the
  * quantized-weight slab were given at creation and load. */
 static int cuda_reserve(struct backend *be, int max_tokens, int max_seqs, int max_blocks) {
   struct cuda_backend *cb = cuda_be(be);
@@ -310,6 +315,7 @@ static const struct backend_ops cuda_ops = {
     /* .reserve = */ cuda_reserve,
     /* .sample = */ cuda_op_sample,
     /* .process = */ cuda_op_process,
+    /* .logprob_rows = */ cuda_op_logprob_rows,
     /* .alloc_host = */ cuda_alloc_host,
     /* .free_host = */ cuda_free_host,
     /* .graph_run = */ cuda_graph_run,

@@ -51,6 +51,7 @@ struct cuda_backend {
   int32_t *sample_tokens_dev;                      /* (sample_cap) */
   struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
   int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
+  float *lp_out_dev, *lp_out_host;                  /* (sample_cap) logprob_rows results */
   /* logits-processor staging (cuda_op_process): entries then bias values, grown on demand to the
    * largest step seen (doubling); pinned host side so the copy up is one async transfer */
   void *proc_dev, *proc_host;
@@ -92,6 +93,8 @@ int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int
 struct cuda_graph_entry;
 int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
 void cuda_graph_free_all(struct cuda_backend *cb);
+int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, int n, int vocab,
+                         const int32_t *targets);
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
                     const float *bias, int n_bias);
 
