@@ -150,7 +150,7 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
       .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
-  if (!graph)
+  if (!graph || nl != n_sample_rows) /* (a decode step scores no prompt positions) */
     return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
   for (int b = B; b < Bp; b++, t++) { /* padding rows: they read the null block, write nothing */
     e->query_start[b] = t;
@@ -193,9 +193,10 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
     if (needs_host_row(s))
       continue;
-    const struct pagoda_sampling_params *sp = &s->req->sp;
-    need += (size_t)sp->n_logit_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + 64;
-    need_bias += (size_t)sp->n_logit_bias;
+    struct sampler_params sp; /* room for one entry per bias value, history token and suppressed id */
+    sequence_sampler_params(s, &sp);
+    need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
+    need_bias += (size_t)sp.n_bias;
   }
   if (need > e->proc_cap) {
     struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
