@@ -103,8 +103,21 @@ struct backend_sample_params {
   float u;
 };
 
+/* One entry of backend_ops.process: what the logits processors do to one token of one row, in
+ * the host sampler's order (sampler_apply_processors): the logit_bias values of the token, added
+ * in request order; the repetition penalty (l > 0 ? l / r : l * r) when REP; minus SUB (the
+ * presence and frequency penalties, computed by the host as sampler_penalty_sub); -inf when
+ * SUPPRESS. The entries of one row name distinct tokens. */
+struct backend_proc_entry {
+  int32_t row, id;       /* logits row and token id */
+  int32_t bias0, n_bias; /* its values: bias[bias0 .. bias0 + n_bias) */
+  float rep;             /* 1: no repetition penalty for this token */
+  float sub;             /* 0: no presence / frequency penalty */
+  int32_t suppress;      /* 1: the logit becomes -inf last */
+};
+
 struct backend_ops {
-  const char *name;
+  const char *name; /* for logs and messages only: callers decide by be->caps, never by name */
   /* memory (start-up only) */
   void *(*alloc)(struct backend *be, size_t bytes); /* NULL with err_last() set when out of memory */
   void (*free)(struct backend *be, void *p);
@@ -154,6 +167,13 @@ struct backend_ops {
 
   void (*destroy)(struct backend *be);
 
+  /* Start-up sizing (NULL: nothing to size). Called by model_alloc_workspace with the largest
+   * step the engine will run: MAX_TOKENS tokens over MAX_SEQS sequences of at most MAX_BLOCKS
+   * blocks each. The backend allocates every scratch buffer a step of that size needs (cuda:
+   * sampling staging and its pinned host side) so that no step allocates; a later call with
+   * larger bounds grows them. 0, or -1 with err_last() set (out of memory names the flag). */
+  int (*reserve)(struct backend *be, int max_tokens, int max_seqs, int max_blocks);
+
   /* Optional ops (NULL: not supported by this backend; callers fall back to the host). */
   /* Sampling over logits(n, vocab) F32 in backend memory, one token per row into tokens(n)
    * (host), with params(n) (host). Rows with temperature <= 0 take the argmax (lowest id on
@@ -190,13 +210,59 @@ struct backend_ops {
    * is deterministic and, for k = 2, equal to transformers' index_add over experts in id order. */
   int (*moe_combine)(struct backend *be, void *out, const void *y, const int32_t *token_rows,
                      const float *row_weight, int T, int k, int D);
+  /* The logits processors of a step, in place on logits(rows, vocab) F32 in backend memory, from
+   * host arrays ENTRIES(n) and BIAS(n_bias) (struct backend_proc_entry; one copy up, no sync).
+   * Results are bitwise those of sampler_apply_processors on the same row. */
+  int (*process)(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                 const float *bias, int n_bias);
+  /* Log-probabilities of one token per row: out[i] (host) = log softmax(logits row i)[targets[i]]
+   * for logits(n, vocab) F32 in backend memory and TARGETS(n) host ids; max and sum in double as
+   * the host computes prompt logprobs. Synchronises; n <= the max_seqs given to reserve. */
+  int (*logprob_rows)(struct backend *be, float *out, const float *logits, int n, int vocab,
+                      const int32_t *targets);
+  /* Page-locked host memory for staging what goes up each step (start-up only), so that one
+   * asynchronous copy moves it; NULL with err_last() set. The caller may rewrite it only after
+   * the next sync. NULL op: plain host memory (malloc) serves. */
+  void *(*alloc_host)(struct backend *be, size_t bytes);
+  void (*free_host)(struct backend *be, void *p);
+  /* Runs RECORD(CTX), which enqueues one step's ops, as the graph captured for KEY: the first
+   * call for a KEY runs it directly (a warm-up: lazy module loads happen outside capture), the
+   * second captures and instantiates it, every later one replays it without calling RECORD (a
+   * capture that fails is logged, and the step and every later one run RECORD directly).
+   * Everything RECORD enqueues must depend only on KEY (same pointers, same scalars). With
+   * replay off (PAGODA_CUDA_GRAPHS=0) it always runs RECORD directly. No sync. */
+  int (*graph_run)(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
+};
+
+/* What a backend can do, filled in by its create function; everything outside src/backend/
+ * reads these instead of comparing be->ops->name or guessing from act_dtype. */
+struct backend_caps {
+  int host_memory;        /* 1: alloc returns host memory the host may read and write directly
+                           * (weights may alias an mmap, the batch is used in place, logits are
+                           * written straight to the caller's array); 0: device memory */
+  uint32_t kv_dtypes;     /* KV cache dtypes its attention / kv_write implement: bit (1u << dtype) */
+  enum dtype kv_auto;     /* the dtype --pa-cache-type auto picks (the compute dtype) */
+  enum dtype kv_auto_gguf; /* ... for a GGUF model (cpu: f16, the cache llama.cpp runs GGUF
+                           * models with, so greedy outputs match the reference users compare) */
+  int needs_profile;      /* 1: a step may allocate lazily (kernel modules, library handles), so
+                           * the engine runs model_profile before sizing the pool from free memory */
+  int device_sampling;    /* 1: ops->sample runs where the logits are (no copy of the vocabulary) */
+  int graphs;             /* 1: decode steps may be replayed as captured graphs (ops->graph_run); the
+                           * engine then pads decode batches to graph sizes (model_forward_graph),
+                           * whether replay is on or off, so both give the same tokens */
 };
 
 struct backend {
   const struct backend_ops *ops;
   enum dtype act_dtype;
   int n_threads; /* cpu only */
+  struct backend_caps caps;
 };
+
+/* 1 when BE's kernels implement a KV cache of dtype T. */
+static inline int backend_kv_dtype_ok(const struct backend *be, enum dtype t) {
+  return (int)t >= 0 && (int)t < 32 && (be->caps.kv_dtypes >> (int)t & 1u);
+}
 
 struct backend_params {
   const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
@@ -225,7 +291,7 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 1
+#define BACKEND_ABI_VERSION 2 /* 2: struct backend_caps, ops->reserve */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

@@ -58,6 +58,8 @@ struct model {
   void *arch_ws;      /* MoE models: the MoE block's scratch (moe_scratch_bytes), else NULL */
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
+  int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step */
+  int n_hidden_rows;      /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
   struct meta_layout ml;
 };
 
@@ -139,6 +141,11 @@ static void free_workspace(struct model *m) {
       be->ops->free(be, *bufs[i]);
     *bufs[i] = NULL;
   }
+  if (m->meta_host && be->ops->free_host)
+    be->ops->free_host(be, m->meta_host);
+  else
+    free(m->meta_host);
+  m->meta_host = NULL;
   m->max_tokens = m->max_seqs = m->max_blocks_per_seq = 0;
   m->workspace_bytes = 0;
 }
@@ -189,7 +196,7 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
   m->be = be;
   m->file = f;
   m->config = f->config;
-  m->host_mem = strcmp(be->ops->name, "cpu") == 0;
+  m->host_mem = be->caps.host_memory;
   const struct model_config *c = &m->config;
   if (!(m->arch = arch_by_name(c->arch))) {
     ERR("%s: architecture %s has no forward pass", path, c->arch);
@@ -366,8 +373,16 @@ int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max
     if (!(m->meta = alloc0(m, meta_b, "batch metadata")) ||
         !(m->logits_dev = alloc0(m, logits_b, "logits buffer")))
       goto fail;
+    m->meta_host = be->ops->alloc_host ? be->ops->alloc_host(be, meta_b) : malloc(meta_b);
+    if (!m->meta_host) {
+      if (!be->ops->alloc_host)
+        ERR("out of memory for the batch metadata staging (%.1f MiB)", (double)meta_b / 1048576.0);
+      goto fail;
+    }
     m->workspace_bytes += meta_b + logits_b;
   }
+  if (be->ops->reserve && be->ops->reserve(be, max_tokens, max_seqs, max_blocks_per_seq))
+    goto fail;
   m->max_tokens = max_tokens;
   m->max_seqs = max_seqs;
   m->max_blocks_per_seq = max_blocks_per_seq;
@@ -403,15 +418,15 @@ fail:
   return -1;
 }
 
-/* The KV dtypes the backends' kernels implement: the activation dtype (f32 on cpu, bf16 on cuda),
- * f16 on cpu (llama.cpp's attention rounding) and f8e4m3 on both (per-layer scales). */
+/* The KV dtypes the backend's kernels implement are its caps.kv_dtypes (cpu: f32, f16, f8e4m3;
+ * cuda: bf16, f8e4m3). */
 static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dtype) {
   if (block_size != 8 && block_size != 16 && block_size != 32)
     return ERR("--pa-block-size %d: must be 8, 16 or 32", block_size);
-  if (kv_dtype != m->be->act_dtype && kv_dtype != DTYPE_F8E4M3 && !(m->host_mem && kv_dtype == DTYPE_F16))
-    return ERR("--pa-cache-type %s: the %s backend keeps the KV cache in %s%s or f8e4m3; use --pa-cache-type "
-               "auto", dtype_name(kv_dtype), m->be->ops->name, dtype_name(m->be->act_dtype),
-               m->host_mem ? ", f16" : "");
+  if (!backend_kv_dtype_ok(m->be, kv_dtype))
+    return ERR("--pa-cache-type %s: the %s backend's kernels do not implement a KV cache of that dtype; "
+               "use --pa-cache-type auto (%s)", dtype_name(kv_dtype), m->be->ops->name,
+               dtype_name(m->be->caps.kv_auto));
   return 0;
 }
 
@@ -540,46 +555,53 @@ static int check_batch(const struct model *m, const struct batch *b) {
   return 0;
 }
 
-/* The batch in backend memory: the host arrays themselves on cpu, else copied into m->meta. */
+/* The batch in backend memory: the host arrays themselves when the backend's memory is host
+ * memory, else packed into the pinned staging m->meta_host (room for m->ml.total) and sent up in one
+ * copy into m->meta. The staging is rewritten only after the previous step's final sync. */
 static int stage_batch(struct model *m, const struct batch *hb, struct batch *db) {
   *db = *hb;
   if (m->host_mem)
     return 0;
   struct backend *be = m->be;
-  const struct meta_layout *ml = &m->ml;
   int T = hb->num_tokens, B = hb->num_seqs;
   struct {
     const int32_t *src;
-    size_t off, n;
+    size_t n;
     const int32_t **dst;
   } parts[] = {
-      {hb->input_ids, ml->ids, (size_t)T, &db->input_ids},
-      {hb->positions, ml->positions, (size_t)T, &db->positions},
-      {hb->slot_mapping, ml->slots, (size_t)T, &db->slot_mapping},
-      {hb->query_start, ml->query_start, (size_t)B + 1, &db->query_start},
-      {hb->seq_lens, ml->seq_lens, (size_t)B, &db->seq_lens},
-      {hb->block_tables, ml->block_tables, (size_t)B * hb->max_blocks_per_seq, &db->block_tables},
-      {hb->logits_idx, ml->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
+      {hb->input_ids, (size_t)T, &db->input_ids},
+      {hb->positions, (size_t)T, &db->positions},
+      {hb->slot_mapping, (size_t)T, &db->slot_mapping},
+      {hb->query_start, (size_t)B + 1, &db->query_start},
+      {hb->seq_lens, (size_t)B, &db->seq_lens},
+      {hb->block_tables, (size_t)B * hb->max_blocks_per_seq, &db->block_tables},
+      {hb->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
   };
+  size_t end = 0; /* packed back to back (never more than ml->total), so only what is used goes up */
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-    if (parts[i].n && be->ops->upload(be, m->meta + parts[i].off, parts[i].src, parts[i].n * sizeof(int32_t)))
-      return -1;
-    *parts[i].dst = m->meta + parts[i].off;
+    if (parts[i].n)
+      memcpy(m->meta_host + end, parts[i].src, parts[i].n * sizeof(int32_t));
+    *parts[i].dst = m->meta + end;
+    end += parts[i].n;
   }
-  return 0;
+  return be->ops->upload(be, m->meta, m->meta_host, end * sizeof(int32_t));
 }
 
-int model_forward(struct model *m, const struct batch *batch, float *logits) {
-  if (!m->kv || !m->max_tokens)
-    return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
-  if (check_batch(m, batch) != 0)
-    return -1;
+/* The ops of one step on a staged batch, from the embedding to the final norm (into m->xb); for
+ * a graph batch also the logits rows into m->logits_dev. Only enqueues: it is what a CUDA graph
+ * captures (model_forward_graph). */
+struct forward_ctx {
+  struct model *m;
+  const struct batch *b;
+  int graph;
+};
+
+static int forward_ops(void *ctx) {
+  struct model *m = ((struct forward_ctx *)ctx)->m;
+  const struct batch b = *((struct forward_ctx *)ctx)->b;
   struct backend *be = m->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = &m->config;
-  struct batch b;
-  if (stage_batch(m, batch, &b) != 0)
-    return -1;
   const int T = b.num_tokens, dim = c->dim;
   /* Each call returns nonzero with err_last() set; the first failure ends the step. */
 #define TRY(call)  \
@@ -599,15 +621,65 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
                    m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
                    m->fused, m->split_idx, m->arch_ws};
   TRY(m->arch->forward(&fw));
+  if (((struct forward_ctx *)ctx)->graph) {
+    TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, b.num_logits, dim));
+    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, b.num_logits, 1));
+    if (c->final_softcap > 0) /* Gemma 2 */
+      TRY(op->softcap(be, m->logits_dev, b.num_logits, c->vocab_size, c->final_softcap));
+  }
+  return 0;
+}
+
+static int forward(struct model *m, const struct batch *batch, float *logits, int graph) {
+  if (!m->kv || !m->max_tokens)
+    return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
+  if (check_batch(m, batch) != 0)
+    return -1;
+  struct backend *be = m->be;
+  const struct backend_ops *op = be->ops;
+  const struct model_config *c = &m->config;
+  const int dim = c->dim;
+  struct batch b;
+  if (stage_batch(m, batch, &b) != 0)
+    return -1;
+  /* MoE routing reads the experts' row counts back to the host in every layer, which a graph
+   * cannot hold: those models run their (padded) decode batches directly */
+  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run && c->n_experts == 0};
+  if (ctx.graph) {
+    /* Its launches depend only on B: same staged pointers (packed by size), same scalars. */
+    if (b.num_tokens != b.num_seqs || b.num_logits != b.num_seqs || b.max_blocks_per_seq != m->max_blocks_per_seq ||
+        b.num_seqs > m->max_seqs)
+      return ERR("graph batch of %d tokens, %d sequences, %d logits rows, %d blocks per sequence: a padded "
+                 "decode batch has one of each per sequence and %d blocks", b.num_tokens, b.num_seqs,
+                 b.num_logits, b.max_blocks_per_seq, m->max_blocks_per_seq);
+    if (op->graph_run(be, b.num_seqs, forward_ops, &ctx))
+      return -1;
+    m->n_hidden_rows = b.num_logits;
+    if (!logits)
+      return 0;
+    return model_logits_download(m, 0, b.num_logits, logits);
+  }
+  if (forward_ops(&ctx))
+    return -1;
   /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
   int n = b.num_logits;
   if (n == 0)
     return op->sync(be);
   TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
   if (m->host_mem) {
+    if (!logits)
+      return ERR("model_forward: the logits stay in backend memory only on a device backend");
     TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
     if (c->final_softcap > 0) /* Gemma 2 */
       TRY(op->softcap(be, logits, n, c->vocab_size, c->final_softcap));
+    return 0;
+  }
+  if (!logits) { /* they stay on the device: the first max_seqs rows in model_logits_device, the
+                  * others by model_logits_rows; no sync */
+    m->n_hidden_rows = n;
+    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, n < m->max_seqs ? n : m->max_seqs, 1));
+    if (c->final_softcap > 0)
+      TRY(op->softcap(be, m->logits_dev, n < m->max_seqs ? n : m->max_seqs, c->vocab_size, c->final_softcap));
     return 0;
   }
   size_t act = dtype_row_bytes(be->act_dtype, 1);
@@ -621,4 +693,30 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   }
   return op->sync(be);
 #undef TRY
+}
+
+int model_forward(struct model *m, const struct batch *batch, float *logits) { return forward(m, batch, logits, 0); }
+
+int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
+  return forward(m, batch, logits, 1);
+}
+
+int model_logits_rows(struct model *m, int r0, int n) {
+  if (m->host_mem || r0 < 0 || n < 1 || n > m->max_seqs || r0 + n > m->n_hidden_rows)
+    return ERR("model_logits_rows: rows %d..%d of the %d kept (at most %d at a time)", r0, r0 + n,
+               m->n_hidden_rows, m->max_seqs);
+  size_t off = (size_t)r0 * m->config.dim * dtype_row_bytes(m->be->act_dtype, 1);
+  if (m->be->ops->matmul(m->be, m->logits_dev, (char *)m->xb2 + off, &m->lm_head, NULL, n, 1))
+    return -1;
+  float cap = m->config.final_softcap; /* Gemma 2 */
+  return cap > 0 ? m->be->ops->softcap(m->be, m->logits_dev, n, m->config.vocab_size, cap) : 0;
+}
+
+float *model_logits_device(struct model *m) { return m->host_mem ? NULL : m->logits_dev; }
+
+int model_logits_download(struct model *m, int row0, int n, float *dst) {
+  size_t V = (size_t)m->config.vocab_size;
+  if (m->host_mem || row0 < 0 || n < 0 || row0 + n > m->max_seqs)
+    return ERR("model_logits_download: rows %d..%d of %d on the device", row0, row0 + n, m->max_seqs);
+  return n ? m->be->ops->download(m->be, dst, m->logits_dev + (size_t)row0 * V, (size_t)n * V * sizeof(float)) : 0;
 }

@@ -98,14 +98,31 @@ size_t model_workspace_bytes(const struct model *m); /* backend bytes; 0 before 
 int model_profile(struct model *m, int block_size, enum dtype kv_dtype);
 
 /* The KV pool: num_blocks (>= 2, block 0 the null block) per layer of block_size tokens in
- * kv_dtype: the backend's activation dtype (f32 cpu, bf16 cuda), f16 on cpu, or f8e4m3. */
+ * kv_dtype, one of the backend's caps.kv_dtypes (cpu: f32, f16, f8e4m3; cuda: bf16, f8e4m3). */
 int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype);
 int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq);
 
-/* Runs one step. BATCH is in host memory (the model copies it to the backend); LOGITS is host
- * memory of (batch->num_logits, vocab_size) floats. Returns 0 or -1 with err_last() set. */
+/* Runs one step. BATCH is in host memory (the model copies it to the backend in one copy);
+ * LOGITS is host memory of (batch->num_logits, vocab_size) floats, or NULL on a device backend
+ * (caps.host_memory 0) to leave the first min(num_logits, max_seqs) rows in
+ * model_logits_device (the others come from model_logits_rows), with the step still running
+ * on the backend's stream (no sync). Returns 0 or -1 with err_last() set. */
 int model_forward(struct model *m, const struct batch *batch, float *logits);
+/* model_forward for a decode batch padded to one of the engine's graph sizes (caps.graphs):
+ * T = B, one query and one logits row per sequence, max_blocks_per_seq the model's bound and
+ * max_seq_len / max_query_len upper bounds (the largest context, 1); rows past the real ones
+ * have input id 0, position 0, slot -1, seq_len 1 and a block-table row of zeros (the null
+ * block). Its launches depend only on B, so the backend replays the graph captured for B
+ * (ops->graph_run; on host backends it is model_forward). */
+int model_forward_graph(struct model *m, const struct batch *batch, float *logits);
+/* The device logits of the last model_forward(..., NULL): (max_seqs, vocab) F32; NULL on host
+ * backends. model_logits_download copies rows [row0, row0 + n) into DST and synchronises. */
+float *model_logits_device(struct model *m);
+/* After model_forward(..., NULL): rows [r0, r0 + n) of its logits (n <= max_seqs) into rows
+ * [0, n) of model_logits_device, replacing what was there. No sync. */
+int model_logits_rows(struct model *m, int r0, int n);
+int model_logits_download(struct model *m, int row0, int n, float *dst);
 
 /* Copy-on-write support: copies KV blocks src[i] -> dst[i] in every layer (host arrays). */
 int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n);

@@ -1,6 +1,8 @@
 /* sampler.c - logits processors and the top-k / top-p / min-p sampler. */
 #include "sampling/sampler.h"
 
+#include "backend/backend.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,71 @@ void sampler_free(struct sampler *s) {
   s->order = NULL;
 }
 
+float sampler_penalty_sub(const struct sampler_params *p, int32_t count) {
+  return p->frequency_penalty * (float)count + p->presence_penalty;
+}
+
+/* The entry of token ID in OUT (N so far), created on first use; C maps id -> index + 1. */
+static struct backend_proc_entry *entry_for(int32_t *c, struct backend_proc_entry *out, int *n, int row, int32_t id) {
+  if (!c[id]) {
+    out[*n] = (struct backend_proc_entry){.row = row, .id = id, .rep = 1.0f};
+    c[id] = ++*n;
+  }
+  return &out[c[id] - 1];
+}
+
+int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int n_prompt,
+                         const int32_t *output, int n_output, int row, struct backend_proc_entry *out,
+                         float *bias, int bias0) {
+  int32_t *c = s->counts, *cur = s->tmp;
+  int n = 0;
+  for (int i = 0; i < p->n_bias; i++) /* first the number of values per token, in order of appearance */
+    entry_for(c, out, &n, row, p->bias_ids[i])->n_bias++;
+  for (int e = 0, at = bias0; e < n; e++) {
+    out[e].bias0 = at;
+    at += out[e].n_bias;
+    cur[e] = 0;
+  }
+  for (int i = 0; i < p->n_bias; i++) { /* then the values, each token's in request order */
+    struct backend_proc_entry *e = &out[c[p->bias_ids[i]] - 1];
+    bias[e->bias0 + cur[c[p->bias_ids[i]] - 1]++] = p->bias_values[i];
+  }
+  if (p->repetition_penalty != 1.0f && p->repetition_penalty > 0) {
+    for (int i = 0; i < n_prompt; i++)
+      entry_for(c, out, &n, row, prompt[i])->rep = p->repetition_penalty;
+    for (int i = 0; i < n_output; i++)
+      entry_for(c, out, &n, row, output[i])->rep = p->repetition_penalty;
+  }
+  if (p->presence_penalty != 0 || p->frequency_penalty != 0) {
+    for (int i = 0; i < n_output; i++) /* the count, held in sub until it is converted below */
+      entry_for(c, out, &n, row, output[i])->sub += 1.0f;
+    for (int k = 0; k < n; k++)
+      if (out[k].sub > 0)
+        out[k].sub = sampler_penalty_sub(p, (int32_t)out[k].sub);
+  }
+  for (int i = 0; i < p->n_suppress; i++)
+    entry_for(c, out, &n, row, p->suppress_ids[i])->suppress = 1;
+  for (int k = 0; k < n; k++)
+    c[out[k].id] = 0;
+  return n;
+}
+
+void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                           const float *bias) {
+  for (int i = 0; i < n; i++) {
+    const struct backend_proc_entry *e = &entries[i];
+    float *l = &logits[(size_t)e->row * vocab + e->id];
+    for (int b = 0; b < e->n_bias; b++)
+      *l += bias[e->bias0 + b];
+    if (e->rep != 1.0f)
+      *l = *l > 0 ? *l / e->rep : *l * e->rep;
+    if (e->sub != 0.0f)
+      *l -= e->sub;
+    if (e->suppress)
+      *l = -INFINITY;
+  }
+}
+
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,
                               const int32_t *prompt, int n_prompt, const int32_t *output, int n_output) {
   for (int i = 0; i < p->n_bias; i++)
@@ -62,7 +129,7 @@ void sampler_apply_processors(struct sampler *s, const struct sampler_params *p,
       c[output[i]]++;
     for (int i = 0; i < n_output; i++)
       if (c[output[i]]) { /* the first occurrence applies the whole count, then clears it */
-        logits[output[i]] -= p->frequency_penalty * (float)c[output[i]] + p->presence_penalty;
+        logits[output[i]] -= sampler_penalty_sub(p, c[output[i]]);
         c[output[i]] = 0;
       }
   }

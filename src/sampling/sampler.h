@@ -39,6 +39,25 @@ struct sampler {
 int sampler_init(struct sampler *s, int vocab);
 void sampler_free(struct sampler *s);
 
+/* What the presence and frequency penalties subtract from a token seen COUNT times in the output;
+ * one function for the host sampler and the entries it hands a device (same rounding). */
+float sampler_penalty_sub(const struct sampler_params *p, int32_t count);
+
+/* The processors of P for one row, as backend_proc_entry records (backend/backend.h) for a device
+ * that applies them (backend_ops.process): one entry per distinct token touched, rows set to ROW,
+ * their bias values appended to BIAS from index BIAS0. The caller provides room for
+ * n_bias + n_prompt + n_output + n_suppress entries and n_bias values. Returns the entries
+ * written. Applying them gives exactly sampler_apply_processors' result. */
+struct backend_proc_entry;
+int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int n_prompt,
+                         const int32_t *output, int n_output, int row, struct backend_proc_entry *out,
+                         float *bias, int bias0);
+
+/* The CPU reference of backend_ops.process: applies N entries (rows of VOCAB logits) in place,
+ * each operation rounded as sampler_apply_processors rounds it. */
+void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                           const float *bias);
+
 /* In place on LOGITS (vocab): logit bias, repetition penalty, presence and frequency penalties,
  * suppression, in that order. PROMPT (n_prompt) and OUTPUT (n_output) are the sequence so far. */
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,

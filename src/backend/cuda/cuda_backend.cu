@@ -6,8 +6,9 @@
 
 /* cuBLAS gets its workspace once at start-up (cublasSetWorkspace) so that no GEMM allocates. */
 #define CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
-/* Rows of logits one sample call handles per launch; larger calls loop. */
-#define CUDA_SAMPLE_CAP 1024
+/* Rows of logits one sample call handles per launch before reserve sizes it (larger calls
+ * loop); reserve raises it to max_seqs. */
+#define CUDA_SAMPLE_CAP 64
 /* Host staging for weight conversion: converted in chunks of at most this many bytes. */
 #define CUDA_STAGE_BYTES ((size_t)64 << 20)
 
@@ -34,6 +35,25 @@ static void cuda_free(struct backend *be, void *p) {
   (void)be;
   if (p)
     cudaFree(p);
+}
+
+static void *cuda_alloc_host(struct backend *be, size_t bytes) {
+  (void)be;
+  void *p = NULL;
+  cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 16);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    ERR("CUDA error %s: cannot allocate %.1f MiB of pinned host memory; lower --max-num-batched-tokens or "
+        "--max-num-seqs", cudaGetErrorName(e), bytes / 1048576.0);
+    return NULL;
+  }
+  return p;
+}
+
+static void cuda_free_host(struct backend *be, void *p) {
+  (void)be;
+  if (p)
+    cudaFreeHost(p);
 }
 
 static int cuda_upload(struct backend *be, void *dst, const void *host_src, size_t bytes) {
@@ -173,6 +193,11 @@ static int cuda_matmul(struct backend *be, void *out, const void *x, const struc
                dtype_name(w->dtype));
   const float alpha = 1.0f, beta = 0.0f;
   int N = (int)w->rows, K = (int)w->cols;
+  if (T <= cb->gemv_max_t && K % 8 == 0) {
+    if (cuda_gemv_bf16(be, out, x, w, T, out_f32) != 0)
+      return -1;
+    return bias ? cuda_op_add_bias(be, out, out_f32, bias, T) : 0;
+  }
   CUBLAS_CHECK(cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w->data, CUDA_R_16BF, K,
                             x, CUDA_R_16BF, K, &beta, out, out_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -203,6 +228,53 @@ static int cuda_copy_blocks(struct backend *be, struct kv_layer *layers, int n_l
   return 0;
 }
 
+static void cuda_free_sample_staging(struct cuda_backend *cb) {
+  cudaFree(cb->sample_params_dev);
+  cudaFree(cb->sample_tokens_dev);
+  cudaFreeHost(cb->sample_params_host);
+  cudaFreeHost(cb->sample_tokens_host);
+  cudaFree(cb->lp_out_dev);
+  cudaFreeHost(cb->lp_out_host);
+  cb->lp_out_dev = cb->lp_out_host = NULL;
+  cb->sample_params_dev = NULL;
+  cb->sample_tokens_dev = NULL;
+  cb->sample_params_host = NULL;
+  cb->sample_tokens_host = NULL;
+  cb->sample_cap = 0;
+}
+
+/* The sampling staging for ROWS rows: parameters and tokens on the device, their pinned host
+ * copies (one async copy each way per call). */
+static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
+  cuda_free_sample_staging(cb);
+  CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * rows));
+  CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * rows));
+  CUDA_CHECK(cudaMalloc(&cb->lp_out_dev, sizeof(float) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->lp_out_host, sizeof(float) * rows));
+  cb->sample_cap = rows;
+  return 0;
+}
+
+/* Sizes the step scratch for the engine's largest step: sampling and logprob staging for
+ * max_seqs rows (one launch samples the whole batch), and the bound the split-K decode attention
+ * sizes its scratch for (allocated on its first call, the profiling step, outside any graph
+ * capture; cuda_attn_decode.cu). The cuBLAS workspace (cublasSetWorkspace, fixed size) and the
+ * quantized-weight slab were given at creation and load. */
+static int cuda_reserve(struct backend *be, int max_tokens, int max_seqs, int max_blocks) {
+  struct cuda_backend *cb = cuda_be(be);
+  (void)max_tokens;
+  if (cuda_attention_reserve(be, max_seqs, max_blocks * 32)) /* 32: the largest block size */
+    return -1;
+  if (max_seqs > cb->sample_cap) {
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    if (cuda_alloc_sample_staging(cb, max_seqs))
+      return ERR("cuda: cannot allocate the sampling staging for %d sequences: lower --max-num-seqs", max_seqs);
+  }
+  return 0;
+}
+
 static void cuda_destroy(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
   if (!cb)
@@ -214,10 +286,10 @@ static void cuda_destroy(struct backend *be) {
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
   cudaFree(cb->attn_scratch);
-  cudaFree(cb->sample_params_dev);
-  cudaFree(cb->sample_tokens_dev);
-  cudaFreeHost(cb->sample_params_host);
-  cudaFreeHost(cb->sample_tokens_host);
+  cuda_graph_free_all(cb);
+  cuda_free_sample_staging(cb);
+  cudaFree(cb->proc_dev);
+  cudaFreeHost(cb->proc_host);
   if (cb->stream)
     cudaStreamDestroy(cb->stream);
   free(cb);
@@ -244,12 +316,18 @@ static const struct backend_ops cuda_ops = {
     /* .gather_rows = */ cuda_op_gather_rows,
     /* .copy_blocks = */ cuda_copy_blocks,
     /* .destroy = */ cuda_destroy,
+    /* .reserve = */ cuda_reserve,
     /* .sample = */ cuda_op_sample,
     /* .gelu_tanh_mul = */ cuda_op_gelu_tanh_mul,
     /* .scale = */ cuda_op_scale,
     /* .softcap = */ cuda_op_softcap,
     /* .moe_route = */ cuda_op_moe_route,
     /* .moe_combine = */ cuda_op_moe_combine,
+    /* .process = */ cuda_op_process,
+    /* .logprob_rows = */ cuda_op_logprob_rows,
+    /* .alloc_host = */ cuda_alloc_host,
+    /* .free_host = */ cuda_free_host,
+    /* .graph_run = */ cuda_graph_run,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -310,15 +388,16 @@ static int cuda_init(struct cuda_backend *cb) {
   cb->blas_ws_bytes = CUDA_BLAS_WS_BYTES;
   CUDA_CHECK(cudaMalloc(&cb->blas_ws, cb->blas_ws_bytes));
   CUBLAS_CHECK(cublasSetWorkspace(cb->blas, cb->blas_ws, cb->blas_ws_bytes));
+  cb->gemv_max_t = CUDA_GEMV_MAX_T;
+  const char *gmax = getenv("PAGODA_GEMV_MAX_T"); /* for measuring the GEMV/cuBLAS crossover; 0: cuBLAS */
+  if (gmax && *gmax)
+    cb->gemv_max_t = atoi(gmax) < CUDA_GEMV_MAX_T ? atoi(gmax) : CUDA_GEMV_MAX_T;
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)
     cb->qgemv_max_t = atoi(qmax);
-  cb->sample_cap = CUDA_SAMPLE_CAP;
-  CUDA_CHECK(cudaMalloc(&cb->sample_params_dev, sizeof(struct backend_sample_params) * cb->sample_cap));
-  CUDA_CHECK(cudaMalloc(&cb->sample_tokens_dev, sizeof(int32_t) * cb->sample_cap));
-  CUDA_CHECK(cudaMallocHost(&cb->sample_params_host, sizeof(struct backend_sample_params) * cb->sample_cap));
-  CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * cb->sample_cap));
+  if (cuda_alloc_sample_staging(cb, CUDA_SAMPLE_CAP))
+    return -1;
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB", prop.name,
@@ -337,6 +416,18 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   cb->base.ops = &cuda_ops;
   cb->base.act_dtype = DTYPE_BF16;
   cb->base.n_threads = 0;
+  /* Device memory; a bf16 cache (cuda_attention.cu); cuBLAS and lazily loaded kernel modules
+   * allocate on first use, so the engine profiles one step before sizing the pool; sampling
+   * runs on the device (cuda_sample.cu). */
+  cb->base.caps.host_memory = 0;
+  cb->base.caps.kv_dtypes = 1u << DTYPE_BF16 | 1u << DTYPE_F8E4M3;
+  cb->base.caps.kv_auto = DTYPE_BF16;
+  cb->base.caps.kv_auto_gguf = DTYPE_BF16;
+  cb->base.caps.needs_profile = 1;
+  cb->base.caps.device_sampling = 1;
+  cb->base.caps.graphs = 1;
+  const char *g = getenv("PAGODA_CUDA_GRAPHS"); /* 0: replay off (the batches are padded still) */
+  cb->graphs_on = !(g && !strcmp(g, "0"));
   if (cuda_init(cb) != 0) {
     cuda_destroy(&cb->base);
     return NULL;

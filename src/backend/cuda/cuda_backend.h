@@ -51,6 +51,15 @@ struct cuda_backend {
   int32_t *sample_tokens_dev;                      /* (sample_cap) */
   struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
   int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
+  float *lp_out_dev, *lp_out_host;                  /* (sample_cap) logprob_rows results */
+  /* logits-processor staging (cuda_op_process): entries then bias values, grown on demand to the
+   * largest step seen (doubling); pinned host side so the copy up is one async transfer */
+  void *proc_dev, *proc_host;
+  size_t proc_bytes;
+  /* CUDA graphs (cuda_graph.cu): one per key, captured on the key's second run */
+  int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0 */
+  struct cuda_graph_entry *graphs;
+  int n_graphs, graphs_cap;
   char name[256];            /* device name, for logs */
   /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
   void *deq_scratch;
@@ -63,6 +72,7 @@ struct cuda_backend {
   int attn_reserve_seqs, attn_reserve_ctx;
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
+  int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -100,6 +110,18 @@ int cuda_op_moe_route(struct backend *be, const float *router_logits, int T, int
                       float *row_weight, int32_t *token_rows, int32_t *expert_start, int32_t *expert_start_host);
 int cuda_op_moe_combine(struct backend *be, void *out, const void *y, const int32_t *token_rows,
                         const float *row_weight, int T, int k, int D);
+struct cuda_graph_entry;
+int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
+void cuda_graph_free_all(struct cuda_backend *cb);
+int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, int n, int vocab,
+                         const int32_t *targets);
+int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                    const float *bias, int n_bias);
+
+/* bf16 GEMV for decode-sized T (cuda_gemv.cu): T <= gemv_max_t (CUDA_GEMV_MAX_T unless
+ * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
+#define CUDA_GEMV_MAX_T 8
+int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */

@@ -213,3 +213,105 @@ int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int
   }
   return 0;
 }
+
+/* One thread per entry (distinct tokens per row, so no two threads touch one logit). Every
+ * operation is rounded as the host's (--use_fast_math would otherwise turn the division into an
+ * approximation), so the result is bitwise sampler_apply_processors'. */
+__global__ void process_kernel(float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                               const float *bias) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  struct backend_proc_entry e = entries[i];
+  float *p = logits + (size_t)e.row * vocab + e.id;
+  float l = *p;
+  for (int b = 0; b < e.n_bias; b++)
+    l = __fadd_rn(l, bias[e.bias0 + b]);
+  if (e.rep != 1.0f)
+    l = l > 0 ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
+  if (e.sub != 0.0f)
+    l = __fsub_rn(l, e.sub);
+  if (e.suppress)
+    l = -INFINITY;
+  *p = l;
+}
+
+int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
+                    const float *bias, int n_bias) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n <= 0)
+    return n == 0 ? 0 : ERR("cuda process: %d entries", n);
+  size_t eb = sizeof *entries * (size_t)n, bb = sizeof(float) * (size_t)n_bias, need = eb + bb;
+  if (need > cb->proc_bytes) { /* grows to the largest step seen; the stream is idle past the last sync */
+    size_t cap = cb->proc_bytes ? cb->proc_bytes : (size_t)1 << 16;
+    while (cap < need)
+      cap *= 2;
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    cudaFree(cb->proc_dev);
+    cudaFreeHost(cb->proc_host);
+    cb->proc_dev = cb->proc_host = NULL;
+    cb->proc_bytes = 0;
+    CUDA_CHECK(cudaMalloc(&cb->proc_dev, cap));
+    CUDA_CHECK(cudaMallocHost(&cb->proc_host, cap));
+    cb->proc_bytes = cap;
+  }
+  /* The previous use of the pinned staging ended at the last sync (sample synchronises). */
+  memcpy(cb->proc_host, entries, eb);
+  if (bb)
+    memcpy((char *)cb->proc_host + eb, bias, bb);
+  CUDA_CHECK(cudaMemcpyAsync(cb->proc_dev, cb->proc_host, need, cudaMemcpyHostToDevice, cb->stream));
+  process_kernel<<<(n + 255) / 256, 256, 0, cb->stream>>>(logits, vocab, (const struct backend_proc_entry *)cb->proc_dev,
+                                                          n, (const float *)((char *)cb->proc_dev + eb));
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+/* One block per row: the max, then the sum of exp(x - max) in double (each thread's share, then
+ * the block), then x[target] - max - log(sum), as engine_prompt_logprobs computes it on the host. */
+__global__ void logprob_kernel(float *out, const float *logits, const int32_t *targets, int vocab) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  const float *x = logits + (size_t)blockIdx.x * vocab;
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    mx = fmaxf(mx, x[i]);
+  mx = sample_block_max(mx, shf);
+  double sum = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    sum += exp((double)x[i] - (double)mx);
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();
+  if (lane == 0)
+    shd[wid] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+      total += shd[w];
+    out[blockIdx.x] = (float)((double)x[targets[blockIdx.x]] - (double)mx - log(total));
+  }
+}
+
+int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, int n, int vocab,
+                         const int32_t *targets) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n < 0 || n > cb->sample_cap || vocab <= 0)
+    return ERR("cuda logprob_rows: %d rows (at most %d) of vocab %d", n, cb->sample_cap, vocab);
+  if (n == 0)
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (targets[i] < 0 || targets[i] >= vocab)
+      return ERR("cuda logprob_rows: target %d outside the vocabulary of %d", targets[i], vocab);
+  memcpy(cb->sample_tokens_host, targets, sizeof(int32_t) * n);
+  CUDA_CHECK(cudaMemcpyAsync(cb->sample_tokens_dev, cb->sample_tokens_host, sizeof(int32_t) * n,
+                             cudaMemcpyHostToDevice, cb->stream));
+  logprob_kernel<<<n, 256, 0, cb->stream>>>(cb->lp_out_dev, logits, cb->sample_tokens_dev, vocab);
+  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cudaMemcpyAsync(cb->lp_out_host, cb->lp_out_dev, sizeof(float) * n, cudaMemcpyDeviceToHost,
+                             cb->stream));
+  CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+  memcpy(out, cb->lp_out_host, sizeof(float) * n);
+  return 0;
+}

@@ -1,0 +1,377 @@
+/* engine_step.c - pagoda_engine_step: schedule, run the batch, postprocess (sampling, forks,
+ * beams, stop conditions), then report. See engine_impl.h. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/beam.h"
+#include "core/engine_impl.h"
+#include "util/log.h"
+
+
+/* Samples 1..n-1 of SEQ's request start from SEQ's state after the prompt: they share its blocks
+ * (ref counts) and each draws its first token from the same logits with its own generator. */
+static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const float *logits,
+                        const struct sampler_params *sp) {
+  struct request *r = seq->req;
+  struct sched_seq *after = &seq->s;
+  for (int i = 1; i < r->n_seqs; i++) {
+    struct sequence *c = &r->seqs[i];
+    c->started = 1;
+    c->s.num_cached_prompt = seq->s.num_cached_prompt;
+    if (kv_manager_can_fork(&e->kv)) {
+      kv_manager_fork(&e->kv, &seq->s.kv, &c->s.kv);
+      c->s.num_computed = seq->s.num_computed;
+      scheduler_add_running(&e->sched, &c->s, after);
+      after = &c->s;
+    } else { /* contiguous cache: no sharing; the sample computes its own copy of the prompt */
+      c->s.admitted = 1;
+      scheduler_add(&e->sched, &c->s);
+    }
+    int32_t tok = sampler_pick(&e->samplers[0], sp, logits, &c->rng);
+    if (sequence_push_token(c, tok, e->tok, e->max_model_len))
+      return -1;
+    sequence_record_logprob(c, seq, e->vocab);
+    e->generated++;
+    engine_mark_dirty(e, c);
+    if (c->finish)
+      engine_finish_seq(e, c);
+  }
+  return 0;
+}
+
+static void account_waste(struct pagoda_engine *e) {
+  const struct kv_manager *kv = &e->kv;
+  int used = kv_manager_capacity(kv) - kv_manager_num_free(kv);
+  double usage = (double)used / kv_manager_capacity(kv);
+  if (usage > e->peak_usage)
+    e->peak_usage = usage;
+  double waste = 0;
+  if (kv->p.contiguous) { /* every reserved slot of a region not holding a token is waste */
+    waste = (double)used * e->block_size;
+    for (const struct sched_seq *s = e->sched.running.head; s; s = s->next)
+      waste -= s->kv.num_tokens;
+  }
+  for (const struct sched_seq *s = e->sched.running.head; s && !kv->p.contiguous; s = s->next) {
+    int empty = s->kv.num_blocks * e->block_size - s->kv.num_tokens;
+    if (empty > 0) /* a partial block shared by forks is counted once over its holders */
+      waste += (double)empty / kv->pool.blocks[s->kv.blocks[s->kv.num_blocks - 1]].ref_count;
+  }
+  e->waste_slots += waste;
+  e->alloc_slots += (double)used * e->block_size;
+}
+
+/* The graph size a decode step of B sequences is padded to: 1, 2, 4, then multiples of 8 (vLLM's
+ * sizes), never above MAX (max_num_seqs, itself a size). */
+static int graph_size(int b, int max) {
+  int p = b <= 1 ? 1 : b <= 2 ? 2 : b <= 4 ? 4 : (b + 7) / 8 * 8;
+  return p < max ? p : max;
+}
+
+static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) {
+  for (int i = 0; i < o->num_copies; i++) {
+    e->copy_src[i] = o->copies[i].src;
+    e->copy_dst[i] = o->copies[i].dst;
+  }
+  if (o->num_copies && model_copy_blocks(e->model, e->copy_src, e->copy_dst, o->num_copies))
+    return -1;
+  int bs = e->block_size, t = 0, nl = 0, stride = 1, max_q = 0, max_len = 0;
+  for (int b = 0; b < o->num_items; b++)
+    if (o->items[b].seq->kv.num_blocks > stride)
+      stride = o->items[b].seq->kv.num_blocks;
+  /* A decode-only step (one new token per item, each with its logits row) on a backend with
+   * graphs is padded to a graph size, its block tables at the full stride. */
+  int graph = e->be->caps.graphs, B = o->num_items, Bp = B;
+  for (int b = 0; b < B && graph; b++)
+    graph = o->items[b].num_new == 1 && o->items[b].seq->num_computed + 1 == o->items[b].seq->num_tokens;
+  if (graph) {
+    Bp = graph_size(B, e->p.max_num_seqs);
+    graph = Bp <= e->p.max_num_batched_tokens;
+  }
+  if (graph)
+    stride = e->max_blocks_per_seq;
+  else
+    Bp = B;
+  for (int b = 0; b < o->num_items; b++) {
+    const struct sched_seq *s = o->items[b].seq;
+    int n = o->items[b].num_new, start = s->num_computed;
+    e->query_start[b] = t;
+    for (int j = 0; j < n; j++, t++) {
+      int pos = start + j;
+      e->input_ids[t] = s->tokens[pos];
+      e->positions[t] = pos;
+      e->slots[t] = s->kv.blocks[pos / bs] * bs + pos % bs;
+    }
+    if (start < s->num_prompt)
+      e->prompt_computed += (start + n < s->num_prompt ? start + n : s->num_prompt) - start;
+    e->seq_lens[b] = start + n;
+    int32_t *row = e->block_tables + (size_t)b * stride;
+    memcpy(row, s->kv.blocks, (size_t)s->kv.num_blocks * sizeof *row);
+    for (int j = s->kv.num_blocks; j < stride; j++)
+      row[j] = 0;
+    e->logit_row[b] = -1;
+    if (start + n == s->num_tokens) {
+      e->logit_row[b] = nl;
+      e->logits_idx[nl++] = t - 1;
+    }
+    max_q = n > max_q ? n : max_q;
+    max_len = start + n > max_len ? start + n : max_len;
+  }
+  e->query_start[o->num_items] = t;
+  int n_sample_rows = nl;
+  for (int b = 0; b < o->num_items; b++) { /* prompt positions whose next token is scored */
+    const struct sched_seq *s = o->items[b].seq;
+    int start = s->num_computed, end = start + o->items[b].num_new;
+    if (end > s->num_prompt - 1)
+      end = s->num_prompt - 1;
+    e->lp_n[b] = 0;
+    if (!((const struct sequence *)s)->req->prompt_lp || end <= start)
+      continue;
+    e->lp_row0[b] = nl;
+    e->lp_pos0[b] = start;
+    e->lp_n[b] = end - start;
+    for (int j = start; j < end; j++)
+      e->logits_idx[nl++] = e->query_start[b] + (j - start);
+  }
+  /* Device sampling keeps the logits on the device; prompt-logprob rows are then scored there
+   * too (ops->logprob_rows), else the step takes the host path. */
+  e->n_sample_rows = n_sample_rows;
+  e->dev_logits = e->device_sampling && n_sample_rows <= e->p.max_num_seqs &&
+                  (nl == n_sample_rows || e->be->ops->logprob_rows);
+  if (!e->dev_logits && nl > e->logits_cap) { /* grows only while prompt logprobs are asked for */
+    float *g = realloc(e->logits, (size_t)nl * e->vocab * sizeof(float));
+    if (!g)
+      return ERR("out of memory for %d rows of prompt logprobs (lower --max-num-batched-tokens)", nl);
+    e->logits = g;
+    e->logits_cap = nl;
+  }
+  struct batch batch = {
+      .num_tokens = t, .num_seqs = o->num_items, .max_blocks_per_seq = stride, .max_seq_len = max_len,
+      .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
+      .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
+      .num_logits = nl, .logits_idx = e->logits_idx};
+  if (!graph || nl != n_sample_rows) /* (a decode step scores no prompt positions) */
+    return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
+  for (int b = B; b < Bp; b++, t++) { /* padding rows: they read the null block, write nothing */
+    e->query_start[b] = t;
+    e->input_ids[t] = 0;
+    e->positions[t] = 0;
+    e->slots[t] = -1;
+    e->seq_lens[b] = 1;
+    memset(e->block_tables + (size_t)b * stride, 0, (size_t)stride * sizeof(int32_t));
+    e->logits_idx[nl++] = t;
+  }
+  e->query_start[Bp] = t;
+  batch.num_tokens = t;
+  batch.num_seqs = Bp;
+  batch.num_logits = nl;
+  batch.max_seq_len = e->max_model_len; /* graph-stable bounds */
+  batch.max_query_len = 1;
+  return model_forward_graph(e->model, &batch, e->dev_logits ? NULL : e->logits);
+}
+
+/* 1 when S's row must be on the host: beams and the first step of n > 1 read it whole, and
+ * logprobs keep the raw row. */
+static int needs_host_row(const struct sequence *s) {
+  return s->req->beam || (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started) || s->req->sp.logprobs;
+}
+
+/* Sampling on the device for a step whose logits stayed there (e->dev_logits): host rows are
+ * downloaded to e->logits first; the other rows' processors go up as entries (one copy), then
+ * one sample call picks every row and synchronises (the step's one sync). Sets e->picked[b] to
+ * the token of device rows and -1 for host rows. The uniform draw u comes from the sequence's
+ * generator exactly as sampler_pick would take it (none when greedy), so both backends pick the
+ * same token from the same draw. */
+static int device_sample(struct pagoda_engine *e, const struct scheduler_output *o) {
+  struct backend *be = e->be;
+  size_t need = 0, need_bias = 0;
+  int nl = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->logit_row[b] < 0)
+      continue;
+    nl++;
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    if (needs_host_row(s))
+      continue;
+    struct sampler_params sp; /* room for one entry per bias value, history token and suppressed id */
+    sequence_sampler_params(s, &sp);
+    need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
+    need_bias += (size_t)sp.n_bias;
+  }
+  if (need > e->proc_cap) {
+    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for the logits processors of %zu tokens", need);
+    e->proc = p;
+    e->proc_cap = need * 2;
+  }
+  if (need_bias > e->bias_cap) {
+    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for %zu logit_bias values", need_bias);
+    e->proc_bias = p;
+    e->bias_cap = need_bias * 2;
+  }
+  int ne = 0, nb = 0;
+  for (int b = 0; b < o->num_items; b++)
+    e->picked[b] = -1;
+  for (int b = 0; b < o->num_items; b++) {
+    int row = e->logit_row[b];
+    if (row < 0)
+      continue;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    struct backend_sample_params *dp = &e->dev_params[row];
+    if (needs_host_row(s)) {
+      *dp = (struct backend_sample_params){0};
+      if (model_logits_download(e->model, row, 1, e->logits + (size_t)row * e->vocab))
+        return -1;
+      continue;
+    }
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    int n = sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                                 sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
+    ne += n;
+    nb += sp.n_bias;
+    int greedy = sp.temperature <= 0 || sp.top_k == 1;
+    *dp = (struct backend_sample_params){greedy ? 0.0f : sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                                         greedy ? 0.0f : (float)rng_uniform(&s->rng)};
+  }
+  float *logits = model_logits_device(e->model);
+  if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
+    return -1;
+  if (be->ops->sample(be, e->dev_tokens, logits, nl, e->vocab, e->dev_params))
+    return -1;
+  for (int b = 0; b < o->num_items; b++)
+    if (e->logit_row[b] >= 0 && !needs_host_row((const struct sequence *)o->items[b].seq))
+      e->picked[b] = e->dev_tokens[e->logit_row[b]];
+  return 0;
+}
+
+/* 1. Schedule: frees the requests whose final outputs were read after the last step, then asks
+ * the scheduler for this step's items (admissions, chunks, preemptions, block copies). */
+static int engine_schedule(struct pagoda_engine *e, const struct scheduler_output **o) {
+  for (struct request *r = e->dead, *n; r; r = n) {
+    n = r->next;
+    request_free(r);
+  }
+  e->dead = NULL;
+  return scheduler_schedule(&e->sched, o) ? PAGODA_ERR_OUT_OF_MEMORY : PAGODA_OK;
+}
+
+/* 2. Run: the batch to the backend and one forward pass. When the device fails the batch, its
+ * requests end (reported as aborted, blocks freed) and the engine keeps serving the others. */
+static int engine_run(struct pagoda_engine *e, const struct scheduler_output *o) {
+  if (run_batch(e, o) == 0)
+    return PAGODA_OK;
+  log_error("forward pass failed: %s", err_last_where());
+  for (int b = 0; b < o->num_items; b++) {
+    struct request *r = ((struct sequence *)o->items[b].seq)->req;
+    for (int k = 0; k < r->n_seqs; k++)
+      if (!r->seqs[k].finish) {
+        r->seqs[k].finish = PAGODA_FINISH_ABORT;
+        engine_finish_seq(e, &r->seqs[k]);
+      }
+  }
+  return PAGODA_ERR_BACKEND;
+}
+
+/* 3. Postprocess: prompt logprobs, the scheduler's bookkeeping, then a token for every item that
+ * produced logits (processors, sampling, forks, beams, stop conditions). */
+static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_output *o) {
+  e->steps++;
+  /* On the device the sampling rows go first: scoring prompt-logprob rows reuses their buffer. */
+  if (e->dev_logits && (device_sample(e, o) || engine_prompt_logprobs_device(e, o))) {
+    log_error("sampling on the device failed: %s", err_last_where());
+    return PAGODA_ERR_BACKEND;
+  }
+  if (!e->dev_logits)
+    engine_prompt_logprobs(e, o);
+  scheduler_update(&e->sched);
+  /* Phase 1, in parallel over sequences (each has its own logits row and generator; each
+   * thread its own scratch): processors, then the token for plain samples. Forks and beams
+   * touch shared state and are finished in phase 2. */
+  int nl = 0;
+  for (int b = 0; b < o->num_items; b++)
+    nl += e->logit_row[b] >= 0;
+  int nt = (long)nl * e->vocab >= (1L << 17) ? e->n_samplers : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->dev_logits && e->picked[b] >= 0)
+      continue; /* sampled on the device */
+    e->picked[b] = -1;
+    if (e->logit_row[b] < 0)
+      continue;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    struct sampler *smp = &e->samplers[omp_get_thread_num()];
+    float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    if (s->req->sp.logprobs && sequence_save_raw(s, lg, e->vocab))
+      e->picked[b] = -2; /* out of memory: reported in phase 2 */
+    sampler_apply_processors(smp, &sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                             sequence_num_output(s));
+    int forks = s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
+    if (!s->req->beam && !forks && e->picked[b] == -1)
+      e->picked[b] = sampler_pick(smp, &sp, lg, &s->rng);
+  }
+  /* Phase 2, in batch order: tokens, forks, beams, stop conditions. */
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->logit_row[b] < 0)
+      continue;
+    if (e->picked[b] == -2)
+      return PAGODA_ERR_OUT_OF_MEMORY;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
+    struct sampler_params spv;
+    sequence_sampler_params(s, &spv);
+    const struct sampler_params *sp = &spv;
+    if (s->req->beam) { /* beams report once, at the end, in rank order */
+      struct beam_env env = {&e->sched, &e->kv, e->tok, e->vocab, e->max_model_len};
+      int rc = beam_on_logits(&env, s, lg);
+      if (rc < 0)
+        return PAGODA_ERR_OUT_OF_MEMORY;
+      e->generated++;
+      for (int k = 0; rc == 1 && k < s->req->n_seqs; k++)
+        engine_mark_dirty(e, &s->req->seqs[k]);
+      continue;
+    }
+    if (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started &&
+        fork_samples(e, s, lg, sp))
+      return PAGODA_ERR_OUT_OF_MEMORY;
+    int32_t tok = e->picked[b] >= 0 ? e->picked[b] : sampler_pick(&e->samplers[0], sp, lg, &s->rng);
+    if (sequence_push_token(s, tok, e->tok, e->max_model_len))
+      return PAGODA_ERR_OUT_OF_MEMORY;
+    sequence_record_logprob(s, s, e->vocab);
+    e->generated++;
+    engine_mark_dirty(e, s);
+    if (s->finish)
+      engine_finish_seq(e, s);
+  }
+  account_waste(e);
+  return PAGODA_OK;
+}
+
+int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, int *n_outs) {
+  *outs = e->outs;
+  *n_outs = 0;
+  const struct scheduler_output *o;
+  int rc = engine_schedule(e, &o);
+  if (rc != PAGODA_OK)
+    return rc;
+  if (o->num_items) {
+    if ((rc = engine_run(e, o)) != PAGODA_OK) {
+      engine_collect_outputs(e, n_outs);
+      return rc;
+    }
+    if ((rc = engine_postprocess(e, o)) != PAGODA_OK)
+      return rc;
+  } else if (scheduler_has_work(&e->sched) && e->n_dirty == 0 && o->num_preempted == 0) {
+    /* Nothing runnable and nothing to report: only possible when the sequences holding blocks
+     * wait for one that cannot get any (beams of one request on a pool too small for them). */
+    return ERR("no request can make progress: the KV pool is too small for the running requests "
+               "(raise --pa-memory-mb)"), PAGODA_ERR_OUT_OF_MEMORY;
+  }
+  engine_collect_outputs(e, n_outs);
+  return PAGODA_OK;
+}
