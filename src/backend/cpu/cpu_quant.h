@@ -13,12 +13,14 @@
 #ifndef PAGODA_CPU_QUANT_H
 #define PAGODA_CPU_QUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/cpu/cpu_backend.h"
 
 struct cpu_act_q8 {
-  float d;        /* x = d * qs */
+  float d;        /* x = d * qs; d is rounded to f16 (llama.cpp stores it so) */
+  float sd;       /* f16(unrounded d * (s[0] + s[1])): llama.cpp's q8_1 "s" field */
   int16_t s[2];   /* sums of qs[0..15] and qs[16..31] */
   int8_t qs[32];
 };
@@ -26,11 +28,22 @@ struct cpu_act_q8 {
 /* Quantizes K values of X (K a multiple of 32) into K / 32 blocks. */
 void cpu_quantize_act(const float *x, struct cpu_act_q8 *a, int64_t k);
 
+/* The K-quant types (Q2_K..Q6_K, IQ4_XS) take llama.cpp's q8_K activations instead
+ * (struct block_q8_K, util/quant.h: one f32 scale per 256 values, 16-value sums). */
+int cpu_quant_act_is_k(enum dtype t);
+/* Bytes of one row of K activations quantized for weights of type T. */
+size_t cpu_quant_act_bytes(enum dtype t, int64_t k);
+/* Quantizes K values of X for weights of type T (cpu_quantize_act or quantize_row_q8_K). */
+void cpu_quantize_act_for(enum dtype t, const float *x, void *a, int64_t k);
+/* Value I of activations A quantized for type T (d * q): what the integer sums multiply. */
+float cpu_quant_act_value(enum dtype t, const void *a, int64_t i);
+
 /* Whether the integer path handles weights of type T (every GGUF quant type, with AVX2). */
 int cpu_quant_supported(enum dtype t);
 
-/* dot(weight row W of type T, activations A) over K values (K a multiple of T's block size). */
-float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a, int64_t k);
+/* dot(weight row W of type T, activations A quantized for T) over K values (K a multiple of
+ * T's block size). */
+float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k);
 
 /* out(T, w->rows) = x(T, w->cols) @ w^T (+ bias) with 8-bit activations; w of a supported type. */
 int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struct weight *w,

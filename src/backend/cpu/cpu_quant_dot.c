@@ -18,16 +18,22 @@
 
 #define QROWS 16 /* weight rows per parallel task */
 
+/* f32 -> f16 -> f32, round to nearest even (what llama.cpp stores in its q8_0/q8_1 blocks). */
+static inline float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
 void cpu_quantize_act(const float *x, struct cpu_act_q8 *a, int64_t k) {
   for (int64_t b = 0; b < k / 32; b++, x += 32) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++)
       amax = fmaxf(amax, fabsf(x[j]));
-    float d = amax / 127.0f, id = d > 0.0f ? 127.0f / amax : 0.0f;
-    a[b].d = d;
+    /* As llama.cpp's quantize_row_q8_0/q8_1 (x86): the values are scaled by 127 / amax and
+     * rounded half to even, the scale amax / 127 is stored as f16, and q8_1's sum as
+     * f16(unrounded scale * sum of the levels). */
+    float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    a[b].d = round_f16(d);
     int s0 = 0, s1 = 0;
     for (int j = 0; j < 32; j++) {
-      int q = (int)lrintf(x[j] * id);
+      int q = (int)nearbyintf(x[j] * id);
       q = q > 127 ? 127 : q < -127 ? -127 : q;
       a[b].qs[j] = (int8_t)q;
       if (j < 16)
@@ -37,7 +43,34 @@ void cpu_quantize_act(const float *x, struct cpu_act_q8 *a, int64_t k) {
     }
     a[b].s[0] = (int16_t)s0;
     a[b].s[1] = (int16_t)s1;
+    a[b].sd = round_f16(d * (float)(s0 + s1));
   }
+}
+
+int cpu_quant_act_is_k(enum dtype t) {
+  return t == DTYPE_Q2_K || t == DTYPE_Q3_K || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K ||
+         t == DTYPE_IQ4_XS;
+}
+
+size_t cpu_quant_act_bytes(enum dtype t, int64_t k) {
+  return cpu_quant_act_is_k(t) ? sizeof(struct block_q8_K) * (size_t)(k / QK_K)
+                               : sizeof(struct cpu_act_q8) * (size_t)(k / 32);
+}
+
+void cpu_quantize_act_for(enum dtype t, const float *x, void *a, int64_t k) {
+  if (cpu_quant_act_is_k(t))
+    quantize_row_q8_K(x, a, k); /* llama.cpp's quantize_row_q8_K (util/quant.c) */
+  else
+    cpu_quantize_act(x, a, k);
+}
+
+float cpu_quant_act_value(enum dtype t, const void *a, int64_t i) {
+  if (cpu_quant_act_is_k(t)) {
+    const struct block_q8_K *b = (const struct block_q8_K *)a + i / QK_K;
+    return b->d * (float)b->qs[i % QK_K];
+  }
+  const struct cpu_act_q8 *b = (const struct cpu_act_q8 *)a + i / 32;
+  return b->d * (float)b->qs[i % 32];
 }
 
 #if QD_SIMD
@@ -91,57 +124,65 @@ static inline __m256i iq4_lookup(__m256i idx) {
 /* acc += p * (scale s0 for the first 16 values, s1 for the next 16) */
 #define ACC2(p, s0, s1) acc = _mm256_fmadd_ps((p), _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), acc)
 
-static float dot_q4_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+/* The 32-value types follow llama.cpp's x86 dot products (ggml_vec_dot_*_q8_0/q8_1 and
+ * llamafile's tinyBLAS_Q0_AVX, which sum in the same order): per block, the 8 int32 sums of 4
+ * products each are converted to f32 and fused-multiply-added with f16(d_w) * d_a into one
+ * 8-lane accumulator, summed horizontally at the end; the types with a min (Q4_1, Q5_1) add
+ * f16(m_w) * a.sd block by block in a scalar f32 sum, added last. */
+static float dot_q4_0(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_q4_0 *w = vw;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
   for (int64_t i = 0; i < k / 32; i++) {
-    float d = h2f(w[i].d) * a[i].d;
-    ACC1(idot_u(nibbles16(w[i].qs), a[i].qs), d);
-    bias -= 8.0f * d * (float)(a[i].s[0] + a[i].s[1]);
+    __m256i q = _mm256_sub_epi8(nibbles16(w[i].qs), _mm256_set1_epi8(8));
+    ACC1(idot_s(q, a[i].qs), h2f(w[i].d) * a[i].d);
   }
-  return hsum(acc) + bias;
+  return hsum(acc);
 }
 
-static float dot_q4_1(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q4_1(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_q4_1 *w = vw;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
+  float summs = 0.0f;
   for (int64_t i = 0; i < k / 32; i++) {
+    summs = fmaf(h2f(w[i].m), a[i].sd, summs); /* exact product of two f16s: = mul + add */
     ACC1(idot_u(nibbles16(w[i].qs), a[i].qs), h2f(w[i].d) * a[i].d);
-    bias += h2f(w[i].m) * a[i].d * (float)(a[i].s[0] + a[i].s[1]);
   }
-  return hsum(acc) + bias;
+  return hsum(acc) + summs;
 }
 
-static float dot_q5_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q5_0(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_q5_0 *w = vw;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
   for (int64_t i = 0; i < k / 32; i++) {
     uint32_t qh;
     memcpy(&qh, w[i].qh, 4);
-    float d = h2f(w[i].d) * a[i].d;
-    ACC1(idot_u(_mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(qh)), a[i].qs), d);
-    bias -= 16.0f * d * (float)(a[i].s[0] + a[i].s[1]);
+    /* level - 16: the nibble, with 0xF0 set where the fifth bit is clear */
+    __m256i set = _mm256_cmpeq_epi8(bits_to_0x10(qh), _mm256_set1_epi8(0x10));
+    __m256i hi = _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0));
+    ACC1(idot_s(_mm256_or_si256(nibbles16(w[i].qs), hi), a[i].qs), h2f(w[i].d) * a[i].d);
   }
-  return hsum(acc) + bias;
+  return hsum(acc);
 }
 
-static float dot_q5_1(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q5_1(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_q5_1 *w = vw;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
+  float summs = 0.0f;
   for (int64_t i = 0; i < k / 32; i++) {
     uint32_t qh;
     memcpy(&qh, w[i].qh, 4);
+    summs = fmaf(h2f(w[i].m), a[i].sd, summs);
     ACC1(idot_u(_mm256_or_si256(nibbles16(w[i].qs), bits_to_0x10(qh)), a[i].qs), h2f(w[i].d) * a[i].d);
-    bias += h2f(w[i].m) * a[i].d * (float)(a[i].s[0] + a[i].s[1]);
   }
-  return hsum(acc) + bias;
+  return hsum(acc) + summs;
 }
 
-static float dot_q8_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q8_0(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_q8_0 *w = vw;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < k / 32; i++)
@@ -149,7 +190,8 @@ static float dot_q8_0(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
   return hsum(acc);
 }
 
-static float dot_iq4_nl(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_iq4_nl(const void *vw, const void *va, int64_t k) {
+  const struct cpu_act_q8 *a = va;
   const struct block_iq4_nl *w = vw;
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < k / 32; i++)
@@ -157,35 +199,48 @@ static float dot_iq4_nl(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
   return hsum(acc);
 }
 
-static float dot_q2_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+/* The K-quant types take llama.cpp's q8_K activations (cpu_act_q8k: one f32 scale per 256
+ * values, 16-value sums). Q4_K, Q5_K and Q6_K follow its x86 ggml_vec_dot_*_q8_K: within a
+ * super-block everything is integer (levels x activations x sub-block scales, the Q6_K offset
+ * of 32 subtracted through the 16-value sums) in 8 int32 lanes, lane l holding bytes 4l..4l+3
+ * of every 32-value chunk; the lanes are converted to f32 and fused-multiply-added with
+ * d_a * f16(d_w) into one 8-lane accumulator per row. The mins (Q4_K, Q5_K) are summed in
+ * integers per super-block and added in f32 as llama.cpp does for each type. */
+static inline __m256i scaled_pairs(__m256i u, const int8_t *qa, __m256i sc16) {
+  __m256i x = _mm256_loadu_si256((const __m256i *)qa);
+  return _mm256_madd_epi16(sc16, _mm256_maddubs_epi16(u, x));
+}
+
+static float dot_q2_K(const void *vw, const void *va, int64_t k) {
   const struct block_q2_K *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
   float bias = 0.0f;
   const __m256i m3 = _mm256_set1_epi8(3);
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = h2f(w[i].d) * a[i].d, dmin = h2f(w[i].dmin) * a[i].d;
     for (int h = 0; h < 2; h++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * h));
       for (int p = 0; p < 4; p++) {
         int c = 4 * h + p;
         uint8_t s0 = w[i].scales[2 * c], s1 = w[i].scales[2 * c + 1];
         __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m3);
-        float ad = a[c].d;
-        ACC2(idot_u(u, a[c].qs), d * ad * (float)(s0 & 0xF), d * ad * (float)(s1 & 0xF));
-        bias -= dmin * ad * ((float)(s0 >> 4) * a[c].s[0] + (float)(s1 >> 4) * a[c].s[1]);
+        ACC2(idot_u(u, a[i].qs + 32 * c), d * (float)(s0 & 0xF), d * (float)(s1 & 0xF));
+        bias -= dmin * ((float)(s0 >> 4) * a[i].bsums[2 * c] + (float)(s1 >> 4) * a[i].bsums[2 * c + 1]);
       }
     }
   }
   return hsum(acc) + bias;
 }
 
-static float dot_q3_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q3_K(const void *vw, const void *va, int64_t k) {
   const struct block_q3_K *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
   float bias = 0.0f;
   const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = h2f(w[i].d) * a[i].d;
     __m256i hm = _mm256_loadu_si256((const __m256i *)w[i].hmask);
     for (int h = 0; h < 2; h++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * h));
@@ -195,107 +250,131 @@ static float dot_q3_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
         __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * p), m3);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hm, c), one);
         __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
-        float ad = a[c].d;
-        float sc0 = d * ad * (float)q3_K_scale(w[i].scales, 2 * c);
-        float sc1 = d * ad * (float)q3_K_scale(w[i].scales, 2 * c + 1);
-        ACC2(idot_u(u, a[c].qs), sc0, sc1);
-        bias -= 4.0f * (sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+        float sc0 = d * (float)q3_K_scale(w[i].scales, 2 * c);
+        float sc1 = d * (float)q3_K_scale(w[i].scales, 2 * c + 1);
+        ACC2(idot_u(u, a[i].qs + 32 * c), sc0, sc1);
+        bias -= 4.0f * (sc0 * a[i].bsums[2 * c] + sc1 * a[i].bsums[2 * c + 1]);
       }
     }
   }
   return hsum(acc) + bias;
 }
 
-static float dot_q4_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q4_K(const void *vw, const void *va, int64_t k) {
   const struct block_q4_K *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
+  __m128 acc_m = _mm_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = a[i].d * h2f(w[i].d), dmin = -a[i].d * h2f(w[i].dmin);
+    uint8_t sc[8], m[8];
+    for (int c = 0; c < 8; c++)
+      get_scale_min_k4(c, w[i].scales, &sc[c], &m[c]);
+    /* mins: 4 int32 lanes, lane l = m[2l] * S[2l] + m[2l+1] * S[2l+1] (S = 32-value sums) */
+    int32_t mp[4];
+    for (int l = 0; l < 4; l++)
+      mp[l] = m[2 * l] * (a[i].bsums[4 * l] + a[i].bsums[4 * l + 1]) +
+              m[2 * l + 1] * (a[i].bsums[4 * l + 2] + a[i].bsums[4 * l + 3]);
+    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)mp)), acc_m);
+    __m256i sumi = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * p));
-      for (int half = 0; half < 2; half++) {
-        int c = 2 * p + half;
-        uint8_t sc, m;
-        get_scale_min_k4(c, w[i].scales, &sc, &m);
-        __m256i u = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
-        float ad = a[c].d;
-        ACC1(idot_u(u, a[c].qs), d * ad * (float)sc);
-        bias -= dmin * ad * (float)m * (float)(a[c].s[0] + a[c].s[1]);
-      }
+      __m256i lo = scaled_pairs(_mm256_and_si256(q, m4), a[i].qs + 64 * p, _mm256_set1_epi16(sc[2 * p]));
+      __m256i hi = scaled_pairs(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), a[i].qs + 64 * p + 32,
+                                _mm256_set1_epi16(sc[2 * p + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(lo, hi));
     }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) + bias;
+  acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+  acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+  return hsum(acc) + _mm_cvtss_f32(acc_m);
 }
 
-static float dot_q5_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q5_K(const void *vw, const void *va, int64_t k) {
   const struct block_q5_K *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
+  float summs = 0.0f;
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = a[i].d * h2f(w[i].d), dmin = -a[i].d * h2f(w[i].dmin);
+    uint8_t sc[8], m[8];
+    int32_t msum = 0;
+    for (int c = 0; c < 8; c++) {
+      get_scale_min_k4(c, w[i].scales, &sc[c], &m[c]);
+      msum += m[c] * (a[i].bsums[2 * c] + a[i].bsums[2 * c + 1]);
+    }
+    summs = fmaf(dmin, (float)msum, summs); /* llama.cpp's C is compiled with FP contraction */
     __m256i qh = _mm256_loadu_si256((const __m256i *)w[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
     for (int p = 0; p < 4; p++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(w[i].qs + 32 * p));
       for (int half = 0; half < 2; half++) {
         int c = 2 * p + half;
-        uint8_t sc, m;
-        get_scale_min_k4(c, w[i].scales, &sc, &m);
         __m256i u = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
         __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, c), one);
         u = _mm256_or_si256(u, _mm256_slli_epi16(hb, 4));
-        float ad = a[c].d;
-        ACC1(idot_u(u, a[c].qs), d * ad * (float)sc);
-        bias -= dmin * ad * (float)m * (float)(a[c].s[0] + a[c].s[1]);
+        sumi = _mm256_add_epi32(sumi, scaled_pairs(u, a[i].qs + 32 * c, _mm256_set1_epi16(sc[c])));
       }
     }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) + bias;
+  return hsum(acc) + summs;
 }
 
-static float dot_q6_K(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_q6_K(const void *vw, const void *va, int64_t k) {
   const struct block_q6_K *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
-  float bias = 0.0f;
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = a[i].d * h2f(w[i].d);
+    const int8_t *scs = w[i].scales;
+    /* the offset of 32: 32 * (S16[2l] * sc[2l] + S16[2l+1] * sc[2l+1]) in lane l */
+    __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scs));
+    __m256i bs = _mm256_loadu_si256((const __m256i *)a[i].bsums);
+    __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16), 5);
+    __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
       __m256i qh = _mm256_loadu_si256((const __m256i *)(w[i].qh + 32 * h));
       __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h));
       __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w[i].ql + 64 * h + 32));
+      __m256i part[4];
       for (int g = 0; g < 4; g++) {
         int c = 4 * h + g;
         __m256i ql = g % 2 ? ql1 : ql0;
         __m256i lo = _mm256_and_si256(g / 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m3);
         __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-        float ad = a[c].d;
-        float sc0 = d * ad * (float)w[i].scales[2 * c], sc1 = d * ad * (float)w[i].scales[2 * c + 1];
-        ACC2(idot_u(u, a[c].qs), sc0, sc1);
-        bias -= 32.0f * (sc0 * a[c].s[0] + sc1 * a[c].s[1]);
+        __m256i sc = _mm256_setr_m128i(_mm_set1_epi16(scs[2 * c]), _mm_set1_epi16(scs[2 * c + 1]));
+        part[g] = scaled_pairs(u, a[i].qs + 32 * c, sc);
       }
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(part[0], part[1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(part[2], part[3]));
     }
+    sumi = _mm256_sub_epi32(sumi, off);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum(acc) + bias;
+  return hsum(acc);
 }
 
-static float dot_iq4_xs(const void *vw, const struct cpu_act_q8 *a, int64_t k) {
+static float dot_iq4_xs(const void *vw, const void *va, int64_t k) {
   const struct block_iq4_xs *w = vw;
+  const struct block_q8_K *a = va;
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < k / QK_K; i++, a += 8) {
-    float d = h2f(w[i].d);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    float d = h2f(w[i].d) * a[i].d;
     for (int c = 0; c < 8; c++) {
       int ls = ((w[i].scales_l[c / 2] >> (4 * (c % 2))) & 0xF) | (((w[i].scales_h >> (2 * c)) & 3) << 4);
-      ACC1(idot_s(iq4_lookup(nibbles16(w[i].qs + 16 * c)), a[c].qs), d * a[c].d * (float)(ls - 32));
+      ACC1(idot_s(iq4_lookup(nibbles16(w[i].qs + 16 * c)), a[i].qs + 32 * c), d * (float)(ls - 32));
     }
   }
   return hsum(acc);
 }
 
-typedef float (*dot_fn)(const void *w, const struct cpu_act_q8 *a, int64_t k);
+typedef float (*dot_fn)(const void *w, const void *a, int64_t k);
 
 static dot_fn dot_for(enum dtype t) {
   switch (t) {
@@ -317,7 +396,7 @@ static dot_fn dot_for(enum dtype t) {
 
 int cpu_quant_supported(enum dtype t) { return dot_for(t) != NULL; }
 
-float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a, int64_t k) {
+float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k) {
   dot_fn f = dot_for(t);
   return f ? f(w, a, k) : NAN;
 }
@@ -328,7 +407,7 @@ int cpu_quant_supported(enum dtype t) {
 }
 
 /* Scalar reference: the dequantized weights times the dequantized activations. */
-float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a, int64_t k) {
+float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k) {
   float wf[256];
   int bs = dtype_block_size(t);
   int chunk = bs > 32 ? bs : 32;
@@ -336,7 +415,7 @@ float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a,
   for (int64_t k0 = 0; k0 < k; k0 += chunk) {
     quant_dequantize_row(t, (const char *)w + dtype_row_bytes(t, k0), wf, chunk);
     for (int j = 0; j < chunk; j++)
-      s += (double)wf[j] * a[(k0 + j) / 32].d * a[(k0 + j) / 32].qs[(k0 + j) % 32];
+      s += (double)wf[j] * cpu_quant_act_value(t, a, k0 + j);
   }
   return (float)s;
 }
@@ -344,26 +423,28 @@ float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a,
 
 int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struct weight *w,
                      const struct weight *bias, int T) {
-  const int64_t N = w->rows, K = w->cols, nb = K / 32;
-  if (K % 32 || K % dtype_block_size(w->dtype))
-    return ERR("matmul: %s weight with %lld columns", dtype_name(w->dtype), (long long)K);
-  struct cpu_act_q8 *act = malloc(sizeof *act * (size_t)(nb * T));
+  const int64_t N = w->rows, K = w->cols;
+  const enum dtype dt = w->dtype;
+  const int64_t ablock = cpu_quant_act_is_k(dt) ? QK_K : 32;
+  if (K % ablock || K % dtype_block_size(dt))
+    return ERR("matmul: %s weight with %lld columns", dtype_name(dt), (long long)K);
+  const size_t act_row = cpu_quant_act_bytes(dt, K);
+  char *act = malloc(act_row * (size_t)T);
   if (!act)
     return ERR("matmul: out of memory for %d quantized activation rows", T);
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (T > 8)
   for (int t = 0; t < T; t++)
-    cpu_quantize_act(x + (size_t)t * K, act + (size_t)t * nb, K);
-  const size_t row_bytes = dtype_row_bytes(w->dtype, K);
+    cpu_quantize_act_for(dt, x + (size_t)t * K, act + (size_t)t * act_row, K);
+  const size_t row_bytes = dtype_row_bytes(dt, K);
   const int64_t n_tasks = (N + QROWS - 1) / QROWS;
   const char *wd = w->data;
-  enum dtype dt = w->dtype;
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_tasks > 1)
   for (int64_t task = 0; task < n_tasks; task++) {
     int64_t r0 = task * QROWS, r1 = r0 + QROWS < N ? r0 + QROWS : N;
     for (int64_t r = r0; r < r1; r++) {
       float b = bias ? cpu_weight_elem(bias, r) : 0.0f;
       for (int t = 0; t < T; t++)
-        out[(size_t)t * N + r] = b + cpu_quant_vec_dot(dt, wd + (size_t)r * row_bytes, act + (size_t)t * nb, K);
+        out[(size_t)t * N + r] = b + cpu_quant_vec_dot(dt, wd + (size_t)r * row_bytes, act + (size_t)t * act_row, K);
     }
   }
   free(act);
