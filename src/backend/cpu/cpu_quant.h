@@ -1,14 +1,17 @@
-/* cpu_quant.h - integer dot products of GGML-quantized weight rows with 8-bit activations.
+/* cpu_quant.h - integer dot products of GGML-quantized weight rows with 8-bit activations,
+ * computed as llama.cpp's CPU build computes them (docs/cpu-backend.md, "Fidelity to llama.cpp").
  *
- * Activations are quantized per 32 values (cpu_act_q8: f32 scale, int8 values, the sums of each
- * half), as llama.cpp does with Q8_0/Q8_1 (finer than its Q8_K for the K-quants). Each weight
- * type's row is then read in place, block by block: its levels are expanded in registers and
- * multiplied with the activation bytes in int8 x int8 -> int32 (AVX2 maddubs), and the per-16 or
- * per-32 scales and mins are applied in f32:
- *   dot = sum over halves h of  ad * (sc_h * sum(lv * qa) + mn_h * sum(qa))
- * where a weight w = sc_h * lv + mn_h, and activation x = ad * qa.
- * Up to 4 tokens share each decoded weight block (prefill); a token's result depends only on its
- * own row, never on the batch (T) it runs in.
+ * Activations are quantized as llama.cpp quantizes them for the weight type: per 32 values for
+ * the 32-value types (cpu_act_q8: its q8_0/q8_1, scale rounded to f16, q8_1's f16 sum), per 256
+ * for the K-quants (struct block_q8_K: f32 scale, 16-value sums). Each weight row is read in
+ * place, block by block: its levels are expanded in registers and multiplied with the activation
+ * bytes in int8 x int8 -> int32 (AVX2 maddubs/madd), and the scales and mins are applied in f32
+ * in llama.cpp's order for that type:
+ *   dot = sum over blocks b of  d_a * (d_w * sum(lv * qa) + m_w * sum(qa))
+ * where a weight w = d_w * lv + m_w, and activation x = d_a * qa.
+ * Up to 4 tokens share each decoded weight block (prefill), each with its own accumulators and
+ * the same operations in the same order: a token's result depends only on its own row, never on
+ * the batch (T) it runs in.
  */
 #ifndef PAGODA_CPU_QUANT_H
 #define PAGODA_CPU_QUANT_H
