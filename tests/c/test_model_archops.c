@@ -131,7 +131,8 @@ static void check_isq(struct backend *be, const char *name, const char *path, co
   if (model_alloc_cache(m, MAXB + 1, BS, DTYPE_F32, 128, 1, MAXB) != 0 || step(m, toks, 0, n, got) != 0) {
     CHECK(0, "%s --isq q8_0: %s", path, err_last_where());
   } else {
-    double e = test_rel_l2(got, want, (size_t)n_cmp * V), tol = 2e-2 * model_get_config(m)->n_layers / 2;
+    /* 3e-2 per 2 layers: q8_0 weights times 8-bit activations, as llama.cpp and test_isq */
+    double e = test_rel_l2(got, want, (size_t)n_cmp * V), tol = 3e-2 * model_get_config(m)->n_layers / 2;
     CHECK(e < tol && e > 1e-5, "%s --isq q8_0: rel L2 %g over %d positions (tol %g)", path, e, n_cmp, tol);
     printf("%s --isq q8_0: rel L2 vs transformers %.3g over positions 0..%d\n", name, e, n_cmp - 1);
   }

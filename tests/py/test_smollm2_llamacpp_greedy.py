@@ -24,14 +24,17 @@ for t in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0"):
     MODELS[t] = ROOT / "models" / "requant" / f"SmolLM2-135M-Instruct.{t}.gguf"
 PREFIX = 48
 # Share of prompts whose first 48 characters must equal llama.cpp's. The issue asks for 90%; on
-# this branch pagoda reaches 25/30 with the Q4_1 original and 14..19/30 with llama-quantize's
-# copies (Q8_0 19, Q4_0 18, Q5_K_M 17, Q4_K_M 15, Q6_K 14), although the perplexity of every
-# copy is within 1% of llama.cpp's (test_llamacpp_perplexity.py): the texts part after the first
-# words at close calls. Not investigated yet (issue 11, item 5 open: the quantized CPU dot
-# products and the tied embedding/output tensor of the copies are the first suspects); each
-# model is held at its measured count less one (slack for summation order on other core counts)
-# so that a regression still fails.
-MEASURED = {"Q4_1": 25, "Q8_0": 19, "Q4_0": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q6_K": 14}
+# this branch pagoda reaches Q4_1 20/30, Q8_0 22, Q4_0 21, Q5_K_M 24, Q4_K_M 17, Q6_K 20 (before
+# the fidelity work: 25, 19, 18, 17, 15, 14), although the perplexity of every copy is within 1%
+# of llama.cpp's (test_llamacpp_perplexity.py). Every CPU op but attention now gives llama.cpp's
+# bits in decode (docs/cpu-backend.md, "Fidelity to llama.cpp"); the attention differs by an f32
+# ulp here and there, and llama.cpp's own attention sums K.q in one order for the prompt and in
+# another for each generated token, which moves its logits by up to 0.6 on these prompts. The
+# 8-bit activations of the next matmul amplify such ulps, so the texts part at close calls and
+# the counts move by a few prompts either way with any ulp. Each model is held at its measured
+# count less one (slack for summation order on other core counts) so that a regression still
+# fails.
+MEASURED = {"Q4_1": 20, "Q8_0": 22, "Q4_0": 21, "Q5_K_M": 24, "Q4_K_M": 17, "Q6_K": 20}
 REQUIRED = {k: v - 1 for k, v in MEASURED.items()}
 
 

@@ -198,9 +198,9 @@ int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight
   if (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16 && w->dtype != DTYPE_F16 &&
       !(dtype_is_quant(w->dtype) && w->dtype != DTYPE_Q8_K))
     return ERR("matmul: weight dtype %s not supported on cpu", dtype_name(w->dtype));
-  /* GGUF quant types other than Q8_0: integer dot products with 8-bit activations
-   * (cpu_quant_dot.c). Q8_0 keeps the f32-activation kernels below (bench/RESULTS.md compares). */
-  if (w->dtype != DTYPE_Q8_0 && cpu_quant_supported(w->dtype))
+  /* GGUF quant types: integer dot products with 8-bit activations (cpu_quant_dot.c), as
+   * llama.cpp computes them. */
+  if (cpu_quant_supported(w->dtype))
     return cpu_quant_matmul(be, out, x, w, bias, T);
   if (bias && bias->cols * bias->rows != w->rows)
     return ERR("matmul: bias of %lld elements for %lld outputs", (long long)(bias->cols * bias->rows),

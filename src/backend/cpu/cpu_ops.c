@@ -37,11 +37,13 @@ int cpu_rmsnorm(struct backend *be, void *out, void *residual, const void *x, co
         r[i] += xi[i];
       xi = r;
     }
-    /* Sum of squares in double: dim can be 8192, and this is O(T * dim), not the hot loop. */
+    /* As ggml's rms_norm: each square rounded to f32, summed in double in order, the mean and
+     * 1 / sqrt(mean + eps) in f32; then (x * scale) * w. */
     double ss = 0;
     for (int i = 0; i < dim; i++)
-      ss += (double)xi[i] * xi[i];
-    float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+      ss += (double)(xi[i] * xi[i]);
+    float mean = (float)(ss / dim);
+    float inv = 1.0f / sqrtf(mean + eps);
     float *oi = o + (size_t)t * dim;
     if (w->dtype == DTYPE_F32) {
       const float *wf = w->data;
@@ -60,8 +62,9 @@ static void rope_head(float *v, const float *cs, const float *sn, int half, int 
   for (int i = 0; i < half; i++) {
     int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     float x0 = v[a], x1 = v[b];
-    v[a] = x0 * cs[i] - x1 * sn[i];
-    v[b] = x0 * sn[i] + x1 * cs[i];
+    /* the products and differences as ggml's rope compiles them (contracted to FMAs) */
+    v[a] = fmaf(x0, cs[i], -(x1 * sn[i]));
+    v[b] = fmaf(x0, sn[i], x1 * cs[i]);
   }
 }
 
@@ -72,6 +75,16 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
     return ERR("rope: rot_dim %d with head_dim %d", rp->rot_dim, head_dim);
   float *qs = q; /* (T, n_heads, head_dim) */
   float *ks = k; /* (T, n_kv_heads, head_dim) */
+  /* ggml's angles when inv_freq is the plain theta^(-2i/d) (no scaling): position * s^i with s =
+   * inv_freq[1], the product taken step by step in f32, then cosf/sinf. Otherwise (llama3 or
+   * linear scaling, rope_freqs) position * inv_freq[i] in f32 (as HF), cos/sin accurately. */
+  int iterate = half > 1 && rp->inv_freq[0] == 1.0f && !rp->inv_freq_long && rp->mscale == 0;
+  for (int i = 1; iterate && i < half; i++) {
+    float p = 1.0f;
+    for (int j = 0; j < i; j++)
+      p *= rp->inv_freq[1];
+    iterate = fabsf(p - rp->inv_freq[i]) <= 1e-5f * rp->inv_freq[i];
+  }
 #pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)T * (half * 16 + (n_heads + n_kv_heads) * head_dim))) if (T > 1) schedule(static)
   for (int t = 0; t < T; t++) {
     float cs[CPU_MAX_HEAD_DIM / 2], sn[CPU_MAX_HEAD_DIM / 2];
@@ -88,7 +101,14 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
       if (rp->seq_lens[lo] > rp->long_after)
         inv_freq = rp->inv_freq_long;
     }
+    float theta = (float)positions[t];
     for (int i = 0; i < half; i++) {
+      if (iterate) {
+        cs[i] = cosf(theta);
+        sn[i] = sinf(theta);
+        theta *= rp->inv_freq[1];
+        continue;
+      }
       /* The angle is rounded to f32 as in HF (position * inv_freq in float32); cos/sin of it are
        * then taken accurately. */
       float ang = (float)positions[t] * inv_freq[i];
@@ -107,6 +127,22 @@ int cpu_rope(struct backend *be, void *q, void *k, const int32_t *positions, int
   return 0;
 }
 
+/* e^x as ggml computes it in its vector silu (x86, |x| not huge): x = n ln2 + b with n
+ * rounded to an integer by the 1.5 * 2^23 trick, ln2 split in two parts, a degree-5
+ * polynomial in b, then scaled by 2^n; results beyond 2^+-192 saturate to 0 or infinity. Each
+ * step is one f32 operation or one fused multiply-add, so it gives ggml's bits. */
+static inline float cpu_expf(float x) {
+  const float shift = 0x1.8p23f;
+  float z = fmaf(x, 0x1.715476p+0f, shift), n = z - shift;
+  float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+  float u = b * b;
+  float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                 fmaf(0x1.ffffecp-1f, b, 1.0f));
+  if (fabsf(n) > 192.0f)
+    return n <= 0.0f ? 0.0f : INFINITY;
+  return scalbnf(j, (int)n);
+}
+
 int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F) {
   float *o = out;         /* (T, F), may alias gate */
   const float *g = gate;  /* (T, F) */
@@ -114,7 +150,7 @@ int cpu_silu_mul(struct backend *be, void *out, const void *gate, const void *up
   size_t n = (size_t)T * F;
 #pragma omp parallel for num_threads(cpu_threads_for(be, (int64_t)n * 8)) if (n > 65536) schedule(static)
   for (size_t i = 0; i < n; i++)
-    o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    o[i] = g[i] / (1.0f + cpu_expf(-g[i])) * u[i];
   return 0;
 }
 

@@ -1,24 +1,29 @@
-/* cpu_quant.h - integer dot products of GGML-quantized weight rows with 8-bit activations.
+/* cpu_quant.h - integer dot products of GGML-quantized weight rows with 8-bit activations,
+ * computed as llama.cpp's CPU build computes them (docs/cpu-backend.md, "Fidelity to llama.cpp").
  *
- * Activations are quantized per 32 values (cpu_act_q8: f32 scale, int8 values, the sums of each
- * half), as llama.cpp does with Q8_0/Q8_1 (finer than its Q8_K for the K-quants). Each weight
- * type's row is then read in place, block by block: its levels are expanded in registers and
- * multiplied with the activation bytes in int8 x int8 -> int32 (AVX2 maddubs), and the per-16 or
- * per-32 scales and mins are applied in f32:
- *   dot = sum over halves h of  ad * (sc_h * sum(lv * qa) + mn_h * sum(qa))
- * where a weight w = sc_h * lv + mn_h, and activation x = ad * qa.
- * Up to 4 tokens share each decoded weight block (prefill); a token's result depends only on its
- * own row, never on the batch (T) it runs in.
+ * Activations are quantized as llama.cpp quantizes them for the weight type: per 32 values for
+ * the 32-value types (cpu_act_q8: its q8_0/q8_1, scale rounded to f16, q8_1's f16 sum), per 256
+ * for the K-quants (struct block_q8_K: f32 scale, 16-value sums). Each weight row is read in
+ * place, block by block: its levels are expanded in registers and multiplied with the activation
+ * bytes in int8 x int8 -> int32 (AVX2 maddubs/madd), and the scales and mins are applied in f32
+ * in llama.cpp's order for that type:
+ *   dot = sum over blocks b of  d_a * (d_w * sum(lv * qa) + m_w * sum(qa))
+ * where a weight w = d_w * lv + m_w, and activation x = d_a * qa.
+ * Up to 4 tokens share each decoded weight block (prefill), each with its own accumulators and
+ * the same operations in the same order: a token's result depends only on its own row, never on
+ * the batch (T) it runs in.
  */
 #ifndef PAGODA_CPU_QUANT_H
 #define PAGODA_CPU_QUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/cpu/cpu_backend.h"
 
 struct cpu_act_q8 {
-  float d;        /* x = d * qs */
+  float d;        /* x = d * qs; d is rounded to f16 (llama.cpp stores it so) */
+  float sd;       /* f16(unrounded d * (s[0] + s[1])): llama.cpp's q8_1 "s" field */
   int16_t s[2];   /* sums of qs[0..15] and qs[16..31] */
   int8_t qs[32];
 };
@@ -26,11 +31,22 @@ struct cpu_act_q8 {
 /* Quantizes K values of X (K a multiple of 32) into K / 32 blocks. */
 void cpu_quantize_act(const float *x, struct cpu_act_q8 *a, int64_t k);
 
+/* The K-quant types (Q2_K..Q6_K, IQ4_XS) take llama.cpp's q8_K activations instead
+ * (struct block_q8_K, util/quant.h: one f32 scale per 256 values, 16-value sums). */
+int cpu_quant_act_is_k(enum dtype t);
+/* Bytes of one row of K activations quantized for weights of type T. */
+size_t cpu_quant_act_bytes(enum dtype t, int64_t k);
+/* Quantizes K values of X for weights of type T (cpu_quantize_act or quantize_row_q8_K). */
+void cpu_quantize_act_for(enum dtype t, const float *x, void *a, int64_t k);
+/* Value I of activations A quantized for type T (d * q): what the integer sums multiply. */
+float cpu_quant_act_value(enum dtype t, const void *a, int64_t i);
+
 /* Whether the integer path handles weights of type T (every GGUF quant type, with AVX2). */
 int cpu_quant_supported(enum dtype t);
 
-/* dot(weight row W of type T, activations A) over K values (K a multiple of T's block size). */
-float cpu_quant_vec_dot(enum dtype t, const void *w, const struct cpu_act_q8 *a, int64_t k);
+/* dot(weight row W of type T, activations A quantized for T) over K values (K a multiple of
+ * T's block size). */
+float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k);
 
 /* out(T, w->rows) = x(T, w->cols) @ w^T (+ bias) with 8-bit activations; w of a supported type. */
 int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struct weight *w,
