@@ -9,6 +9,8 @@
 # Stage first (here):  tools/device_bundle.sh && tools/device_stage.sh .gpu-cmp bench &&
 #                      cp -r ../shared/peers .gpu-cmp/peers && cp ../shared/testdata/vocab/ggml-vocab-llama-spm.gguf .gpu-cmp/peers/
 # Run (device tool):   cd .gpu-cmp && bash tools/h200_compare.sh 1b|8b      (logs under $OUT)
+# 8b also requantizes the GGUF with llama-quantize to Q8_0 and Q4_K_M (issue 11 item 6) and runs
+# both engines on those files, and pagoda with --isq 8 on the f16 file, while time remains.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -23,7 +25,7 @@ t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 [[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
 (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
- cmake --build b -j 12 --target llama-bench llama-batched-bench >>$W/build.log 2>&1) &
+ cmake --build b -j 12 --target llama-bench llama-batched-bench llama-quantize >>$W/build.log 2>&1) &
 BP=$!
 [[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
 GP=$!
@@ -62,5 +64,20 @@ if [[ $shape == 1b ]]; then
   pb 1b_256_t1 --num-prompts 256 --input-len 512 --output-len 256 --temperature 1.0
   pb 1b_p64_paged_off --num-prompts 64 --input-len 512 --output-len 256 --temperature 0 --paged-attn off
   pb 1b_p64_f8 --num-prompts 64 --input-len 512 --output-len 256 --temperature 0 --pa-cache-type f8e4m3
+fi
+if [[ $shape == 8b ]]; then
+  for q in Q8_0 Q4_K_M; do
+    (( $(date +%s) - t0 > 420 )) && { echo "skipping $q: out of time"; continue; }
+    f=$W/random-8b-$q.gguf
+    el "llama-quantize $q"
+    $B/llama-quantize $G $f $q 16 >$W/quant_$q.log 2>&1 || tail -3 $W/quant_$q.log
+    el "llama.cpp $q"
+    $B/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee "$out/llamacpp_bench_8b_$q.txt"
+    $B/llama-batched-bench -m $f -ngl 99 -fa -c 140000 -b 2048 -ub 512 -npp 512 -ntg 128 -npl 1,64 2>/dev/null |
+      grep -E '^\|' | tee "$out/llamacpp_batched_8b_$q.txt"
+    G=$f pb "8b_${q}_b1" --num-prompts 1 --input-len 512 --output-len 128 --temperature 0
+    G=$f pb "8b_${q}_p64" --num-prompts 64 --input-len 512 --output-len 128 --temperature 0
+  done
+  (( $(date +%s) - t0 > 520 )) || pb 8b_isq8_b1 --num-prompts 1 --input-len 512 --output-len 128 --temperature 0 --isq 8
 fi
 el "done"

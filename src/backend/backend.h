@@ -232,7 +232,30 @@ struct backend_ops {
    * Everything RECORD enqueues must depend only on KEY (same pointers, same scalars). With
    * replay off (PAGODA_CUDA_GRAPHS=0) it always runs RECORD directly. No sync. */
   int (*graph_run)(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
+
+  /* ---- Sampling for every request kind on the device (optional; the engine falls back to the
+   * host for the rows these would serve) ---- */
+  /* As sample, for N entries where entry i draws from logits row ROWS[i] (host) with PARAMS[i]:
+   * several entries may share a row (the first step of n > 1 draws its n samples from the
+   * prompt's row, each with its own u). Synchronises. */
+  int (*sample_rows)(struct backend *be, int32_t *tokens, const float *logits, const int32_t *rows, int n,
+                     int vocab, const struct backend_sample_params *params);
+  /* Copies rows ROWS[0..n) (host) of logits(., vocab) F32 into the backend's stash, rows 0..n-1:
+   * the raw logits of logprob rows, kept before ops->process changes them in place. The stash
+   * holds until the next stash_rows. No sync. */
+  int (*stash_rows)(struct backend *be, const float *logits, int vocab, const int32_t *rows, int n);
+  /* Top-k log-probabilities of N entries, entry i over row ROWS[i] of logits(., vocab) F32 in
+   * backend memory (of the stash when LOGITS is NULL): lse = mx + log(sum of exp(x - mx)), the
+   * sum in double as sequence_save_raw computes it; the K largest x - lse, descending (ties: the
+   * lower id first), into LPS(n, k) and their ids into IDS(n, k) (host); with TARGETS (host, n)
+   * also TLP[i] = x[targets[i]] - lse. 0 <= k <= BACKEND_TOPK_MAX and k <= vocab. Only the k
+   * ids and values per entry come back. Synchronises. */
+  int (*topk_rows)(struct backend *be, int32_t *ids, float *lps, float *tlp, const float *logits, int vocab,
+                   const int32_t *rows, const int32_t *targets, int n, int k);
 };
+
+/* The largest k of backend_ops.topk_rows (beam search takes 2 x beam_width, width <= 64). */
+#define BACKEND_TOPK_MAX 128
 
 /* What a backend can do, filled in by its create function; everything outside src/backend/
  * reads these instead of comparing be->ops->name or guessing from act_dtype. */

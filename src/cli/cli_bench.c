@@ -128,8 +128,9 @@ int cli_bench(int argc, char **argv) {
   uint64_t *ids = malloc((size_t)num_prompts * sizeof *ids);
   double *t_first = calloc((size_t)num_prompts, sizeof(double)), *t_last = calloc((size_t)num_prompts, sizeof(double));
   int *n_out = calloc((size_t)num_prompts, sizeof(int));
+  uint64_t *digest = calloc((size_t)num_prompts, sizeof(uint64_t)); /* FNV-1a of each request's tokens */
   double *ttft = malloc((size_t)num_prompts * sizeof(double)), *tpot = malloc((size_t)num_prompts * sizeof(double));
-  if (!prompt || !prefix || !ids || !t_first || !t_last || !n_out || !ttft || !tpot) {
+  if (!prompt || !prefix || !ids || !t_first || !t_last || !n_out || !digest || !ttft || !tpot) {
     fprintf(stderr, "error: out of memory\n");
     goto done;
   }
@@ -181,6 +182,8 @@ int cli_bench(int argc, char **argv) {
         t_first[lo] = t;
       t_last[lo] = t;
       n_out[lo] += outs[i].num_token_ids;
+      for (int j = 0; j < outs[i].num_token_ids; j++)
+        digest[lo] = (digest[lo] ^ (uint32_t)outs[i].token_ids[j]) * 0x100000001b3ull;
       out_tokens += outs[i].num_token_ids;
     }
   }
@@ -198,8 +201,12 @@ int cli_bench(int argc, char **argv) {
   double hit_rate = st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0;
   double shared_hit = shared ? (double)st.prefix_hits / ((double)shared * num_prompts) : 0;
   double p50_tpot = n_tpot ? pct(tpot, n_tpot, 50) : 0, p99_tpot = n_tpot ? pct(tpot, n_tpot, 99) : 0;
+  uint64_t all = 0xcbf29ce484222325ull; /* the requests' digests in submission order */
+  for (int k = 0; k < num_prompts; k++)
+    all = (all ^ digest[k]) * 0x100000001b3ull;
   if (json) {
-    printf("{\"requests\": %d, \"input_tokens\": %lld, \"output_tokens\": %lld, \"elapsed_s\": %.6f, "
+    printf("{\"output_digest\": \"%016llx\", ", (unsigned long long)all);
+    printf("\"requests\": %d, \"input_tokens\": %lld, \"output_tokens\": %lld, \"elapsed_s\": %.6f, "
            "\"requests_per_s\": %.4f, \"output_tok_per_s\": %.2f, \"total_tok_per_s\": %.2f, "
            "\"ttft_ms\": {\"p50\": %.3f, \"p99\": %.3f}, \"tpot_ms\": {\"p50\": %.4f, \"p99\": %.4f}, "
            "\"kv_peak_usage\": %.4f, \"kv_waste_fraction\": %.5f, \"prefix_cache_hit_rate\": %.4f, "
@@ -235,6 +242,7 @@ done:
   free(t_first);
   free(t_last);
   free(n_out);
+  free(digest);
   free(ttft);
   free(tpot);
   pagoda_engine_free(e);

@@ -171,33 +171,47 @@ static int finalize(const struct beam_env *env, struct request *r) {
   return 1;
 }
 
+void beam_candidates(const float *logits, int vocab, int k, int32_t *ids, float *lps) {
+  float mx = -INFINITY;
+  for (int v = 0; v < vocab; v++)
+    mx = logits[v] > mx ? logits[v] : mx;
+  double sum = 0;
+  for (int v = 0; v < vocab; v++)
+    sum += exp((double)(logits[v] - mx));
+  float lse = (float)((double)mx + log(sum)); /* as sequence_save_raw and backend_ops.topk_rows */
+  int n = 0;
+  for (int v = 0; v < vocab; v++) { /* insertion into a short sorted list: O(vocab) */
+    float lp = logits[v] - lse;
+    if (n == k && lp <= lps[k - 1])
+      continue;
+    int j = n < k ? n++ : k - 1;
+    while (j > 0 && lps[j - 1] < lp) {
+      lps[j] = lps[j - 1];
+      ids[j] = ids[j - 1];
+      j--;
+    }
+    lps[j] = lp;
+    ids[j] = v;
+  }
+}
+
 int beam_on_logits(const struct beam_env *env, struct sequence *seq, const float *logits) {
+  struct beam_state *b = seq->req->beam;
+  int K = 2 * b->width;
+  size_t at = (size_t)seq->index * K;
+  beam_candidates(logits, env->vocab, K, b->cand_tok + at, b->cand_lp + at);
+  return beam_on_candidates(env, seq, b->cand_tok + at, b->cand_lp + at);
+}
+
+int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const int32_t *ids, const float *lps) {
   struct request *r = seq->req;
   struct beam_state *b = r->beam;
   int W = b->width, K = 2 * W, i = seq->index;
-  /* This beam's 2W best tokens by logprob (insertion into a short sorted list: O(vocab)). */
-  float mx = -INFINITY;
-  for (int v = 0; v < env->vocab; v++)
-    mx = logits[v] > mx ? logits[v] : mx;
-  double sum = 0;
-  for (int v = 0; v < env->vocab; v++)
-    sum += exp((double)(logits[v] - mx));
-  float lse = mx + (float)log(sum);
   int32_t *ct = b->cand_tok + (size_t)i * K;
   float *cl = b->cand_lp + (size_t)i * K;
-  int n = 0;
-  for (int v = 0; v < env->vocab; v++) {
-    float lp = logits[v] - lse;
-    if (n == K && lp <= cl[K - 1])
-      continue;
-    int j = n < K ? n++ : K - 1;
-    while (j > 0 && cl[j - 1] < lp) {
-      cl[j] = cl[j - 1];
-      ct[j] = ct[j - 1];
-      j--;
-    }
-    cl[j] = lp;
-    ct[j] = v;
+  if (ct != ids) {
+    memcpy(ct, ids, (size_t)K * sizeof *ct);
+    memcpy(cl, lps, (size_t)K * sizeof *cl);
   }
   b->has_cand[i] = 1;
   for (int k = 0; k < W; k++)

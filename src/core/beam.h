@@ -40,5 +40,12 @@ void beam_state_free(struct beam_state *b);
  * finished: its sequences then hold the best hypotheses in rank order (finish set, text decoded,
  * all out of the scheduler); 0 otherwise; -1 on out of memory. */
 int beam_on_logits(const struct beam_env *env, struct sequence *seq, const float *logits);
+/* The same from the beam's candidates computed elsewhere (backend_ops.topk_rows on the device):
+ * IDS and LPS (2 x width) its best next tokens and their log-probabilities, best first. */
+int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const int32_t *ids, const float *lps);
+/* The host reference of those candidates: the K best log softmax(LOGITS (vocab)) values, best
+ * first (ties: the lower id first), and their ids; lse = mx + log(sum of exp(x - mx)) with the
+ * sum in double, each value x - lse in f32. Requires k <= vocab. */
+void beam_candidates(const float *logits, int vocab, int k, int32_t *ids, float *lps);
 
 #endif

@@ -332,6 +332,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   free(e->lp_value);
   free(e->proc);
   free(e->proc_bias);
+  free(e->ds_mem);
   free(e->input_ids);
   free(e->positions);
   free(e->slots);

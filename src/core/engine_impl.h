@@ -71,6 +71,20 @@ struct pagoda_engine {
   float *lp_value;                          /* (max_num_batched_tokens) their log-probabilities */
   struct backend_sample_params *dev_params; /* (max_num_seqs) one per logits row */
   int32_t *dev_tokens;                      /* (max_num_seqs) */
+  /* With the backend's sample_rows, stash_rows and topk_rows (every kind on the device): the
+   * step's device entries, carved from ds_mem for ds_cap entries. An entry is one sample drawn
+   * (the first step of n > 1 draws n from one row) or one beam row. ds_item[b] is item b's first
+   * entry, -1 for a row handled on the host. */
+  void *ds_mem;
+  int ds_cap;
+  int32_t *ds_item;                          /* (max_num_seqs) */
+  int32_t *ds_rows, *ds_tok, *ds_stash;      /* (ds_cap) logits row, sampled token, stash row */
+  struct backend_sample_params *ds_params;  /* (ds_cap) */
+  struct sequence **ds_seq;                  /* (ds_cap) the sequence the entry's token goes to */
+  float *ds_tlp;                             /* (ds_cap) logprob of the sampled token */
+  int32_t *ds_top_ids;                       /* (ds_cap, BACKEND_TOPK_MAX) top logprobs / beam candidates */
+  float *ds_top_lp;                          /* (ds_cap, BACKEND_TOPK_MAX) */
+  int32_t *ds_lp_idx;                        /* (ds_cap) scratch: entries of a topk_rows call */
   struct backend_proc_entry *proc;          /* (proc_cap) processor entries of the step */
   float *proc_bias;                         /* (bias_cap) their logit_bias values */
   size_t proc_cap, bias_cap;

@@ -8,11 +8,24 @@
 #include "core/engine_impl.h"
 #include "util/log.h"
 
+static int is_fork_row(const struct sequence *s);
+
+/* The logprob of SEQ's last token: from device entry DEV (its values came back from topk_rows),
+ * or from the raw row saved in FROM on the host (DEV < 0). */
+static void record_logprob(struct pagoda_engine *e, struct sequence *seq, const struct sequence *from, int dev) {
+  if (dev < 0)
+    sequence_record_logprob(seq, from, e->vocab);
+  else
+    sequence_set_logprob(seq, e->ds_tlp[dev], e->ds_top_ids + (size_t)dev * BACKEND_TOPK_MAX,
+                         e->ds_top_lp + (size_t)dev * BACKEND_TOPK_MAX);
+}
 
 /* Samples 1..n-1 of SEQ's request start from SEQ's state after the prompt: they share its blocks
- * (ref counts) and each draws its first token from the same logits with its own generator. */
+ * (ref counts) and each draws its first token from the same logits with its own generator. DEV
+ * >= 0: they were drawn on the device, sample i's token (and logprob) in entry DEV + i; else
+ * each draws here from the host row LOGITS. */
 static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const float *logits,
-                        const struct sampler_params *sp) {
+                        const struct sampler_params *sp, int dev) {
   struct request *r = seq->req;
   struct sched_seq *after = &seq->s;
   for (int i = 1; i < r->n_seqs; i++) {
@@ -28,10 +41,10 @@ static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const flo
       c->s.admitted = 1;
       scheduler_add(&e->sched, &c->s);
     }
-    int32_t tok = sampler_pick(&e->samplers[0], sp, logits, &c->rng);
+    int32_t tok = dev >= 0 ? e->ds_tok[dev + i] : sampler_pick(&e->samplers[0], sp, logits, &c->rng);
     if (sequence_push_token(c, tok, e->tok, e->max_model_len))
       return -1;
-    sequence_record_logprob(c, seq, e->vocab);
+    record_logprob(e, c, seq, dev < 0 ? -1 : dev + i);
     e->generated++;
     engine_mark_dirty(e, c);
     if (c->finish)
@@ -170,10 +183,193 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
   return model_forward_graph(e->model, &batch, e->dev_logits ? NULL : e->logits);
 }
 
-/* 1 when S's row must be on the host: beams and the first step of n > 1 read it whole, and
- * logprobs keep the raw row. */
-static int needs_host_row(const struct sequence *s) {
-  return s->req->beam || (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started) || s->req->sp.logprobs;
+/* 1 for the first step of n > 1 (sample 0's row; the others fork from it). */
+static int is_fork_row(const struct sequence *s) {
+  return !s->req->beam && s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
+}
+
+/* 1 when the backend samples every request kind where the logits are: forks (sample_rows),
+ * logprobs (stash_rows + topk_rows of the raw rows), beams (topk_rows of the processed rows). */
+static int dev_all_kinds(const struct pagoda_engine *e) {
+  const struct backend_ops *op = e->be->ops;
+  return op->sample_rows && op->stash_rows && op->topk_rows;
+}
+
+/* 1 when S's row must be on the host: without dev_all_kinds, beams and the first step of n > 1
+ * read it whole, and logprobs keep the raw row; with it, only beams wider than the vocabulary
+ * allows. */
+static int needs_host_row(const struct pagoda_engine *e, const struct sequence *s) {
+  if (dev_all_kinds(e))
+    return s->req->beam && 2 * s->req->beam->width > e->vocab;
+  return s->req->beam || is_fork_row(s) || s->req->sp.logprobs;
+}
+
+/* Room for N device entries (ds_*; at least max_num_seqs). 0, or -1 with err_last() set. */
+static int ds_reserve(struct pagoda_engine *e, int n) {
+  if (n < e->p.max_num_seqs)
+    n = e->p.max_num_seqs;
+  if (n <= e->ds_cap)
+    return 0;
+  size_t K = BACKEND_TOPK_MAX, per = 4 * sizeof(int32_t) + sizeof(struct backend_sample_params) +
+                                    sizeof(struct sequence *) + sizeof(float) + K * (sizeof(int32_t) + sizeof(float));
+  char *m = malloc((size_t)n * per + (size_t)e->p.max_num_seqs * sizeof(int32_t) + 64);
+  if (!m)
+    return ERR("out of memory for the device sampling entries of %d sequences", n);
+  free(e->ds_mem);
+  e->ds_mem = m;
+  e->ds_cap = n;
+  /* the widest types first, so every array stays aligned */
+  e->ds_params = (struct backend_sample_params *)m, m += (size_t)n * sizeof *e->ds_params;
+  e->ds_seq = (struct sequence **)m, m += (size_t)n * sizeof *e->ds_seq;
+  e->ds_tlp = (float *)m, m += (size_t)n * sizeof(float);
+  e->ds_top_lp = (float *)m, m += (size_t)n * K * sizeof(float);
+  e->ds_top_ids = (int32_t *)m, m += (size_t)n * K * sizeof(int32_t);
+  e->ds_rows = (int32_t *)m, m += (size_t)n * sizeof(int32_t);
+  e->ds_tok = (int32_t *)m, m += (size_t)n * sizeof(int32_t);
+  e->ds_stash = (int32_t *)m, m += (size_t)n * sizeof(int32_t);
+  e->ds_lp_idx = (int32_t *)m, m += (size_t)n * sizeof(int32_t);
+  e->ds_item = (int32_t *)m;
+  return 0;
+}
+
+/* The sampling parameters of a draw by SEQ's generator from SP (u as sampler_pick takes it). */
+static struct backend_sample_params draw_params(const struct sampler_params *sp, struct sequence *seq) {
+  int greedy = sp->temperature <= 0 || sp->top_k == 1;
+  return (struct backend_sample_params){greedy ? 0.0f : sp->temperature, sp->top_k, sp->top_p, sp->min_p,
+                                        greedy ? 0.0f : (float)rng_uniform(&seq->rng)};
+}
+
+/* Every kind on the device (dev_all_kinds), for a step whose logits stayed there: the raw rows
+ * of logprob requests go to the stash, the processors of every row up as entries (one copy), one
+ * sample_rows call draws every sample (n per fork row, each with its own generator's u: the
+ * step's sync), then topk_rows scores the logprob entries' tokens and top logprobs on the stash
+ * and the beam rows' 2W candidates on the processed rows. Only ids and values come back. */
+static int device_sample_all(struct pagoda_engine *e, const struct scheduler_output *o) {
+  struct backend *be = e->be;
+  int n_ent = 0;
+  size_t need = 0, need_bias = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->logit_row[b] < 0)
+      continue;
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    n_ent += is_fork_row(s) ? s->req->n_seqs : 1;
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
+    need_bias += (size_t)sp.n_bias;
+  }
+  if (ds_reserve(e, n_ent))
+    return -1;
+  if (need > e->proc_cap) {
+    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for the logits processors of %zu tokens", need);
+    e->proc = p;
+    e->proc_cap = need * 2;
+  }
+  if (need_bias > e->bias_cap) {
+    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for %zu logit_bias values", need_bias);
+    e->proc_bias = p;
+    e->bias_cap = need_bias * 2;
+  }
+  /* entries: samples first (in item order, a fork row's n samples together), then beam rows */
+  int ne = 0, nb = 0, ns = 0, nbeam = 0, n_stash = 0, k_lp = 0, k_beam = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    e->ds_item[b] = -1;
+    e->picked[b] = -1;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    if (e->logit_row[b] < 0 || s->req->beam)
+      continue;
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    int stash = -1;
+    if (s->req->sp.logprobs) {
+      stash = n_stash;
+      e->ds_lp_idx[n_stash++] = e->logit_row[b];
+      k_lp = s->req->sp.top_logprobs > k_lp ? s->req->sp.top_logprobs : k_lp;
+      k_lp = k_lp < e->vocab ? k_lp : e->vocab;
+    }
+    e->ds_item[b] = ns;
+    int n = is_fork_row(s) ? s->req->n_seqs : 1;
+    for (int i = 0; i < n; i++, ns++) {
+      struct sequence *c = &s->req->seqs[i == 0 ? s->index : i];
+      e->ds_seq[ns] = c;
+      e->ds_rows[ns] = e->logit_row[b];
+      e->ds_stash[ns] = stash;
+      e->ds_params[ns] = draw_params(&sp, c);
+    }
+  }
+  int n_samples = ns;
+  for (int b = 0; b < o->num_items; b++) {
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    if (e->logit_row[b] < 0 || !s->req->beam || needs_host_row(e, s))
+      continue;
+    e->ds_item[b] = n_samples + nbeam;
+    e->ds_seq[n_samples + nbeam] = s;
+    e->ds_rows[n_samples + nbeam++] = e->logit_row[b];
+    k_beam = 2 * s->req->beam->width > k_beam ? 2 * s->req->beam->width : k_beam;
+  }
+  for (int b = 0; b < o->num_items; b++) { /* processors of the device rows */
+    int row = e->logit_row[b];
+    if (row < 0 || e->ds_item[b] < 0)
+      continue;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    ne += sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                               sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
+    nb += sp.n_bias;
+  }
+  float *logits = model_logits_device(e->model);
+  for (int b = 0; b < o->num_items; b++) /* host rows, raw (the host applies their processors) */
+    if (e->logit_row[b] >= 0 && e->ds_item[b] < 0 &&
+        model_logits_download(e->model, e->logit_row[b], 1, e->logits + (size_t)e->logit_row[b] * e->vocab))
+      return -1;
+  if (n_stash && be->ops->stash_rows(be, logits, e->vocab, e->ds_lp_idx, n_stash))
+    return -1;
+  if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
+    return -1;
+  if (n_samples && be->ops->sample_rows(be, e->ds_tok, logits, e->ds_rows, n_samples, e->vocab, e->ds_params))
+    return -1;
+  if (n_stash) { /* the logprob entries, packed: stash row, target, results back in place */
+    int m = 0;
+    for (int i = 0; i < n_samples; i++)
+      if (e->ds_stash[i] >= 0) {
+        e->ds_lp_idx[m] = i;
+        e->ds_rows[m] = e->ds_stash[i]; /* ds_rows of samples is not read past sample_rows */
+        e->ds_stash[m++] = e->ds_tok[i];
+      }
+    if (be->ops->topk_rows(be, e->ds_top_ids, e->ds_top_lp, e->ds_tlp, NULL, e->vocab, e->ds_rows, e->ds_stash, m,
+                           k_lp))
+      return -1;
+    /* unpack from the back so no packed result is overwritten before it moves */
+    for (int j = m - 1; j >= 0; j--) {
+      int i = e->ds_lp_idx[j];
+      e->ds_tlp[i] = e->ds_tlp[j];
+      memmove(e->ds_top_ids + (size_t)i * BACKEND_TOPK_MAX, e->ds_top_ids + (size_t)j * k_lp,
+              (size_t)k_lp * sizeof(int32_t));
+      memmove(e->ds_top_lp + (size_t)i * BACKEND_TOPK_MAX, e->ds_top_lp + (size_t)j * k_lp,
+              (size_t)k_lp * sizeof(float));
+    }
+  }
+  if (nbeam) {
+    int32_t *ids = e->ds_top_ids + (size_t)n_samples * BACKEND_TOPK_MAX;
+    float *lps = e->ds_top_lp + (size_t)n_samples * BACKEND_TOPK_MAX;
+    if (be->ops->topk_rows(be, ids, lps, NULL, logits, e->vocab, e->ds_rows + n_samples, NULL, nbeam, k_beam))
+      return -1;
+    for (int j = nbeam - 1; j >= 0; j--) { /* (nbeam, k_beam) packed -> stride BACKEND_TOPK_MAX */
+      memmove(ids + (size_t)j * BACKEND_TOPK_MAX, ids + (size_t)j * k_beam, (size_t)k_beam * sizeof(int32_t));
+      memmove(lps + (size_t)j * BACKEND_TOPK_MAX, lps + (size_t)j * k_beam, (size_t)k_beam * sizeof(float));
+    }
+  }
+  for (int b = 0; b < o->num_items; b++) {
+    const struct sequence *s = (const struct sequence *)o->items[b].seq;
+    if (e->ds_item[b] >= 0 && !s->req->beam)
+      e->picked[b] = e->ds_tok[e->ds_item[b]];
+  }
+  return 0;
 }
 
 /* Sampling on the device for a step whose logits stayed there (e->dev_logits): host rows are
@@ -183,15 +379,20 @@ static int needs_host_row(const struct sequence *s) {
  * generator exactly as sampler_pick would take it (none when greedy), so both backends pick the
  * same token from the same draw. */
 static int device_sample(struct pagoda_engine *e, const struct scheduler_output *o) {
+  if (dev_all_kinds(e))
+    return device_sample_all(e, o);
   struct backend *be = e->be;
   size_t need = 0, need_bias = 0;
   int nl = 0;
+  if (ds_reserve(e, 0))
+    return -1;
   for (int b = 0; b < o->num_items; b++) {
+    e->ds_item[b] = -1;
     if (e->logit_row[b] < 0)
       continue;
     nl++;
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
-    if (needs_host_row(s))
+    if (needs_host_row(e, s))
       continue;
     struct sampler_params sp; /* room for one entry per bias value, history token and suppressed id */
     sequence_sampler_params(s, &sp);
@@ -221,7 +422,7 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
       continue;
     struct sequence *s = (struct sequence *)o->items[b].seq;
     struct backend_sample_params *dp = &e->dev_params[row];
-    if (needs_host_row(s)) {
+    if (needs_host_row(e, s)) {
       *dp = (struct backend_sample_params){0};
       if (model_logits_download(e->model, row, 1, e->logits + (size_t)row * e->vocab))
         return -1;
@@ -233,9 +434,8 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
                                  sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
     ne += n;
     nb += sp.n_bias;
-    int greedy = sp.temperature <= 0 || sp.top_k == 1;
-    *dp = (struct backend_sample_params){greedy ? 0.0f : sp.temperature, sp.top_k, sp.top_p, sp.min_p,
-                                         greedy ? 0.0f : (float)rng_uniform(&s->rng)};
+    *dp = draw_params(&sp, s);
+    e->ds_item[b] = row;
   }
   float *logits = model_logits_device(e->model);
   if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
@@ -243,7 +443,7 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
   if (be->ops->sample(be, e->dev_tokens, logits, nl, e->vocab, e->dev_params))
     return -1;
   for (int b = 0; b < o->num_items; b++)
-    if (e->logit_row[b] >= 0 && !needs_host_row((const struct sequence *)o->items[b].seq))
+    if (e->ds_item[b] >= 0)
       e->picked[b] = e->dev_tokens[e->logit_row[b]];
   return 0;
 }
@@ -297,8 +497,8 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
   int nt = (long)nl * e->vocab >= (1L << 17) ? e->n_samplers : 1;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
   for (int b = 0; b < o->num_items; b++) {
-    if (e->dev_logits && e->picked[b] >= 0)
-      continue; /* sampled on the device */
+    if (e->dev_logits && e->ds_item[b] >= 0)
+      continue; /* sampled (or its candidates taken) on the device */
     e->picked[b] = -1;
     if (e->logit_row[b] < 0)
       continue;
@@ -323,12 +523,15 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
       return PAGODA_ERR_OUT_OF_MEMORY;
     struct sequence *s = (struct sequence *)o->items[b].seq;
     float *lg = e->logits + (size_t)e->logit_row[b] * e->vocab;
+    int dev = e->dev_logits ? e->ds_item[b] : -1; /* its first device entry, -1: a host row */
     struct sampler_params spv;
     sequence_sampler_params(s, &spv);
     const struct sampler_params *sp = &spv;
     if (s->req->beam) { /* beams report once, at the end, in rank order */
       struct beam_env env = {&e->sched, &e->kv, e->tok, e->vocab, e->max_model_len};
-      int rc = beam_on_logits(&env, s, lg);
+      int rc = dev < 0 ? beam_on_logits(&env, s, lg)
+                       : beam_on_candidates(&env, s, e->ds_top_ids + (size_t)dev * BACKEND_TOPK_MAX,
+                                            e->ds_top_lp + (size_t)dev * BACKEND_TOPK_MAX);
       if (rc < 0)
         return PAGODA_ERR_OUT_OF_MEMORY;
       e->generated++;
@@ -336,13 +539,12 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
         engine_mark_dirty(e, &s->req->seqs[k]);
       continue;
     }
-    if (s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started &&
-        fork_samples(e, s, lg, sp))
+    if (is_fork_row(s) && fork_samples(e, s, lg, sp, dev))
       return PAGODA_ERR_OUT_OF_MEMORY;
     int32_t tok = e->picked[b] >= 0 ? e->picked[b] : sampler_pick(&e->samplers[0], sp, lg, &s->rng);
     if (sequence_push_token(s, tok, e->tok, e->max_model_len))
       return PAGODA_ERR_OUT_OF_MEMORY;
-    sequence_record_logprob(s, s, e->vocab);
+    record_logprob(e, s, s, dev);
     e->generated++;
     engine_mark_dirty(e, s);
     if (s->finish)

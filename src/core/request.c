@@ -277,3 +277,14 @@ void sequence_record_logprob(struct sequence *seq, const struct sequence *from, 
   for (int j = 0; j < have; j++)
     lps[j] -= from->raw_lse;
 }
+
+void sequence_set_logprob(struct sequence *seq, float lp, const int32_t *ids, const float *lps) {
+  const struct request *r = seq->req;
+  int k = sequence_num_output(seq) - 1;
+  if (!r->sp.logprobs || k < 0 || k >= r->max_tokens)
+    return;
+  seq->lp[k] = lp;
+  size_t n_top = (size_t)r->sp.top_logprobs;
+  memcpy(seq->top_ids + (size_t)k * n_top, ids, n_top * sizeof *ids);
+  memcpy(seq->top_lp + (size_t)k * n_top, lps, n_top * sizeof *lps);
+}

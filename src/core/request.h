@@ -85,6 +85,9 @@ int sequence_save_raw(struct sequence *seq, const float *logits, int vocab);
 /* sp.logprobs: records the logprob (and top logprobs) of SEQ's last output token from the raw
  * row saved in FROM (SEQ itself, or the sample it forked from). */
 void sequence_record_logprob(struct sequence *seq, const struct sequence *from, int vocab);
+/* sp.logprobs: the same from values computed elsewhere (backend_ops.topk_rows on the device):
+ * LP the logprob of SEQ's last output token, IDS / LPS its sp.top_logprobs best, best first. */
+void sequence_set_logprob(struct sequence *seq, float lp, const int32_t *ids, const float *lps);
 
 static inline int sequence_num_output(const struct sequence *seq) { return seq->s.num_tokens - seq->s.num_prompt; }
 

@@ -17,11 +17,18 @@
  *    sampling of downloaded logits from the same forward passes), and with CUDA graphs on and
  *    off (PAGODA_CUDA_GRAPHS=0) at 32 and 6 sequences per step (at 6, the prompt-logprob rows are
  *    scored on the device in chunks): identical token ids, logprobs within 1e-4. Also
- *    ops->logprob_rows against sampler_logprob. */
+ *    ops->logprob_rows against sampler_logprob.
+ * 3. The ops that put every kind on the device: ops->sample_rows with several entries per row
+ *    (the first step of n > 1: each sample its own seed) against sampler_pick per entry;
+ *    ops->topk_rows (top logprobs, beam candidates: k = 0, 1, 5, 20, 2 x 64) against
+ *    beam_candidates / sampler_logprob on rows with many ties (equal ids, values within 1e-4),
+ *    straight and from the stash (ops->stash_rows before ops->process changes the rows). With
+ *    these the engine-level runs above take logprobs, n = 3 and beams on the device too. */
 #include <math.h>
 
 #include "gpu_pair.h"
 #include "pagoda.h"
+#include "core/beam.h"
 #include "sampling/rng.h"
 #include "sampling/sampler.h"
 
@@ -223,6 +230,135 @@ static void test_logprob_rows(int vocab, int n) {
   free(x);
 }
 
+/* ops->sample_rows: ENT entries over ROWS rows (entry i reads row i % rows, so rows repeat), each
+ * with its own generator, against the host sampler on the processed row. */
+static void test_sample_rows(int vocab, int rows, int ent) {
+  struct backend *g = pair_be[1];
+  struct sampler smp;
+  if (sampler_init(&smp, vocab))
+    pair_die("sampler_init");
+  size_t sz = (size_t)rows * vocab;
+  float *x = malloc(sz * sizeof(float));
+  for (size_t i = 0; i < sz; i++)
+    x[i] = test_randf(&pair_rng) * 4.0f + (test_rand(&pair_rng) % 97 == 0 ? 8.0f : 0.0f);
+  int32_t *rmap = malloc(sizeof(int32_t) * ent), *tok = malloc(sizeof(int32_t) * ent);
+  struct backend_sample_params *params = malloc(sizeof *params * ent);
+  int32_t *want = malloc(sizeof(int32_t) * ent);
+  for (int i = 0; i < ent; i++) {
+    const struct kind *k = &kinds[i % (sizeof kinds / sizeof kinds[0])];
+    struct sampler_params sp = {.temperature = k->temperature, .top_k = k->top_k, .top_p = k->top_p,
+                                .min_p = k->min_p, .repetition_penalty = 1};
+    struct rng rh, rd;
+    uint64_t seed = test_rand(&pair_rng);
+    rng_seed(&rh, seed);
+    rng_seed(&rd, seed);
+    rmap[i] = i % rows;
+    want[i] = sampler_pick(&smp, &sp, x + (size_t)rmap[i] * vocab, &rh);
+    int greedy = sp.temperature <= 0 || sp.top_k == 1;
+    params[i] = (struct backend_sample_params){greedy ? 0.0f : sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                                               greedy ? 0.0f : (float)rng_uniform(&rd)};
+  }
+  float *d = g->ops->alloc(g, sz * sizeof(float));
+  if (!d || g->ops->upload(g, d, x, sz * sizeof(float)) || g->ops->sample_rows(g, tok, d, rmap, ent, vocab, params))
+    pair_die("sample_rows");
+  int bad = 0, near = 0;
+  for (int i = 0; i < ent; i++) {
+    if (tok[i] == want[i])
+      continue;
+    const struct kind *k = &kinds[i % (sizeof kinds / sizeof kinds[0])];
+    struct sampler_params sp = {.temperature = k->temperature, .top_k = k->top_k, .top_p = k->top_p,
+                                .min_p = k->min_p, .repetition_penalty = 1};
+    if (params[i].temperature > 0 &&
+        draw_at_boundary(&smp, &sp, x + (size_t)rmap[i] * vocab, want[i], tok[i], params[i].u)) {
+      near++;
+      continue;
+    }
+    if (!bad)
+      printf("  entry %d (row %d, %s): host %d, cuda %d\n", i, rmap[i], k->name, want[i], tok[i]);
+    bad++;
+  }
+  printf("sample_rows vocab %6d: %d entries over %d rows, %d equal%s\n", vocab, ent, rows, ent - bad - near,
+         near ? " (the others: draw within 1e-5 of a boundary)" : "");
+  failures += bad != 0;
+  g->ops->free(g, d);
+  free(x);
+  free(rmap);
+  free(tok);
+  free(params);
+  free(want);
+  sampler_free(&smp);
+}
+
+/* ops->topk_rows against beam_candidates (top-k) and sampler_logprob (targets), on rows whose
+ * values repeat (multiples of 1/8, so ties at the k-th value are common); STASH: the rows go
+ * through ops->stash_rows, then ops->process sets some of them to -inf, and the top-k is taken
+ * from the stash (the raw rows). */
+static void test_topk_rows(int vocab, int n, int k, int stash) {
+  struct backend *g = pair_be[1];
+  int rows = n > 3 ? n - 2 : n;
+  size_t sz = (size_t)rows * vocab;
+  float *x = malloc(sz * sizeof(float));
+  for (size_t i = 0; i < sz; i++)
+    x[i] = (float)pair_int(-80, 40) / 8.0f;
+  int32_t *rmap = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n);
+  int32_t *ids = malloc(sizeof(int32_t) * ((size_t)n * k + 1)), *want_ids = malloc(sizeof(int32_t) * (k + 1));
+  float *lps = malloc(sizeof(float) * ((size_t)n * k + 1)), *want_lps = malloc(sizeof(float) * (k + 1));
+  float *tlp = malloc(sizeof(float) * n);
+  for (int i = 0; i < n; i++) {
+    rmap[i] = i % rows; /* rows repeat when n > rows */
+    tg[i] = pair_int(0, vocab - 1);
+  }
+  float *d = g->ops->alloc(g, sz * sizeof(float));
+  if (!d || g->ops->upload(g, d, x, sz * sizeof(float)))
+    pair_die("topk upload");
+  const float *src = d;
+  if (stash) {
+    struct backend_proc_entry ent[8];
+    int32_t all[64];
+    for (int i = 0; i < rows && i < 64; i++)
+      all[i] = i;
+    if (g->ops->stash_rows(g, d, vocab, all, rows))
+      pair_die("stash_rows");
+    for (int i = 0; i < 8; i++) /* -inf over some of the largest candidates */
+      ent[i] = (struct backend_proc_entry){.row = i % rows, .id = (i * 7919) % vocab, .rep = 1.0f, .suppress = 1};
+    if (g->ops->process(g, d, vocab, ent, 8, NULL, 0))
+      pair_die("process");
+    src = NULL;
+  }
+  if (g->ops->topk_rows(g, ids, lps, tlp, src, vocab, rmap, tg, n, k))
+    pair_die("topk_rows");
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    const float *row = x + (size_t)rmap[i] * vocab;
+    if (k)
+      beam_candidates(row, vocab, k, want_ids, want_lps);
+    float want_t = sampler_logprob(row, vocab, tg[i]);
+    int ok = fabsf(tlp[i] - want_t) <= 1e-4f;
+    for (int j = 0; j < k; j++)
+      ok &= ids[(size_t)i * k + j] == want_ids[j] && fabsf(lps[(size_t)i * k + j] - want_lps[j]) <= 1e-4f;
+    if (!ok && !bad) {
+      printf("  entry %d (row %d): target %.7g vs host %.7g", i, rmap[i], tlp[i], want_t);
+      for (int j = 0; j < k && j < 4; j++)
+        printf("; #%d cuda %d %.6g host %d %.6g", j, ids[(size_t)i * k + j], lps[(size_t)i * k + j], want_ids[j],
+               want_lps[j]);
+      printf("\n");
+    }
+    bad += !ok;
+  }
+  printf("topk_rows vocab %6d k %3d%s: %d/%d entries equal (ids, values within 1e-4)\n", vocab, k,
+         stash ? " from the stash" : "", n - bad, n);
+  failures += bad != 0;
+  g->ops->free(g, d);
+  free(x);
+  free(rmap);
+  free(tg);
+  free(ids);
+  free(want_ids);
+  free(lps);
+  free(want_lps);
+  free(tlp);
+}
+
 /* ---- engine level ---- */
 
 #define MAX_REQ 16
@@ -381,6 +517,20 @@ int main(void) {
       test_kind(&kinds[k], vocabs[v]);
   test_logprob_rows(1000, 40);
   test_logprob_rows(128256, 40);
+  if (!pair_be[1]->ops->sample_rows || !pair_be[1]->ops->topk_rows || !pair_be[1]->ops->stash_rows) {
+    printf("FAIL: the cuda backend lacks sample_rows / topk_rows / stash_rows\n");
+    failures++;
+  } else {
+    test_sample_rows(32000, 5, 40);
+    test_sample_rows(128256, 3, 300); /* more entries than one launch holds before reserve */
+    static const int ks[] = {0, 1, 5, 20, 128};
+    for (size_t i = 0; i < 5; i++) {
+      test_topk_rows(1000, 12, ks[i], 0);
+      test_topk_rows(128256, 12, ks[i], 0);
+    }
+    test_topk_rows(32000, 9, 20, 1);
+    test_topk_rows(128256, 40, 4, 1);
+  }
   test_engine();
   pair_close();
   printf(failures ? "FAILED: %d\n" : "all passed\n", failures);

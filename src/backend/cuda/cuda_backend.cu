@@ -235,7 +235,10 @@ static void cuda_free_sample_staging(struct cuda_backend *cb) {
   cudaFreeHost(cb->sample_tokens_host);
   cudaFree(cb->lp_out_dev);
   cudaFreeHost(cb->lp_out_host);
+  cudaFree(cb->sample_rows_dev);
+  cudaFreeHost(cb->sample_rows_host);
   cb->lp_out_dev = cb->lp_out_host = NULL;
+  cb->sample_rows_dev = cb->sample_rows_host = NULL;
   cb->sample_params_dev = NULL;
   cb->sample_tokens_dev = NULL;
   cb->sample_params_host = NULL;
@@ -253,6 +256,8 @@ static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
   CUDA_CHECK(cudaMallocHost(&cb->sample_tokens_host, sizeof(int32_t) * rows));
   CUDA_CHECK(cudaMalloc(&cb->lp_out_dev, sizeof(float) * rows));
   CUDA_CHECK(cudaMallocHost(&cb->lp_out_host, sizeof(float) * rows));
+  CUDA_CHECK(cudaMalloc(&cb->sample_rows_dev, sizeof(int32_t) * rows));
+  CUDA_CHECK(cudaMallocHost(&cb->sample_rows_host, sizeof(int32_t) * rows));
   cb->sample_cap = rows;
   return 0;
 }
@@ -288,6 +293,7 @@ static void cuda_destroy(struct backend *be) {
   cudaFree(cb->attn_scratch);
   cuda_graph_free_all(cb);
   cuda_free_sample_staging(cb);
+  cuda_sample_free(cb);
   cudaFree(cb->proc_dev);
   cudaFreeHost(cb->proc_host);
   if (cb->stream)
@@ -328,6 +334,9 @@ static const struct backend_ops cuda_ops = {
     /* .alloc_host = */ cuda_alloc_host,
     /* .free_host = */ cuda_free_host,
     /* .graph_run = */ cuda_graph_run,
+    /* .sample_rows = */ cuda_op_sample_rows,
+    /* .stash_rows = */ cuda_op_stash_rows,
+    /* .topk_rows = */ cuda_op_topk_rows,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,

@@ -52,6 +52,14 @@ struct cuda_backend {
   struct backend_sample_params *sample_params_host; /* (sample_cap) pinned */
   int32_t *sample_tokens_host;                      /* (sample_cap) pinned */
   float *lp_out_dev, *lp_out_host;                  /* (sample_cap) logprob_rows results */
+  int32_t *sample_rows_dev, *sample_rows_host;      /* (sample_cap) sample_rows' row of each entry */
+  /* topk_rows staging (rows and targets up; ids, values and target values down), grown on demand
+   * (doubling) to the largest call seen; the stash of stash_rows, grown the same way. Freed by
+   * cuda_sample_free. */
+  void *topk_dev, *topk_host;
+  size_t topk_bytes;
+  float *stash;
+  size_t stash_floats;
   /* logits-processor staging (cuda_op_process): entries then bias values, grown on demand to the
    * largest step seen (doubling); pinned host side so the copy up is one async transfer */
   void *proc_dev, *proc_host;
@@ -117,6 +125,13 @@ int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, in
                          const int32_t *targets);
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
                     const float *bias, int n_bias);
+int cuda_op_sample_rows(struct backend *be, int32_t *tokens, const float *logits, const int32_t *rows, int n,
+                        int vocab, const struct backend_sample_params *params);
+int cuda_op_stash_rows(struct backend *be, const float *logits, int vocab, const int32_t *rows, int n);
+int cuda_op_topk_rows(struct backend *be, int32_t *ids, float *lps, float *tlp, const float *logits, int vocab,
+                      const int32_t *rows, const int32_t *targets, int n, int k);
+/* Frees the topk staging and the stash (cuda_sample.cu). */
+void cuda_sample_free(struct cuda_backend *cb);
 
 /* bf16 GEMV for decode-sized T (cuda_gemv.cu): T <= gemv_max_t (CUDA_GEMV_MAX_T unless
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */

@@ -82,12 +82,13 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(int32_t *tokens,                            /* (n) */
                   const float *logits,                        /* (n, vocab) */
                   const struct backend_sample_params *params, /* (n) */
+                  const int32_t *rows,                        /* (n) logits row of each entry; NULL: i */
                   int vocab) {
   __shared__ float shf[32];
   __shared__ int shi[32];
   __shared__ float chunk_sum[SAMPLE_THREADS];
   int row = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-  const float *x = logits + (size_t)row * vocab;
+  const float *x = logits + (size_t)(rows ? rows[row] : row) * vocab;
   struct backend_sample_params p = params[row];
 
   /* argmax (also the answer for greedy rows and for top_k == 1) */
@@ -193,9 +194,10 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     tokens[row] = chosen;
 }
 
-int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
-                   const struct backend_sample_params *params) {
-  struct cuda_backend *cb = cuda_be(be);
+/* Entries [r0, r0 + nr) per launch (nr <= sample_cap): parameters (and the row map) up, one
+ * launch, the tokens down, one sync. */
+static int sample_launch(struct cuda_backend *cb, int32_t *tokens, const float *logits, const int32_t *rows, int n,
+                         int vocab, const struct backend_sample_params *params) {
   if (vocab <= 0)
     return ERR("cuda sample: vocab %d", vocab);
   for (int r0 = 0; r0 < n; r0 += cb->sample_cap) {
@@ -203,8 +205,15 @@ int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int
     memcpy(cb->sample_params_host, params + r0, sizeof *params * nr);
     CUDA_CHECK(cudaMemcpyAsync(cb->sample_params_dev, cb->sample_params_host, sizeof *params * nr,
                                cudaMemcpyHostToDevice, cb->stream));
-    sample_kernel<<<nr, SAMPLE_THREADS, 0, cb->stream>>>(cb->sample_tokens_dev, logits + (size_t)r0 * vocab,
-                                                        cb->sample_params_dev, vocab);
+    const float *base = logits + (size_t)r0 * vocab;
+    if (rows) {
+      memcpy(cb->sample_rows_host, rows + r0, sizeof(int32_t) * nr);
+      CUDA_CHECK(cudaMemcpyAsync(cb->sample_rows_dev, cb->sample_rows_host, sizeof(int32_t) * nr,
+                                 cudaMemcpyHostToDevice, cb->stream));
+      base = logits;
+    }
+    sample_kernel<<<nr, SAMPLE_THREADS, 0, cb->stream>>>(cb->sample_tokens_dev, base, cb->sample_params_dev,
+                                                        rows ? cb->sample_rows_dev : NULL, vocab);
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpyAsync(cb->sample_tokens_host, cb->sample_tokens_dev, sizeof(int32_t) * nr,
                                cudaMemcpyDeviceToHost, cb->stream));
@@ -212,6 +221,16 @@ int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int
     memcpy(tokens + r0, cb->sample_tokens_host, sizeof(int32_t) * nr);
   }
   return 0;
+}
+
+int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
+                   const struct backend_sample_params *params) {
+  return sample_launch(cuda_be(be), tokens, logits, NULL, n, vocab, params);
+}
+
+int cuda_op_sample_rows(struct backend *be, int32_t *tokens, const float *logits, const int32_t *rows, int n,
+                        int vocab, const struct backend_sample_params *params) {
+  return sample_launch(cuda_be(be), tokens, logits, rows, n, vocab, params);
 }
 
 /* One thread per entry (distinct tokens per row, so no two threads touch one logit). Every
@@ -313,5 +332,178 @@ int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, in
                              cb->stream));
   CUDA_CHECK(cudaStreamSynchronize(cb->stream));
   memcpy(out, cb->lp_out_host, sizeof(float) * n);
+  return 0;
+}
+
+/* ---- top-k log-probabilities (logprobs + top logprobs, beam candidates) ---- */
+
+/* One block per entry. lse as sequence_save_raw: mx, then the sum of exp((double)(x - mx)) (the
+ * difference in f32, as the host), lse = (float)(mx + log(sum)). The k-th largest key is found
+ * bit by bit as in sample_kernel (count of keys at or above a candidate); every id with a larger
+ * key is kept, then the lowest ids holding the k-th key (a block scan over contiguous chunks, so
+ * ties go to the lower id); the k kept are ranked in shared memory by (value desc, id asc). */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+    topk_kernel(int32_t *ids, float *lps, float *tlp, const float *logits, const int32_t *rows,
+                const int32_t *targets, int vocab, int k) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  __shared__ float kv[BACKEND_TOPK_MAX];
+  __shared__ int ki[BACKEND_TOPK_MAX];
+  __shared__ int chunk[SAMPLE_THREADS];
+  __shared__ int n_gt;
+  __shared__ float lse_sh;
+  int e = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+  const float *x = logits + (size_t)rows[e] * vocab;
+  float mx = -INFINITY;
+  for (int i = tid; i < vocab; i += nt)
+    mx = fmaxf(mx, x[i]);
+  mx = sample_block_max(mx, shf);
+  double sum = 0;
+  for (int i = tid; i < vocab; i += nt)
+    sum += exp((double)__fsub_rn(x[i], mx));
+  int lane = tid & 31, wid = tid >> 5;
+  for (int o = 16; o > 0; o >>= 1)
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0)
+    shd[wid] = sum;
+  if (tid == 0)
+    n_gt = 0;
+  __syncthreads();
+  if (tid == 0) {
+    double total = 0;
+    for (int w = 0; w < (nt >> 5); w++)
+      total += shd[w];
+    lse_sh = (float)((double)mx + log(total));
+    if (targets)
+      tlp[e] = __fsub_rn(x[targets[e]], lse_sh);
+  }
+  __syncthreads();
+  float lse = lse_sh;
+  if (k <= 0)
+    return;
+  uint32_t thr = 0; /* the largest key with at least k keys at or above it */
+  for (int bit = 31; bit >= 0; bit--) {
+    uint32_t cand = thr | (1u << bit);
+    float cnt = 0.0f;
+    for (int i = tid; i < vocab; i += nt)
+      cnt += sample_key(x[i]) >= cand ? 1.0f : 0.0f;
+    if (sample_block_sum(cnt, shf) >= (float)k)
+      thr = cand;
+  }
+  for (int i = tid; i < vocab; i += nt) /* fewer than k keys lie above thr */
+    if (sample_key(x[i]) > thr) {
+      int at = atomicAdd(&n_gt, 1);
+      kv[at] = x[i];
+      ki[at] = i;
+    }
+  int per = (vocab + nt - 1) / nt;
+  int lo = tid * per, hi = lo + per < vocab ? lo + per : vocab;
+  int c = 0;
+  for (int i = lo; i < hi; i++)
+    c += sample_key(x[i]) == thr;
+  chunk[tid] = c;
+  __syncthreads();
+  for (int o = 1; o < nt; o <<= 1) { /* inclusive scan */
+    int add = tid >= o ? chunk[tid - o] : 0;
+    __syncthreads();
+    chunk[tid] += add;
+    __syncthreads();
+  }
+  int at = n_gt + chunk[tid] - c;
+  for (int i = lo; i < hi && at < k; i++)
+    if (sample_key(x[i]) == thr) {
+      kv[at] = x[i];
+      ki[at++] = i;
+    }
+  __syncthreads();
+  if (tid < k) {
+    float v = kv[tid];
+    int id = ki[tid], rank = 0;
+    for (int j = 0; j < k; j++)
+      rank += kv[j] > v || (kv[j] == v && ki[j] < id);
+    ids[(size_t)e * k + rank] = id;
+    lps[(size_t)e * k + rank] = __fsub_rn(v, lse);
+  }
+}
+
+void cuda_sample_free(struct cuda_backend *cb) {
+  cudaFree(cb->topk_dev);
+  cudaFreeHost(cb->topk_host);
+  cudaFree(cb->stash);
+  cb->topk_dev = cb->topk_host = NULL;
+  cb->stash = NULL;
+  cb->topk_bytes = cb->stash_floats = 0;
+}
+
+int cuda_op_stash_rows(struct backend *be, const float *logits, int vocab, const int32_t *rows, int n) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n <= 0 || vocab <= 0)
+    return n == 0 ? 0 : ERR("cuda stash_rows: %d rows", n);
+  size_t need = (size_t)n * vocab;
+  if (need > cb->stash_floats) { /* grows to the most logprob rows of a step; the stream was idle since the last sync */
+    size_t cap = cb->stash_floats ? cb->stash_floats : need;
+    while (cap < need)
+      cap *= 2;
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    cudaFree(cb->stash);
+    cb->stash = NULL;
+    cb->stash_floats = 0;
+    CUDA_CHECK(cudaMalloc(&cb->stash, cap * sizeof(float)));
+    cb->stash_floats = cap;
+  }
+  for (int i = 0; i < n; i++)
+    CUDA_CHECK(cudaMemcpyAsync(cb->stash + (size_t)i * vocab, logits + (size_t)rows[i] * vocab,
+                               sizeof(float) * vocab, cudaMemcpyDeviceToDevice, cb->stream));
+  return 0;
+}
+
+int cuda_op_topk_rows(struct backend *be, int32_t *ids, float *lps, float *tlp, const float *logits, int vocab,
+                      const int32_t *rows, const int32_t *targets, int n, int k) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n < 0 || k < 0 || k > BACKEND_TOPK_MAX || k > vocab || vocab <= 0)
+    return ERR("cuda topk_rows: %d entries, k %d (at most %d and the vocabulary of %d)", n, k, BACKEND_TOPK_MAX,
+               vocab);
+  if (n == 0)
+    return 0;
+  if (!logits)
+    logits = cb->stash;
+  for (int i = 0; i < n; i++)
+    if ((targets && (targets[i] < 0 || targets[i] >= vocab)) || rows[i] < 0)
+      return ERR("cuda topk_rows: entry %d: row %d, target %d outside the vocabulary of %d", i, rows[i],
+                 targets ? targets[i] : 0, vocab);
+  /* layout: rows(n) targets(n) | ids(n k) lps(n k) tlp(n) */
+  size_t up = sizeof(int32_t) * 2 * (size_t)n, down = (sizeof(int32_t) + sizeof(float)) * (size_t)n * k +
+                                                       sizeof(float) * (size_t)n;
+  size_t need = up + down;
+  if (need > cb->topk_bytes) {
+    size_t cap = cb->topk_bytes ? cb->topk_bytes : (size_t)1 << 14;
+    while (cap < need)
+      cap *= 2;
+    CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+    cudaFree(cb->topk_dev);
+    cudaFreeHost(cb->topk_host);
+    cb->topk_dev = cb->topk_host = NULL;
+    cb->topk_bytes = 0;
+    CUDA_CHECK(cudaMalloc(&cb->topk_dev, cap));
+    CUDA_CHECK(cudaMallocHost(&cb->topk_host, cap));
+    cb->topk_bytes = cap;
+  }
+  char *h = (char *)cb->topk_host, *d = (char *)cb->topk_dev;
+  memcpy(h, rows, sizeof(int32_t) * n);
+  if (targets)
+    memcpy(h + sizeof(int32_t) * n, targets, sizeof(int32_t) * n);
+  CUDA_CHECK(cudaMemcpyAsync(d, h, up, cudaMemcpyHostToDevice, cb->stream));
+  int32_t *d_ids = (int32_t *)(d + up);
+  float *d_lps = (float *)(d + up + sizeof(int32_t) * (size_t)n * k);
+  float *d_tlp = d_lps + (size_t)n * k;
+  topk_kernel<<<n, SAMPLE_THREADS, 0, cb->stream>>>(d_ids, d_lps, d_tlp, logits, (const int32_t *)d,
+                                                    targets ? (const int32_t *)d + n : NULL, vocab, k);
+  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cudaMemcpyAsync(h + up, d + up, down, cudaMemcpyDeviceToHost, cb->stream));
+  CUDA_CHECK(cudaStreamSynchronize(cb->stream));
+  memcpy(ids, h + up, sizeof(int32_t) * (size_t)n * k);
+  memcpy(lps, h + up + sizeof(int32_t) * (size_t)n * k, sizeof(float) * (size_t)n * k);
+  if (tlp)
+    memcpy(tlp, h + up + (sizeof(int32_t) + sizeof(float)) * (size_t)n * k, sizeof(float) * n);
   return 0;
 }
