@@ -220,6 +220,8 @@ int main(int argc, char **argv) {
   run_case("decode_bf16_bs16_part1kernel", 64, 4096, 1, 16, DTYPE_BF16, 1, 1, 3);
   run_case("decode_bf16_bs16_batch1_ctx512", 1, 512, 1, 16, DTYPE_BF16, 1, 0, 50);
   run_case("prefill_bf16_bs16", 4, 4096, 4096, 16, DTYPE_BF16, 1, 0, 1);
+  run_case("prefill_bf16_bs8", 4, 4096, 4096, 8, DTYPE_BF16, 1, 0, 1);
+  run_case("prefill_bf16_bs32", 4, 4096, 4096, 32, DTYPE_BF16, 1, 0, 1);
   run_case("prefill_f8_bs16", 4, 4096, 4096, 16, DTYPE_F8E4M3, 1, 0, 1);
   printf("{\"copy_GBps_rw\": %.1f", copy);
   for (int i = 0; i < n_results; i++)
