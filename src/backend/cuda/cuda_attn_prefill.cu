@@ -413,18 +413,25 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
     }
 }
 
+/* Launches the tile kernel for A on stream ST of the current DEVICE: 0, or 1 when it cannot (the
+ * caller takes the per-warp kernel). The shared-memory size above 48 KiB is opted into once per
+ * device (a per-device attribute: tensor-parallel backends run on several; device < 0 or >= 64:
+ * on every launch). */
 template <int BS, int HD, int MI, int TK>
-static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, cudaStream_t st) {
+static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, int device, cudaStream_t st) {
   const int smem = (4 * TK + 4 * 16 * MI) * HD * (int)sizeof(bf16);
   const int n_qt = (max_query_len + 64 * MI - 1) / (64 * MI);
-  static bool attr = false; /* per instantiation */
+  static unsigned long long opted = 0; /* bit d: device d has the attribute */
   if (n_qt > 65535)
     return 1;
-  if (!attr) {
+  const unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
+  if (!bit || !(__atomic_load_n(&opted, __ATOMIC_ACQUIRE) & bit)) {
     if (cudaFuncSetAttribute(attn_prefill_tile_kernel<BS, HD, MI, TK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem) != cudaSuccess)
+                             smem) != cudaSuccess) {
+      (void)cudaGetLastError(); /* not sticky; the per-warp kernel runs instead */
       return 1;
-    attr = true;
+    }
+    __atomic_fetch_or(&opted, bit, __ATOMIC_RELEASE);
   }
   dim3 grid((unsigned)a->n_heads, (unsigned)n_qt, (unsigned)a->B);
   attn_prefill_tile_kernel<BS, HD, MI, TK><<<grid, 128, smem, st>>>(*a);
@@ -444,9 +451,12 @@ int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f
     return 1;
   cudaStream_t st = cuda_be(be)->stream;
   if (!f8 && mode == 0 && a->B <= 65535 && a->n_heads <= 65535) {
+    int dev = -1; /* the current device: the one cudaFuncSetAttribute sets */
+    if (cudaGetDevice(&dev) != cudaSuccess)
+      dev = -1, (void)cudaGetLastError();
 #define TILE_HD(BS)                                                                                \
-  (a->hd == 64 ? attn_prefill_tile_launch<BS, 64, 2, 64>(a, max_query_len, st)                      \
-               : attn_prefill_tile_launch<BS, 128, 2, 64>(a, max_query_len, st))
+  (a->hd == 64 ? attn_prefill_tile_launch<BS, 64, 2, 64>(a, max_query_len, dev, st)                      \
+               : attn_prefill_tile_launch<BS, 128, 2, 64>(a, max_query_len, dev, st))
     int r = bs == 8 ? TILE_HD(8) : bs == 16 ? TILE_HD(16) : TILE_HD(32);
 #undef TILE_HD
     if (r == 0) {
