@@ -5,7 +5,8 @@
  *   GB/s = K and V bytes read once / time, TFLOP/s = 4 x heads x context x head_dim per query;
  * - the part-1 kernel on the same decode batch (max_query_len passed as 2, a loose bound, so the
  *   general path runs) for comparison;
- * - causal prefill: 4 sequences x 4096 prompt tokens, TFLOP/s = 4 x B x H x S^2 x D / 2;
+ * - causal prefill: 4 sequences x 4096 prompt tokens, bf16 at block sizes 16, 8 and 32, f8e4m3 at
+ *   16, TFLOP/s = 4 x B x H x S^2 x D / 2;
  * next to the device copy bandwidth measured in the same run (cudaMemcpy device to device of
  * 512 MiB through copy_blocks; bytes read + written per second).
  * Usage: cuda_attention [samples]   Prints one line per case and a JSON object (last line). */
