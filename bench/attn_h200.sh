@@ -36,6 +36,7 @@ for bs in (8, 16, 32):
     b = p["decode_bf16_bs%d_ms" % bs]; f = p["decode_f8_bs%d_ms" % bs]
     print("decode bs%-2d bf16 %.3f ms (%.2fx cuDNN), f8 %.3f ms (%.2fx cuDNN), f8 speed-up %.2fx" % (bs, b, cud / b if cud else 0, f, cud / f if cud else 0, b / f))
 print("decode bs16 in-order blocks: bf16 %.3f ms, f8 %.3f ms; part-1 kernel %.3f ms" % (p["decode_bf16_bs16_inorder_ms"], p["decode_f8_bs16_inorder_ms"], p["decode_bf16_bs16_part1kernel_ms"]))
+print("prefill 4x4096 bf16 bs8 %.3f ms (%.3fx flash), bs32 %.3f ms (%.3fx flash)" % (p["prefill_bf16_bs8_ms"], pf / p["prefill_bf16_bs8_ms"] if pf else 0, p["prefill_bf16_bs32_ms"], pf / p["prefill_bf16_bs32_ms"] if pf else 0))
 print("prefill 4x4096 bf16 %.2f ms = %.1f TFLOP/s (%.3fx torch flash), f8 %.2f ms" % (p["prefill_bf16_bs16_ms"], p["prefill_bf16_bs16_TFLOPs"], pf / p["prefill_bf16_bs16_ms"] if pf else 0, p["prefill_f8_bs16_ms"]))
 PY
 el "done"

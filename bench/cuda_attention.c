@@ -5,7 +5,8 @@
  *   GB/s = K and V bytes read once / time, TFLOP/s = 4 x heads x context x head_dim per query;
  * - the part-1 kernel on the same decode batch (max_query_len passed as 2, a loose bound, so the
  *   general path runs) for comparison;
- * - causal prefill: 4 sequences x 4096 prompt tokens, TFLOP/s = 4 x B x H x S^2 x D / 2;
+ * - causal prefill: 4 sequences x 4096 prompt tokens, bf16 at block sizes 16, 8 and 32, f8e4m3 at
+ *   16, TFLOP/s = 4 x B x H x S^2 x D / 2;
  * next to the device copy bandwidth measured in the same run (cudaMemcpy device to device of
  * 512 MiB through copy_blocks; bytes read + written per second).
  * Usage: cuda_attention [samples]   Prints one line per case and a JSON object (last line). */
@@ -220,6 +221,8 @@ int main(int argc, char **argv) {
   run_case("decode_bf16_bs16_part1kernel", 64, 4096, 1, 16, DTYPE_BF16, 1, 1, 3);
   run_case("decode_bf16_bs16_batch1_ctx512", 1, 512, 1, 16, DTYPE_BF16, 1, 0, 50);
   run_case("prefill_bf16_bs16", 4, 4096, 4096, 16, DTYPE_BF16, 1, 0, 1);
+  run_case("prefill_bf16_bs8", 4, 4096, 4096, 8, DTYPE_BF16, 1, 0, 1);
+  run_case("prefill_bf16_bs32", 4, 4096, 4096, 32, DTYPE_BF16, 1, 0, 1);
   run_case("prefill_f8_bs16", 4, 4096, 4096, 16, DTYPE_F8E4M3, 1, 0, 1);
   printf("{\"copy_GBps_rw\": %.1f", copy);
   for (int i = 0; i < n_results; i++)

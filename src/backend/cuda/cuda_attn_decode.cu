@@ -25,7 +25,11 @@
 
 #define DEC_WARPS 4
 #define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
-#define DEC_CTAS_PER_SM 16   /* aim for this many thread blocks per SM before splitting stops */
+/* Aim for this many thread blocks per SM before splitting stops, bf16 and e4m3 cache: measured on
+ * the H200 at 64 x 4096 (bench/RESULTS.md), fewer partitions than this cost an idle tail, more
+ * cost the reduction's traffic. */
+#define DEC_CTAS_PER_SM_BF16 6
+#define DEC_CTAS_PER_SM_F8 8
 
 template <int BS, int HD, int G, class KV, int U>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_args a) {
@@ -435,10 +439,20 @@ static int dec_sms(struct cuda_backend *cb) {
 }
 
 /* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
- * for DEC_CTAS_PER_SM per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
-static int dec_parts(int sms, int B, int kvh, int max_keys, int tile) {
+ * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
+static int dec_ctas_per_sm(int f8) { /* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("PAGODA_ATTN_DECODE_CTAS");
+    int x = e ? atoi(e) : 0;
+    v = x >= 1 && x <= 64 ? x : 0;
+  }
+  return v ? v : f8 ? DEC_CTAS_PER_SM_F8 : DEC_CTAS_PER_SM_BF16;
+}
+
+static int dec_parts(int sms, int B, int kvh, int max_keys, int tile, int f8) {
   int64_t work = (int64_t)B * kvh;
-  int64_t want = ((int64_t)sms * DEC_CTAS_PER_SM + work - 1) / work;
+  int64_t want = ((int64_t)sms * dec_ctas_per_sm(f8) + work - 1) / work;
   int min_part = DEC_MIN_PART > DEC_WARPS * tile ? DEC_MIN_PART : DEC_WARPS * tile;
   int64_t most = (max_keys + min_part - 1) / min_part;
   if (want > most)
@@ -512,7 +526,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if (cap == cudaStreamCaptureStatusNone) {
     /* Outside a capture, on any batch of this shape (the profiling step included, decode or
      * not): size the scratch for every decode batch of up to max(reserved, this) sequences. The
-     * partitions of s sequences are at most ceil(sms * DEC_CTAS_PER_SM / (s * n_kv)) whatever the
+     * partitions of s sequences are at most ceil(sms * dec_ctas_per_sm() / (s * n_kv)) whatever the
      * context, so the size does not depend on it (a few MiB: 8.1 MiB for 256 sequences of
      * Llama-3.1-8B's 32 / 8 heads on 132 SMs). */
     int rs = cb->attn_reserve_seqs > a->B ? cb->attn_reserve_seqs : a->B;
@@ -520,7 +534,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
     if (memcmp(key, cb->attn_sized_for, sizeof key) != 0) {
       size_t need = 0;
       for (int s = 1; s <= rs; s++) {
-        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile));
+        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile, f8));
         need = by > need ? by : need;
       }
       if (dec_scratch_grow(cb, need))
@@ -531,7 +545,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if (max_query_len != 1 || max_seq_len <= 0)
     return 1; /* not a decode batch: the prefill kernels */
   int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
-  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile);
+  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile, f8);
   while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes)
     P--; /* capturing with too small a scratch: fewer, longer partitions */
   int part_len = (max_keys + P - 1) / P;
