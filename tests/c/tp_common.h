@@ -1,5 +1,5 @@
-/* tp_common.h - the tensor-parallel check shared by tests/c/test_tp.c (cpu: ranks are threads of
- * the CPU backend, whose all_reduce_sum is the reference) and tests/gpu/test_tp.c (cuda + NCCL):
+/* tp_common.h - the tensor-parallel check shared by tests/c/test_tp_cpu.c (cpu: ranks are threads of
+ * the CPU backend, whose all_reduce_sum is the reference) and tests/gpu/test_tp_cuda.c (cuda + NCCL):
  * a fixture's prompt through the model split over WORLD ranks, then greedy decode steps, against
  * the same model unsplit (world 1). */
 #ifndef PAGODA_TP_COMMON_H

@@ -296,6 +296,11 @@ static void cuda_destroy(struct backend *be) {
   free(cb);
 }
 
+static int cuda_bind(struct backend *be) {
+  CUDA_CHECK(cudaSetDevice(cuda_be(be)->device));
+  return 0;
+}
+
 static const struct backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .alloc = */ cuda_alloc,
@@ -417,11 +422,6 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
            total_b / 1073741824.0);
-  return 0;
-}
-
-static int cuda_bind(struct backend *be) {
-  CUDA_CHECK(cudaSetDevice(cuda_be(be)->device));
   return 0;
 }
 

@@ -1,4 +1,4 @@
-/* test_tp.c - tensor parallelism on the CPU backend (ranks are threads; cpu_comm.c's
+/* test_tp_cpu.c - tensor parallelism on the CPU backend (ranks are threads; cpu_comm.c's
  * all_reduce_sum sums in rank order): every llama-family fixture split 2 ways, and 4 ways where
  * the heads allow (mistral: 2 KV heads over 4 ranks, replicated as vLLM), against the unsplit
  * model. f32 throughout, so only summation order differs: rel L2 < 1e-5 (as
@@ -35,5 +35,5 @@ int main(void) {
   CHECK(n > 0 && tpc_run("cpu", dir, 2, tokens, n, &r) != 0 && strstr(err_last(), "phi3"),
         "phi3 at --tp 2 should be refused naming the architecture: %s", err_last());
   tpc_free(&r);
-  return test_finish("test_tp");
+  return test_finish("test_tp_cpu");
 }
