@@ -985,7 +985,26 @@ static int fan_forward(struct model *m, void *p) {
 }
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
   struct fan_args a = {.batch = batch, .logits = logits};
-  return fan_out(m, fan_forward, &a);
+  if (!m->ranks)
+    return local_forward(m, batch, logits);
+  int rc = fan_out(m, fan_forward, &a);
+  /* NCCL's asynchronous errors (a peer lost, a transport failure) surface here; any failure
+   * aborts every rank's communicator so that no stream waits forever on a collective that a
+   * failed rank will never join. The model takes no more steps afterwards. */
+  for (int r = 0; rc == 0 && r < m->tp_world; r++) {
+    struct backend *be = m->ranks[r]->be;
+    if (be->ops->comm_check && be->ops->comm_check(be))
+      rc = ERR("tensor-parallel rank %d: %s", r, err_last());
+  }
+  if (rc) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err_last());
+    for (int r = 0; r < m->tp_world; r++)
+      if (m->ranks[r]->be->ops->comm_abort)
+        m->ranks[r]->be->ops->comm_abort(m->ranks[r]->be);
+    return ERR("%s (tensor parallelism stopped: the communicators were aborted)", why);
+  }
+  return 0;
 }
 int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
   if (m->ranks)

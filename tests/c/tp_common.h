@@ -124,8 +124,8 @@ static void tpc_free(struct tpc_run *r) {
 
 /* tokens.json of fixture DIR into TOKENS (at most 256); the count, or -1. */
 static int tpc_tokens(const char *dir, int32_t *tokens) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/tokens.json", dir);
+  char path[1100];
+  snprintf(path, sizeof path, "%.1024s/tokens.json", dir);
   size_t len;
   char *json = test_read_file(path, &len);
   if (!json)
