@@ -44,7 +44,5 @@ pb tp2_b1 --tp 2 --num-prompts 1
 pb tp1_p64 --tp 1 --num-prompts 64
 pb tp2_p64 --tp 2 --num-prompts 64
 PAGODA_CUDA_GRAPHS=0 pb tp1_b1_nographs --tp 1 --num-prompts 1
-PAGODA_TP_GRAPHS=0 pb tp2_b1_nographs --tp 2 --num-prompts 1
-PAGODA_TP_GRAPHS=0 pb tp2_p64_nographs --tp 2 --num-prompts 64
 el "done"
 tar czf "${OUT:-/tmp}/tp_logs.tgz" -C /tmp tp_logs

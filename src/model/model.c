@@ -804,7 +804,7 @@ static int forward_ops(void *ctx) {
                    m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
                    m->fused, m->split_idx, m->arch_ws, m->tp_world};
   TRY(m->arch->forward(&fw));
-  if (((struct forward_ctx *)ctx)->graph && m->tp_rank == 0) { /* TP: rank 0 alone has the head */
+  if (((struct forward_ctx *)ctx)->graph) {
     TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, b.num_logits, dim));
     TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, b.num_logits, 1));
     if (c->final_softcap > 0) /* Gemma 2 */
@@ -977,17 +977,16 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
   return fan_out(m, fan_cache, &a);
 }
 
-/* Ranks > 0 only run the layers (their all-reduces join rank 0's); rank 0 also the logits. With
- * graphs (a padded decode batch) each rank captures and replays its own step, NCCL calls
- * included, on its own thread (capture mode thread-local, cuda_graph.cu); every rank sees the
- * same keys in the same order, so the collectives stay matched. */
+/* Ranks > 0 only run the layers (their all-reduces join rank 0's); rank 0 also the logits. A
+ * CUDA graph is not used under tensor parallelism (the engine turns caps.graphs off). */
 static int fan_forward(struct model *m, void *p) {
   struct fan_args *a = p;
-  float *logits = m->tp_rank == 0 ? a->logits : NULL;
-  return a->a ? local_forward_graph(m, a->batch, logits) : local_forward(m, a->batch, logits);
+  return local_forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL);
 }
-static int tp_forward(struct model *m, const struct batch *batch, float *logits, int graph) {
-  struct fan_args a = {.batch = batch, .logits = logits, .a = graph};
+int model_forward(struct model *m, const struct batch *batch, float *logits) {
+  struct fan_args a = {.batch = batch, .logits = logits};
+  if (!m->ranks)
+    return local_forward(m, batch, logits);
   int rc = fan_out(m, fan_forward, &a);
   /* NCCL's asynchronous errors (a peer lost, a transport failure) surface here; any failure
    * aborts every rank's communicator so that no stream waits forever on a collective that a
@@ -1007,11 +1006,10 @@ static int tp_forward(struct model *m, const struct batch *batch, float *logits,
   }
   return 0;
 }
-int model_forward(struct model *m, const struct batch *batch, float *logits) {
-  return m->ranks ? tp_forward(m, batch, logits, 0) : local_forward(m, batch, logits);
-}
 int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
-  return m->ranks ? tp_forward(m, batch, logits, 1) : local_forward_graph(m, batch, logits);
+  if (m->ranks)
+    return model_forward(m, batch, logits);
+  return local_forward_graph(m, batch, logits);
 }
 
 static int fan_copy(struct model *m, void *p) {
