@@ -85,7 +85,7 @@ static void run(struct backend *be, enum dtype t, int use_int8, const float *x, 
 }
 
 int main(int argc, char **argv) {
-  struct backend_params bp = {"cpu", argc > 1 ? atoi(argv[1]) : 0};
+  struct backend_params bp = {"cpu", argc > 1 ? atoi(argv[1]) : 0, 0};
   double secs = argc > 2 ? atof(argv[2]) : 1.0;
   struct backend *be = backend_create(&bp);
   if (!be) {

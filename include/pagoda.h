@@ -92,6 +92,9 @@ struct pagoda_engine_params {
   /* In-situ quantization of the float weight matrices at load: "q4_0", "q4_k", "q5_k", "q6_k",
    * "q8_0", or "4" (q4_k) / "8" (q8_0); NULL: none (docs/model-formats.md). */
   const char *isq;
+  /* Tensor parallelism: the model split over this many GPUs of this host, one thread and stream
+   * each (docs/distributed.md); 0: $PAGODA_TP when set, else 1. The memory flags apply per GPU. */
+  int tp;
 };
 
 /* Fills P with the defaults above. */

@@ -62,6 +62,7 @@ class EngineParams(ctypes.Structure):
         ("on_output", ctypes.c_void_p),
         ("user", ctypes.c_void_p),
         ("isq", ctypes.c_char_p),
+        ("tp", _c_int),
     ]
 
 

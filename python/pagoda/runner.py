@@ -345,6 +345,7 @@ class Runner:
         max_num_seqs: sequences per engine step.
         seed: seeds requests that give none (a deterministic sequence of seeds); None: random.
         threads: CPU threads (0: all cores).
+        tp: tensor parallelism over this many GPUs (0: $PAGODA_TP, else 1; docs/distributed.md).
         max_model_len: longest prompt + output (None: the model's context).
         max_num_batched_tokens: tokens per step.
         chat_template: a Jinja chat template (file path or text) replacing the model's.
@@ -362,7 +363,7 @@ class Runner:
                  pa_memory_fraction: Optional[float] = None, pa_context_len: Optional[int] = None,
                  pa_block_size: int = 32, pa_cache_type: Union[str, PagedCacheType] = "auto",
                  prefix_cache_n: int = 16, isq: Optional[str] = None, max_num_seqs: int = 256,
-                 seed: Optional[int] = None, *, threads: int = 0,
+                 seed: Optional[int] = None, *, threads: int = 0, tp: int = 0,
                  max_model_len: Optional[int] = None, max_num_batched_tokens: Optional[int] = None,
                  chat_template: Optional[str] = None, max_waiting: int = 1024,
                  which: Optional[Which.Plain] = None, pa_gpu_mem: Optional[float] = None,
@@ -414,6 +415,7 @@ class Runner:
         ep.model = self._model_b
         ep.device = self._device_b
         ep.threads = _check_int("threads", threads, 0)
+        ep.tp = _check_int("tp", tp, 0)
         ep.paged_attn = _PAGED[paged_attn]
         ep.block_size = _check_int("pa_block_size", pa_block_size)
         if ep.block_size not in (8, 16, 32):

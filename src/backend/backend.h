@@ -252,10 +252,32 @@ struct backend_ops {
    * ids and values per entry come back. Synchronises. */
   int (*topk_rows)(struct backend *be, int32_t *ids, float *lps, float *tlp, const float *logits, int vocab,
                    const int32_t *rows, const int32_t *targets, int n, int k);
+  /* ---- Tensor parallelism (src/dist/tp.c, docs/distributed.md). Optional: NULL when the build
+   * has no collective library (cuda without NCCL); then --tp > 1 is refused. ---- */
+  /* Makes BE's device the calling thread's current one (each rank's host thread calls it before
+   * its first op). NULL: nothing to do. */
+  int (*bind)(struct backend *be);
+  /* A fresh communicator id (BACKEND_COMM_ID_BYTES bytes: ncclGetUniqueId on cuda), made once by
+   * rank 0 and handed to every rank (in one process directly, across processes by rendezvous). */
+  int (*comm_id)(struct backend *be, void *id);
+  /* Joins communicator ID as RANK of WORLD. Every rank calls it at the same time, each from its
+   * own thread or process (it blocks until all have joined). Freed by ->destroy. */
+  int (*comm_init)(struct backend *be, const void *id, int rank, int world);
+  /* x(n) of act_dtype in place: the element-wise sum over the ranks, on every rank, enqueued on
+   * the stream (ncclAllReduce). Every rank calls it with the same n in the same order. */
+  int (*all_reduce_sum)(struct backend *be, void *x, size_t n);
+  /* 0, or -1 with err_last() naming the error when the communicator failed asynchronously (a
+   * peer died, a network error: ncclCommGetAsyncError). Never blocks. */
+  int (*comm_check)(struct backend *be);
+  /* Aborts the communicator (ncclCommAbort): collectives in flight return instead of waiting for
+   * a dead peer. The backend takes no more collectives afterwards. */
+  void (*comm_abort)(struct backend *be);
 };
 
 /* The largest k of backend_ops.topk_rows (beam search takes 2 x beam_width, width <= 64). */
 #define BACKEND_TOPK_MAX 128
+
+#define BACKEND_COMM_ID_BYTES 128 /* sizeof(ncclUniqueId) */
 
 /* What a backend can do, filled in by its create function; everything outside src/backend/
  * reads these instead of comparing be->ops->name or guessing from act_dtype. */
@@ -290,6 +312,7 @@ static inline int backend_kv_dtype_ok(const struct backend *be, enum dtype t) {
 struct backend_params {
   const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
   int n_threads;      /* cpu: 0 = all cores */
+  int device_index;   /* cuda: which GPU (0-based; tensor-parallel rank r takes GPU r) */
 };
 
 /* Creates the requested backend. NULL with err_last() set. Free with be->ops->destroy(be).
@@ -314,7 +337,7 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 2 /* 2: struct backend_caps, ops->reserve */
+#define BACKEND_ABI_VERSION 3 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

@@ -113,6 +113,7 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->isq = v;
     return 1;
   }
+  TRY("--tp") return r < 0 || flag_int("--tp", v, 1, 64, &p->tp) ? -1 : 1;
   TRY("--threads") return r < 0 || flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
   TRY("-t") return r < 0 || flag_int("-t", v, 0, 4096, &p->threads) ? -1 : 1;
   TRY("--paged-attn") {
@@ -213,6 +214,8 @@ void engine_flags_usage(FILE *f, const struct pagoda_engine_params *d) {
           "  --hf-file FILE                repo id: use this file of the repo (e.g. model-Q8_0.gguf)\n"
           "  --device cpu|cuda             default: %s\n"
           "  -t, --threads N               CPU threads at most (default %d%s)\n"
+          "  --tp N                        tensor parallelism over N GPUs of this host, one thread each\n"
+          "                                (default $PAGODA_TP, else 1; docs/distributed.md)\n"
           "  --isq q4_0|q4_k|q5_k|q6_k|q8_0|4|8\n"
           "                                quantize float weights at load (4 = q4_k, 8 = q8_0)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (default %s; auto = on); off: contiguous cache\n"

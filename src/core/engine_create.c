@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/engine_impl.h"
+#include "dist/tp.h"
 #include "util/log.h"
 
 void pagoda_engine_params_default(struct pagoda_engine_params *p) {
@@ -153,6 +154,60 @@ static int kv_dtype_for(const struct pagoda_engine_params *p, const struct backe
 
 const char *pagoda_default_model(void) { return PAGODA_DEFAULT_MODEL; }
 
+/* --tp: 0 takes $PAGODA_TP (else 1). */
+static int tp_resolve(struct pagoda_engine_params *p) {
+  if (p->tp < 0 || p->tp > TP_MAX_WORLD)
+    return ERR("--tp %d: must be 1 .. %d", p->tp, TP_MAX_WORLD);
+  if (p->tp == 0) {
+    const char *env = getenv("PAGODA_TP");
+    p->tp = 1;
+    if (env && *env) {
+      char *end;
+      long v = strtol(env, &end, 10);
+      if (*end || v < 1 || v > TP_MAX_WORLD)
+        return ERR("PAGODA_TP=%s: must be an integer 1 .. %d", env, TP_MAX_WORLD);
+      p->tp = (int)v;
+    }
+  }
+  return 0;
+}
+
+/* Tensor parallelism: the rank threads, then on each rank's thread its backend (GPU r: device
+ * memory and the current device are per thread). CUDA graphs are off under TP (the step's
+ * collectives are enqueued by several threads; docs/distributed.md). */
+struct tp_setup_ctx {
+  const struct pagoda_engine_params *p;
+  struct backend **bes;
+};
+
+static int tp_create_rank(int r, void *ctx) {
+  struct tp_setup_ctx *c = ctx;
+  struct backend_params bp = {c->p->device, c->p->threads, r};
+  if (!(c->bes[r] = backend_create(&bp)))
+    return -1;
+  c->bes[r]->caps.graphs = 0;
+  return 0;
+}
+
+static int tp_destroy_rank(int r, void *ctx) {
+  struct backend **bes = ctx;
+  if (bes[r])
+    bes[r]->ops->destroy(bes[r]);
+  bes[r] = NULL;
+  return 0;
+}
+
+static int tp_setup(struct pagoda_engine *e) {
+  if (!(e->tp = tp_group_create(e->p.tp)) || !(e->tp_bes = calloc((size_t)e->p.tp, sizeof *e->tp_bes)))
+    return e->tp ? ERR("out of memory") : -1;
+  struct tp_setup_ctx c = {&e->p, e->tp_bes};
+  if (tp_group_run(e->tp, tp_create_rank, &c))
+    return -1;
+  e->be = e->tp_bes[0];
+  log_info("tensor parallelism: %d ranks, one thread and stream per %s device", e->p.tp, e->be->ops->name);
+  return 0;
+}
+
 /* No model given: PAGODA_MODEL when set and non-empty, else the default model, which must exist
  * (NULL with an error saying how to get it). */
 static const char *resolve_model(void) {
@@ -200,12 +255,19 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   if (check_budget_flags(p))
     goto fail;
-  struct backend_params bp = {p->device, p->threads};
-  st = PAGODA_ERR_BACKEND;
-  if (!(e->be = backend_create(&bp)))
+  if (tp_resolve(p))
     goto fail;
+  st = PAGODA_ERR_BACKEND;
+  if (p->tp > 1) {
+    if (tp_setup(e))
+      goto fail;
+  } else {
+    struct backend_params bp = {p->device, p->threads, 0};
+    if (!(e->be = backend_create(&bp)))
+      goto fail;
+  }
   st = PAGODA_ERR_FORMAT;
-  if (!(e->model = model_load_isq(p->model, e->be, p->isq)))
+  if (!(e->model = e->tp ? model_load_tp(p->model, e->tp_bes, e->tp, p->isq) : model_load_isq(p->model, e->be, p->isq)))
     goto fail;
   if (!(e->tok = tokenizer_load(p->model)))
     goto fail;
@@ -354,8 +416,14 @@ void pagoda_engine_free(pagoda_engine_t *e) {
     tokenizer_free(e->tok);
   if (e->model)
     model_free(e->model);
-  if (e->be)
+  if (e->tp) {
+    if (e->tp_bes)
+      tp_group_run(e->tp, tp_destroy_rank, e->tp_bes);
+    tp_group_destroy(e->tp);
+    free(e->tp_bes);
+  } else if (e->be) {
     e->be->ops->destroy(e->be);
+  }
   free(e->model_path);
   free(e);
 }

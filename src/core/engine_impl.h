@@ -35,8 +35,10 @@
 struct pagoda_engine {
   struct pagoda_engine_params p; /* p.model: the resolved local path (model_path) */
   char *model_path;              /* pagoda_resolve_model's answer for the model given */
-  struct backend *be;
+  struct backend *be;       /* rank 0's under tensor parallelism */
   struct model *model;
+  struct tp_group *tp;      /* tensor parallelism (p.tp > 1): the rank threads, else NULL */
+  struct backend **tp_bes;  /* (tp world) rank r's backend, tp_bes[0] = be; NULL without */
   struct tokenizer *tok;
   int vocab, max_model_len, block_size, max_blocks_per_seq;
   struct kv_manager kv;

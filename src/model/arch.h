@@ -90,6 +90,8 @@ struct fwd {
   const int32_t *split_idx; /* the fused split's gather indices (see blocks.h), or NULL */
   void *arch_ws;         /* MoE models (config.n_experts > 0): moe_scratch_bytes of scratch for
                             max_tokens tokens (model/moe_block.h); else NULL */
+  int tp_world;          /* tensor parallelism: > 1 when c holds one rank's heads and ffn columns;
+                            the o_proj and down_proj outputs are then partial sums, all-reduced */
 };
 
 /* Rows are written with designated initializers (.name = ...), so that fields added later

@@ -93,6 +93,8 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
   TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
   TRY(op->attention(be, f->att, f->q, &f->kv[l], f->b, ap));
   TRY(op->matmul(be, f->xb2, f->att, &L->wo, NULL, T, 0));
+  if (f->tp_world > 1) /* row-parallel o_proj: each rank's partial sum over its heads */
+    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
   return 0;
 }
 
@@ -114,6 +116,8 @@ int block_gated_mlp(const struct fwd *f, int l) {
   }
   TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
   TRY(op->matmul(be, f->xb2, f->gate, &L->w_down, NULL, T, 0));
+  if (f->tp_world > 1) /* row-parallel down_proj: each rank's partial sum over its ffn columns */
+    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
   return 0;
 }
 

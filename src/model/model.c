@@ -2,6 +2,7 @@
 #include "model/model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 #include "model/model_file.h"
 #include "model/moe_block.h"
 #include "model/quant_isq.h"
+#include "dist/tp.h"
 #include "util/log.h"
 
 /* Every weight of a layer, whichever the architecture has (the others NULL). */
@@ -61,9 +63,21 @@ struct model {
   int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step */
   int n_hidden_rows;      /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
   struct meta_layout ml;
+
+  /* Tensor parallelism (docs/distributed.md). Every rank holds its shard (config: its heads, KV
+   * heads and ffn columns); rank 0 also the whole lm_head and the other ranks' models, and
+   * fans every public call out to them over TP (their threads). world 1: all unused. */
+  int tp_rank, tp_world, tp_kv_total; /* tp_kv_total: the model's KV heads before the split */
+  struct tp_group *tp;    /* rank 0 only; borrowed */
+  struct model **ranks;   /* rank 0 only: (tp_world), ranks[0] = the model itself */
+  void **shard_bufs;      /* host copies of column slices (weights may alias them on cpu) */
+  int n_shard_bufs;
 };
 
 const struct model_config *model_get_config(const struct model *m) { return &m->config; }
+
+static int tp_free_rank(int r, void *ctx);
+static int local_forward(struct model *m, const struct batch *batch, float *logits);
 
 struct kv_layer *model_kv_layers(struct model *m) { return m->kv; }
 
@@ -74,6 +88,77 @@ static int load_weight(struct model *m, struct weight *w, const struct host_tens
     return 0; /* optional tensor (biases) absent */
   if (m->be->ops->weight_from_host(m->be, w, t->data, t->dtype, t->rows, t->cols) != 0)
     return ERR("loading %s of layer %d: %s", what, layer, err_last());
+  return 0;
+}
+
+/* Tensor parallelism: the part of dimension KIND (of TOTAL elements) rank r holds, as [start,
+ * start + count); 0 when the dimension is not split. Q heads and ffn columns are split evenly;
+ * KV heads too when there are at least as many as ranks, else each rank holds KV head
+ * r * n_kv / world (replicated, as vLLM), the one its query heads read. */
+static int shard_range(const struct model *m, enum arch_dim kind, int64_t *start, int64_t *count) {
+  const struct model_config *c = &m->config; /* already the rank's (local) config */
+  int r = m->tp_rank, W = m->tp_world, hd = c->head_dim;
+  switch (kind) {
+  case AD_Q: *count = (int64_t)c->n_heads * hd; *start = r * *count; return 1;
+  case AD_KV: *count = (int64_t)c->n_kv_heads * hd; *start = (int64_t)(r * m->tp_kv_total / W) * hd; return 1;
+  case AD_FFN: *count = c->ffn_dim; *start = r * *count; return 1;
+  default: return 0;
+  }
+}
+
+/* The rank's slice of T (a layer tensor of shape ROWS x COLS kinds) into *OUT: rows split in
+ * place (a view), columns split by copying into a host buffer the model keeps. */
+static int shard_tensor(struct model *m, const struct host_tensor *t, enum arch_dim rows, enum arch_dim cols,
+                        struct host_tensor *out, const char *what, int layer) {
+  *out = *t;
+  int64_t start, count;
+  if (m->tp_world <= 1 || !t->data)
+    return 0;
+  if (shard_range(m, rows, &start, &count)) {
+    size_t rb = dtype_row_bytes(t->dtype, t->cols);
+    out->data = (const char *)t->data + (size_t)start * rb;
+    out->rows = count;
+    return 0;
+  }
+  if (!shard_range(m, cols, &start, &count))
+    return 0;
+  int bs = dtype_block_size(t->dtype);
+  if (start % bs || count % bs)
+    return ERR("--tp %d: %s of layer %d is %s, whose blocks of %d columns a split at column %lld cannot cut; "
+               "use a smaller --tp", m->tp_world, what, layer, dtype_name(t->dtype), bs, (long long)start);
+  size_t rb = dtype_row_bytes(t->dtype, t->cols), ob = dtype_row_bytes(t->dtype, count),
+         off = dtype_row_bytes(t->dtype, start);
+  void **bufs = realloc(m->shard_bufs, (size_t)(m->n_shard_bufs + 1) * sizeof *bufs);
+  char *buf = malloc(ob * (size_t)t->rows);
+  if (!bufs || !buf) {
+    free(buf);
+    if (bufs)
+      m->shard_bufs = bufs;
+    return ERR("out of memory");
+  }
+  m->shard_bufs = bufs;
+  m->shard_bufs[m->n_shard_bufs++] = buf;
+  for (int64_t i = 0; i < t->rows; i++)
+    memcpy(buf + (size_t)i * ob, (const char *)t->data + (size_t)i * rb + off, ob);
+  out->data = buf;
+  out->cols = count;
+  return 0;
+}
+
+/* The shape tensor parallelism needs; 0 or -1 with err_last() naming what does not divide. */
+static int tp_check_config(const struct model *m, const char *path) {
+  const struct model_config *c = &m->config;
+  int W = m->tp_world;
+  static const char *const ok_arch[] = {"llama", "mistral", "qwen2", "qwen3"};
+  int ok = 0;
+  for (size_t i = 0; i < sizeof ok_arch / sizeof *ok_arch; i++)
+    ok |= !strcmp(c->arch, ok_arch[i]);
+  if (!ok)
+    return ERR("%s: --tp %d: tensor parallelism supports llama, mistral, qwen2 and qwen3 models, not %s; use --tp 1",
+               path, W, c->arch);
+  if (c->n_heads % W || c->ffn_dim % W || (c->n_kv_heads % W && W % c->n_kv_heads))
+    return ERR("%s: --tp %d must divide the %d attention heads and the %d ffn columns, and divide or be a "
+               "multiple of the %d KV heads", path, W, c->n_heads, c->ffn_dim, c->n_kv_heads);
   return 0;
 }
 
@@ -153,6 +238,14 @@ static void free_workspace(struct model *m) {
 void model_free(struct model *m) {
   if (!m)
     return;
+  if (m->ranks) { /* rank 0 of a group: the others first, each on its own thread */
+    m->ranks[0] = NULL;
+    tp_group_run(m->tp, tp_free_rank, m->ranks);
+    free(m->ranks);
+    m->ranks = NULL;
+  }
+  if (!m->host_mem && m->max_tokens)
+    m->be->ops->sync(m->be);
   free_kv(m);
   free_workspace(m);
   if (m->layers) {
@@ -171,12 +264,15 @@ void model_free(struct model *m) {
   if (m->inv_freq)
     m->be->ops->free(m->be, m->inv_freq);
   model_file_close(m->file);
+  for (int i = 0; i < m->n_shard_bufs; i++)
+    free(m->shard_bufs[i]);
+  free(m->shard_bufs);
   free(m);
 }
 
 struct model *model_load(const char *path, struct backend *be) { return model_load_isq(path, be, NULL); }
 
-struct model *model_load_isq(const char *path, struct backend *be, const char *isq) {
+static struct model *load_model(const char *path, struct backend *be, const char *isq, int rank, int world) {
   int isq_t = -1;
   if (isq && (isq_t = isq_parse(isq)) < 0)
     return NULL;
@@ -197,7 +293,17 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
   m->file = f;
   m->config = f->config;
   m->host_mem = be->caps.host_memory;
+  m->tp_rank = rank;
+  m->tp_world = world;
+  m->tp_kv_total = f->config.n_kv_heads;
   const struct model_config *c = &m->config;
+  if (world > 1) { /* the rank's shard: its query heads, KV heads and ffn columns */
+    if (tp_check_config(m, path))
+      goto fail;
+    m->config.n_heads /= world;
+    m->config.n_kv_heads = m->config.n_kv_heads >= world ? m->config.n_kv_heads / world : 1;
+    m->config.ffn_dim /= world;
+  }
   if (!(m->arch = arch_by_name(c->arch))) {
     ERR("%s: architecture %s has no forward pass", path, c->arch);
     goto fail;
@@ -217,14 +323,15 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
     goto fail;
   if (f->lm_head.data == f->tok_embd.data)
     m->lm_head = m->tok_embd;
-  else if (load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1))
-    goto fail;
+  else if (rank == 0 && load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1))
+    goto fail; /* tensor parallelism: only rank 0 computes logits */
   for (int l = 0; l < c->n_layers; l++)
     for (int i = 0; i < m->arch->n_tensors; i++) {
       const struct arch_tensor *at = &m->arch->tensors[i];
-      if (load_weight(m, (struct weight *)((char *)&m->layers[l] + at->w_off),
-                      (const struct host_tensor *)((const char *)&f->layers[l] + at->host_off),
-                      at->hf, l))
+      struct host_tensor ht;
+      if (shard_tensor(m, (const struct host_tensor *)((const char *)&f->layers[l] + at->host_off), at->rows,
+                       at->cols, &ht, at->hf, l) ||
+          load_weight(m, (struct weight *)((char *)&m->layers[l] + at->w_off), &ht, at->hf, l))
         goto fail;
     }
   /* RoPE frequencies, once, on the host, then to the backend. */
@@ -262,14 +369,90 @@ struct model *model_load_isq(const char *path, struct backend *be, const char *i
     model_file_close(m->file);
     m->file = NULL;
   }
-  log_info("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %s weights on %s", path, c->arch,
-           c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, dtype_name(c->weight_dtype),
-           be->ops->name);
+  if (world > 1)
+    log_info("loaded %s: %s, %d layers, dim %d, tensor-parallel rank %d of %d: %d/%d heads, ffn %d, %s weights on %s",
+             path, c->arch, c->n_layers, c->dim, rank, world, c->n_heads, c->n_kv_heads, c->ffn_dim,
+             dtype_name(c->weight_dtype), be->ops->name);
+  else
+    log_info("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %s weights on %s", path, c->arch,
+             c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, dtype_name(c->weight_dtype),
+             be->ops->name);
   return m;
 fail:
   model_free(m);
   return NULL;
 }
+
+struct model *model_load_isq(const char *path, struct backend *be, const char *isq) {
+  return load_model(path, be, isq, 0, 1);
+}
+
+/* ---- Tensor parallelism: rank 0's public calls run on every rank's thread ---- */
+struct tp_load {
+  const char *path, *isq;
+  struct backend *const *bes;
+  int world;
+  struct model *models[TP_MAX_WORLD];
+  unsigned char id[BACKEND_COMM_ID_BYTES];
+};
+
+static int tp_load_rank(int r, void *ctx) {
+  struct tp_load *L = ctx;
+  struct backend *be = L->bes[r];
+  if (be->ops->bind && be->ops->bind(be))
+    return -1;
+  if (!(L->models[r] = load_model(L->path, be, L->isq, r, L->world)))
+    return -1;
+  return be->ops->comm_init(be, L->id, r, L->world);
+}
+
+static int tp_free_rank(int r, void *ctx) {
+  struct model **ms = ctx;
+  if (r > 0) /* rank 0 itself is freed by the caller */
+    model_free(ms[r]);
+  return 0;
+}
+
+struct model *model_load_tp(const char *path, struct backend *const *bes, struct tp_group *g, const char *isq) {
+  int world = tp_group_world(g);
+  if (world <= 1)
+    return model_load_isq(path, bes[0], isq);
+  struct tp_load *L = calloc(1, sizeof *L);
+  if (!L) {
+    ERR("out of memory");
+    return NULL;
+  }
+  *L = (struct tp_load){.path = path, .isq = isq, .bes = bes, .world = world};
+  const struct backend_ops *op = bes[0]->ops;
+  if (!op->comm_id || !op->comm_init || !op->all_reduce_sum) {
+    ERR("--tp %d: the %s backend of this build has no collectives (the CUDA backend needs NCCL at build "
+        "time: see docs/distributed.md); use --tp 1", world, op->name);
+    free(L);
+    return NULL;
+  }
+  struct model *m = NULL;
+  if (op->comm_id(bes[0], L->id) == 0 && tp_group_run(g, tp_load_rank, L) == 0) {
+    m = L->models[0];
+    if (!(m->ranks = calloc((size_t)world, sizeof *m->ranks))) {
+      ERR("out of memory");
+      m = NULL;
+    } else {
+      memcpy(m->ranks, L->models, (size_t)world * sizeof *m->ranks);
+      m->tp = g;
+      free(L);
+      return m;
+    }
+  }
+  char why[1024];
+  snprintf(why, sizeof why, "%s", err_last());
+  tp_group_run(g, tp_free_rank, L->models);
+  model_free(L->models[0]);
+  free(L);
+  ERR("%s", why);
+  return NULL;
+}
+
+
 
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype) {
   size_t per_head = (size_t)block_size * dtype_row_bytes(kv_dtype, c->head_dim); /* f8e4m3: no per-token scales */
@@ -328,7 +511,7 @@ static int alloc_fused(struct model *m, int max_tokens) {
   return rc;
 }
 
-int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
+static int local_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
   const struct model_config *c = &m->config;
   if (max_tokens < 1 || max_seqs < 1 || max_blocks_per_seq < 1)
     return ERR("workspace: %d tokens, %d sequences, %d blocks per sequence: each must be positive",
@@ -430,7 +613,7 @@ static int check_kv_args(const struct model *m, int block_size, enum dtype kv_dt
   return 0;
 }
 
-int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
+static int local_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
   if (check_kv_args(m, block_size, kv_dtype))
     return -1;
   if (num_blocks < 2)
@@ -438,22 +621,22 @@ int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype k
   return alloc_kv(m, num_blocks, block_size, kv_dtype);
 }
 
-int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
+static int local_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq) {
   if (check_kv_args(m, block_size, kv_dtype))
     return -1;
   if (num_blocks < 2)
     return ERR("KV cache of %d blocks: at least 2 (block 0 is reserved)", num_blocks);
-  if (model_alloc_workspace(m, max_tokens, max_seqs, max_blocks_per_seq))
+  if (local_alloc_workspace(m, max_tokens, max_seqs, max_blocks_per_seq))
     return -1;
-  if (model_alloc_kv(m, num_blocks, block_size, kv_dtype)) {
+  if (local_alloc_kv(m, num_blocks, block_size, kv_dtype)) {
     free_workspace(m);
     return -1;
   }
   return 0;
 }
 
-int model_profile(struct model *m, int block_size, enum dtype kv_dtype) {
+static int local_profile(struct model *m, int block_size, enum dtype kv_dtype) {
   if (!m->max_tokens)
     return ERR("model_profile before model_alloc_workspace");
   if (m->kv)
@@ -499,7 +682,7 @@ int model_profile(struct model *m, int block_size, enum dtype kv_dtype) {
   b.num_logits = B;
   b.max_seq_len = b.max_query_len = T / B + (T % B != 0);
   if (alloc_kv(m, 1, block_size, kv_dtype) == 0) {
-    rc = model_forward(m, &b, logits);
+    rc = local_forward(m, &b, logits);
     free_kv(m);
   }
 done:
@@ -508,7 +691,7 @@ done:
   return rc;
 }
 
-int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
+static int local_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
   if (!m->kv)
     return ERR("model_copy_blocks before model_alloc_kv");
   return m->be->ops->copy_blocks(m->be, m->kv, m->config.n_layers, src, dst, n);
@@ -619,7 +802,7 @@ static int forward_ops(void *ctx) {
   }
   struct fwd fw = {be, c, m->layers, &m->tok_embd, &m->out_norm, m->kv, &b, &rope, T,
                    m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
-                   m->fused, m->split_idx, m->arch_ws};
+                   m->fused, m->split_idx, m->arch_ws, m->tp_world};
   TRY(m->arch->forward(&fw));
   if (((struct forward_ctx *)ctx)->graph) {
     TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, b.num_logits, dim));
@@ -640,6 +823,10 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   const struct model_config *c = &m->config;
   const int dim = c->dim;
   struct batch b;
+  /* tensor-parallel ranks > 0: nobody else syncs their stream, so the staging of the previous
+   * step is known free only after this */
+  if (m->tp_rank > 0 && op->sync(be))
+    return -1;
   if (stage_batch(m, batch, &b) != 0)
     return -1;
   /* MoE routing reads the experts' row counts back to the host in every layer, which a graph
@@ -661,6 +848,8 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   }
   if (forward_ops(&ctx))
     return -1;
+  if (m->tp_rank > 0) /* tensor parallelism: rank 0 alone computes the logits */
+    return 0;
   /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
   int n = b.num_logits;
   if (n == 0)
@@ -695,9 +884,9 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
 #undef TRY
 }
 
-int model_forward(struct model *m, const struct batch *batch, float *logits) { return forward(m, batch, logits, 0); }
+static int local_forward(struct model *m, const struct batch *batch, float *logits) { return forward(m, batch, logits, 0); }
 
-int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
+static int local_forward_graph(struct model *m, const struct batch *batch, float *logits) {
   return forward(m, batch, logits, 1);
 }
 
@@ -719,4 +908,115 @@ int model_logits_download(struct model *m, int row0, int n, float *dst) {
   if (m->host_mem || row0 < 0 || n < 0 || row0 + n > m->max_seqs)
     return ERR("model_logits_download: rows %d..%d of %d on the device", row0, row0 + n, m->max_seqs);
   return n ? m->be->ops->download(m->be, dst, m->logits_dev + (size_t)row0 * V, (size_t)n * V * sizeof(float)) : 0;
+}
+
+/* ---- The public calls: on rank 0 of a tensor-parallel group every rank runs the same call on
+ * its own thread (its shard, its stream); otherwise the model alone. ---- */
+struct fan {
+  struct model *m;
+  int (*fn)(struct model *m, void *arg);
+  void *arg;
+};
+
+static int fan_rank(int r, void *ctx) {
+  struct fan *f = ctx;
+  return f->fn(f->m->ranks[r], f->arg);
+}
+
+static int fan_out(struct model *m, int (*fn)(struct model *m, void *arg), void *arg) {
+  if (!m->ranks)
+    return fn(m, arg);
+  struct fan f = {m, fn, arg};
+  return tp_group_run(m->tp, fan_rank, &f);
+}
+
+struct fan_args {
+  int a, b, c;
+  enum dtype t;
+  int d, e, f;
+  const struct batch *batch;
+  float *logits;
+  const int32_t *src, *dst;
+};
+
+static int fan_workspace(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_alloc_workspace(m, a->a, a->b, a->c);
+}
+int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  struct fan_args a = {.a = max_tokens, .b = max_seqs, .c = max_blocks_per_seq};
+  return fan_out(m, fan_workspace, &a);
+}
+
+static int fan_profile(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_profile(m, a->a, a->t);
+}
+int model_profile(struct model *m, int block_size, enum dtype kv_dtype) {
+  struct fan_args a = {.a = block_size, .t = kv_dtype};
+  return fan_out(m, fan_profile, &a);
+}
+
+static int fan_kv(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_alloc_kv(m, a->a, a->b, a->t);
+}
+int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
+  struct fan_args a = {.a = num_blocks, .b = block_size, .t = kv_dtype};
+  return fan_out(m, fan_kv, &a);
+}
+
+static int fan_cache(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_alloc_cache(m, a->a, a->b, a->t, a->d, a->e, a->f);
+}
+int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
+                      int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  struct fan_args a = {.a = num_blocks, .b = block_size, .t = kv_dtype, .d = max_tokens, .e = max_seqs,
+                       .f = max_blocks_per_seq};
+  return fan_out(m, fan_cache, &a);
+}
+
+/* Ranks > 0 only run the layers (their all-reduces join rank 0's); rank 0 also the logits. A
+ * CUDA graph is not used under tensor parallelism (the engine turns caps.graphs off). */
+static int fan_forward(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL);
+}
+int model_forward(struct model *m, const struct batch *batch, float *logits) {
+  struct fan_args a = {.batch = batch, .logits = logits};
+  if (!m->ranks)
+    return local_forward(m, batch, logits);
+  int rc = fan_out(m, fan_forward, &a);
+  /* NCCL's asynchronous errors (a peer lost, a transport failure) surface here; any failure
+   * aborts every rank's communicator so that no stream waits forever on a collective that a
+   * failed rank will never join. The model takes no more steps afterwards. */
+  for (int r = 0; rc == 0 && r < m->tp_world; r++) {
+    struct backend *be = m->ranks[r]->be;
+    if (be->ops->comm_check && be->ops->comm_check(be))
+      rc = ERR("tensor-parallel rank %d: %s", r, err_last());
+  }
+  if (rc) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err_last());
+    for (int r = 0; r < m->tp_world; r++)
+      if (m->ranks[r]->be->ops->comm_abort)
+        m->ranks[r]->be->ops->comm_abort(m->ranks[r]->be);
+    return ERR("%s (tensor parallelism stopped: the communicators were aborted)", why);
+  }
+  return 0;
+}
+int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
+  if (m->ranks)
+    return model_forward(m, batch, logits);
+  return local_forward_graph(m, batch, logits);
+}
+
+static int fan_copy(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_copy_blocks(m, a->src, a->dst, a->a);
+}
+int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
+  struct fan_args a = {.a = n, .src = src, .dst = dst};
+  return fan_out(m, fan_copy, &a);
 }

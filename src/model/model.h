@@ -66,6 +66,16 @@ struct model *model_load(const char *path, struct backend *be);
  * "q4_0", "q4_k", "q5_k", "q6_k", "q8_0", "4", "8"; NULL: none). See model/quant_isq.h. */
 struct model *model_load_isq(const char *path, struct backend *be, const char *isq);
 void model_free(struct model *m);
+
+/* Tensor parallelism (docs/distributed.md): the model split over the world = tp_group_world(G)
+ * backends BES (rank r's backend BES[r], made on rank r's thread). Each rank loads its shard on
+ * its thread (q/k/v, gate/up split by output rows; o, down by input columns; KV heads split, or
+ * replicated when fewer than ranks), joins one communicator (ops->comm_id / comm_init), and
+ * rank 0 alone holds the lm_head. The returned model is rank 0's: every model_* call on it runs
+ * on all ranks (its configuration, weight and KV sizes are one GPU's share); model_free frees
+ * them all. G and BES must outlive it. World 1: model_load_isq(path, bes[0], isq). */
+struct tp_group;
+struct model *model_load_tp(const char *path, struct backend *const *bes, struct tp_group *g, const char *isq);
 const struct model_config *model_get_config(const struct model *m);
 
 /* The sliding window every layer attends within (tokens), or 0 when some layer attends to the

@@ -157,7 +157,7 @@ static void test_type(struct backend *be, enum dtype t) {
 }
 
 int main(void) {
-  struct backend_params bp = {"cpu", 2};
+  struct backend_params bp = {"cpu", 2, 0};
   struct backend *be = backend_create(&bp);
   if (!be)
     return test_skip("no cpu backend");

@@ -196,7 +196,7 @@ int main(void) {
   snprintf(twin, sizeof twin, "%s/twin.gguf", dir);
   REQUIRE(write_gguf(mixed, ts, n, 0) == 0 && write_gguf(twin, ts, n, 1) == 0, "write");
 
-  struct backend_params bp = {"cpu", 2};
+  struct backend_params bp = {"cpu", 2, 0};
   struct backend *be = backend_create(&bp);
   REQUIRE(be, "backend: %s", err_last());
   int32_t tokens[12] = {1, 5, 9, 63, 2, 17, 33, 8, 40, 41, 0, 12};

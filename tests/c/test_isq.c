@@ -163,7 +163,7 @@ int main(void) {
   test_types();
   test_api();
   test_bytes_vs_gguf_py();
-  struct backend_params bp = {"cpu", 2};
+  struct backend_params bp = {"cpu", 2, 0};
   struct backend *be = backend_create(&bp);
   REQUIRE(be, "backend: %s", err_last());
   /* q8_0: weights and (on the CPU, as llama.cpp) activations rounded to 8 bits: 2.1-2.6% */

@@ -123,6 +123,7 @@ static int cpu_weight_from_host(struct backend *be, struct weight *w, const void
 
 static void cpu_weight_free(struct backend *be, struct weight *w) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
+  cpu_comm_free(be);
   for (int i = 0; i < cb->n_owned; i++) {
     if (cb->owned[i] == w->data) {
       free(w->data);
@@ -153,6 +154,7 @@ float cpu_weight_elem(const struct weight *w, int64_t i) {
 
 static void cpu_destroy(struct backend *be) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
+  cpu_comm_free(be);
   for (int i = 0; i < cb->n_owned; i++)
     free(cb->owned[i]);
   free(cb->owned);
@@ -185,6 +187,9 @@ static const struct backend_ops cpu_ops = {
     .softcap = cpu_softcap,
     .moe_route = cpu_moe_route,
     .moe_combine = cpu_moe_combine,
+    .comm_id = cpu_comm_id,
+    .comm_init = cpu_comm_init,
+    .all_reduce_sum = cpu_all_reduce_sum,
 };
 
 struct backend *backend_cpu_create(int n_threads) {

@@ -11,7 +11,15 @@ struct cpu_backend {
   struct backend base;  /* base.n_threads: OpenMP threads of every parallel op (>= 1) */
   void **owned;         /* (n_owned) weight copies this backend made (unaligned host data) */
   int n_owned, cap_owned;
+  struct cpu_comm *comm; /* tensor-parallel group (cpu_comm.c), or NULL */
+  int comm_rank;
 };
+
+/* In-process collectives (cpu_comm.c): ranks are threads; see backend.h's ops of these names. */
+int cpu_comm_id(struct backend *be, void *id);
+int cpu_comm_init(struct backend *be, const void *id, int rank, int world);
+int cpu_all_reduce_sum(struct backend *be, void *x, size_t n);
+void cpu_comm_free(struct backend *be);
 
 /* Threads for a parallel op of about WORK multiply-adds (or element updates): one per
  * CPU_WORK_PER_THREAD of work, at least 1 and at most be->n_threads. A fork/join costs tens of

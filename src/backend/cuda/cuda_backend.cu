@@ -284,6 +284,7 @@ static void cuda_destroy(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
   if (!cb)
     return;
+  cuda_comm_free(cb);
   if (cb->stream)
     cudaStreamSynchronize(cb->stream);
   if (cb->blas)
@@ -299,6 +300,11 @@ static void cuda_destroy(struct backend *be) {
   if (cb->stream)
     cudaStreamDestroy(cb->stream);
   free(cb);
+}
+
+static int cuda_bind(struct backend *be) {
+  CUDA_CHECK(cudaSetDevice(cuda_be(be)->device));
+  return 0;
 }
 
 static const struct backend_ops cuda_ops = {
@@ -337,6 +343,16 @@ static const struct backend_ops cuda_ops = {
     /* .sample_rows = */ cuda_op_sample_rows,
     /* .stash_rows = */ cuda_op_stash_rows,
     /* .topk_rows = */ cuda_op_topk_rows,
+    /* .bind = */ cuda_bind,
+#ifdef PAGODA_HAVE_NCCL
+    /* .comm_id = */ cuda_comm_id,
+    /* .comm_init = */ cuda_comm_init,
+    /* .all_reduce_sum = */ cuda_all_reduce_sum,
+    /* .comm_check = */ cuda_comm_check,
+    /* .comm_abort = */ cuda_comm_abort,
+#else
+    NULL, NULL, NULL, NULL, NULL,
+#endif
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -378,12 +394,15 @@ extern "C" int cuda_backend_available(void) {
   return 1;
 }
 
-static int cuda_init(struct cuda_backend *cb) {
+static int cuda_init(struct cuda_backend *cb, int device) {
   int n = 0;
   CUDA_CHECK(cudaGetDeviceCount(&n));
   if (n <= 0)
     return ERR("--device cuda: no CUDA device found");
-  cb->device = 0;
+  if (device < 0 || device >= n)
+    return ERR("--tp: GPU %d asked for, but this machine has %d GPU%s (lower --tp to at most %d)", device, n,
+               n == 1 ? "" : "s", n);
+  cb->device = device;
   CUDA_CHECK(cudaSetDevice(cb->device));
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, cb->device));
@@ -416,7 +435,6 @@ static int cuda_init(struct cuda_backend *cb) {
 }
 
 extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
-  (void)p;
   struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof *cb);
   if (!cb) {
     ERR("out of memory");
@@ -437,7 +455,7 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   cb->base.caps.graphs = 1;
   const char *g = getenv("PAGODA_CUDA_GRAPHS"); /* 0: replay off (the batches are padded still) */
   cb->graphs_on = !(g && !strcmp(g, "0"));
-  if (cuda_init(cb) != 0) {
+  if (cuda_init(cb, p ? p->device_index : 0) != 0) {
     cuda_destroy(&cb->base);
     return NULL;
   }

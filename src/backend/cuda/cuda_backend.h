@@ -81,6 +81,7 @@ struct cuda_backend {
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
+  void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -118,6 +119,16 @@ int cuda_op_moe_route(struct backend *be, const float *router_logits, int T, int
                       float *row_weight, int32_t *token_rows, int32_t *expert_start, int32_t *expert_start_host);
 int cuda_op_moe_combine(struct backend *be, void *out, const void *y, const int32_t *token_rows,
                         const float *row_weight, int T, int k, int D);
+/* Tensor parallelism over NCCL (cuda_nccl.cu; only when the build found NCCL): see the ops of
+ * the same names in backend.h. cuda_comm_free runs from cuda_destroy. */
+#ifdef PAGODA_HAVE_NCCL
+int cuda_comm_id(struct backend *be, void *id);
+int cuda_comm_init(struct backend *be, const void *id, int rank, int world);
+int cuda_all_reduce_sum(struct backend *be, void *x, size_t n);
+int cuda_comm_check(struct backend *be);
+void cuda_comm_abort(struct backend *be);
+#endif
+void cuda_comm_free(struct cuda_backend *cb);
 struct cuda_graph_entry;
 int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
 void cuda_graph_free_all(struct cuda_backend *cb);

@@ -1,0 +1,112 @@
+/* cpu_comm.c - the CPU backend's collectives: ranks are threads of one process (the CPU reference
+ * of tensor parallelism, which tests/c/test_tp.c compares against one rank). The id handed
+ * around is the address of a shared group; all_reduce_sum sums in rank order, so every rank
+ * gets bitwise the same result. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+
+#define CPU_COMM_MAX 64
+
+struct cpu_comm {
+  pthread_mutex_t mu;
+  pthread_barrier_t barrier;
+  int world, joined, refs, barrier_ready;
+  float *bufs[CPU_COMM_MAX];
+};
+
+static pthread_mutex_t comm_init_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int cpu_comm_id(struct backend *be, void *id) {
+  (void)be;
+  struct cpu_comm *c = calloc(1, sizeof *c);
+  if (!c)
+    return ERR("out of memory");
+  pthread_mutex_init(&c->mu, NULL);
+  c->refs = 1; /* the id's own reference, dropped by the last rank to join */
+  memset(id, 0, BACKEND_COMM_ID_BYTES);
+  memcpy(id, &c, sizeof c);
+  return 0;
+}
+
+static void comm_unref(struct cpu_comm *c) {
+  pthread_mutex_lock(&comm_init_mu);
+  int last = --c->refs == 0;
+  pthread_mutex_unlock(&comm_init_mu);
+  if (!last)
+    return;
+  if (c->barrier_ready)
+    pthread_barrier_destroy(&c->barrier);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+int cpu_comm_init(struct backend *be, const void *id, int rank, int world) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  struct cpu_comm *c;
+  memcpy(&c, id, sizeof c);
+  if (world < 1 || world > CPU_COMM_MAX || rank < 0 || rank >= world)
+    return ERR("comm_init: rank %d of %d (1..%d ranks)", rank, world, CPU_COMM_MAX);
+  if (cb->comm)
+    return ERR("comm_init: this backend already has a communicator");
+  pthread_mutex_lock(&comm_init_mu);
+  if (!c->barrier_ready) {
+    pthread_barrier_init(&c->barrier, NULL, (unsigned)world);
+    c->world = world;
+    c->barrier_ready = 1;
+  }
+  int ok = c->world == world;
+  if (ok) {
+    c->refs++;
+    c->joined++;
+  }
+  pthread_mutex_unlock(&comm_init_mu);
+  if (!ok)
+    return ERR("comm_init: world %d, but the group was made for %d", world, c->world);
+  cb->comm = c;
+  cb->comm_rank = rank;
+  pthread_barrier_wait(&c->barrier); /* every rank has joined */
+  if (rank == 0)
+    comm_unref(c); /* the id's reference */
+  return 0;
+}
+
+/* Reduce-scatter then all-gather, in place: rank r sums slice r over every rank's buffer (in rank
+ * order) into its own buffer, then copies the other slices from their owners. Between the
+ * phases each rank writes only what no other rank reads. */
+int cpu_all_reduce_sum(struct backend *be, void *x, size_t n) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  struct cpu_comm *c = cb->comm;
+  if (!c)
+    return ERR("all_reduce_sum before comm_init");
+  int r = cb->comm_rank, W = c->world;
+  c->bufs[r] = x;
+  pthread_barrier_wait(&c->barrier);
+  size_t lo = n * (size_t)r / (size_t)W, hi = n * (size_t)(r + 1) / (size_t)W;
+  float *mine = x;
+  for (size_t i = lo; i < hi; i++) {
+    float s = c->bufs[0][i];
+    for (int k = 1; k < W; k++)
+      s += c->bufs[k][i];
+    mine[i] = s;
+  }
+  pthread_barrier_wait(&c->barrier);
+  for (int k = 0; k < W; k++) {
+    if (k == r)
+      continue;
+    size_t klo = n * (size_t)k / (size_t)W, khi = n * (size_t)(k + 1) / (size_t)W;
+    memcpy(mine + klo, c->bufs[k] + klo, (khi - klo) * sizeof(float));
+  }
+  pthread_barrier_wait(&c->barrier);
+  return 0;
+}
+
+void cpu_comm_free(struct backend *be) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  if (cb->comm)
+    comm_unref(cb->comm);
+  cb->comm = NULL;
+}

@@ -1,0 +1,171 @@
+/* tp_common.h - the tensor-parallel check shared by tests/c/test_tp_cpu.c (cpu: ranks are threads of
+ * the CPU backend, whose all_reduce_sum is the reference) and tests/gpu/test_tp_cuda.c (cuda + NCCL):
+ * a fixture's prompt through the model split over WORLD ranks, then greedy decode steps, against
+ * the same model unsplit (world 1). */
+#ifndef PAGODA_TP_COMMON_H
+#define PAGODA_TP_COMMON_H
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "dist/tp.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "util/log.h"
+
+#define TPC_MAXB 16
+#define TPC_STEPS 8
+
+struct tpc_run {
+  int n, vocab;
+  float *logits;             /* (n, vocab) the prompt's logits */
+  int32_t greedy[TPC_STEPS]; /* tokens of greedy decoding after it */
+  float *step_logits;        /* (TPC_STEPS, vocab) the decode steps' logits */
+};
+
+static int tpc_make_be(int r, void *ctx) {
+  struct backend **bes = ((struct backend ***)ctx)[0];
+  const char *dev = ((const char **)ctx)[1];
+  struct backend_params bp = {dev, 1, r};
+  if (!(bes[r] = backend_create(&bp)))
+    return -1;
+  return 0;
+}
+
+static int tpc_free_be(int r, void *ctx) {
+  struct backend **bes = ctx;
+  if (bes[r])
+    bes[r]->ops->destroy(bes[r]);
+  return 0;
+}
+
+static int tpc_argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b])
+      b = i;
+  return b;
+}
+
+/* Runs PATH over WORLD ranks of DEVICE; 0 or -1 with the reason printed. */
+static int tpc_run(const char *device, const char *path, int world, const int32_t *tokens, int n,
+                   struct tpc_run *out) {
+  struct backend *bes[TP_MAX_WORLD] = {0};
+  struct tp_group *g = tp_group_create(world);
+  if (!g) {
+    fprintf(stderr, "tp_group_create: %s\n", err_last_where());
+    return -1;
+  }
+  void *ctx[2] = {bes, (void *)device};
+  int rc = -1;
+  struct model *m = NULL;
+  if (tp_group_run(g, tpc_make_be, ctx)) {
+    fprintf(stderr, "backends: %s\n", err_last_where());
+    goto done;
+  }
+  if (!(m = model_load_tp(path, bes, g, NULL))) {
+    fprintf(stderr, "model_load_tp(%s, %d): %s\n", path, world, err_last_where());
+    goto done;
+  }
+  int V = model_get_config(m)->vocab_size, bs = 16;
+  out->n = n;
+  out->vocab = V;
+  out->logits = malloc(sizeof(float) * (size_t)n * V);
+  out->step_logits = malloc(sizeof(float) * (size_t)TPC_STEPS * V);
+  if (model_alloc_cache(m, TPC_MAXB + 1, bs, bes[0]->caps.kv_auto, 256, 1, TPC_MAXB)) {
+    fprintf(stderr, "model_alloc_cache: %s\n", err_last_where());
+    goto done;
+  }
+  int32_t table[TPC_MAXB], pos[256], slots[256], lidx[256], qs[2] = {0, n}, len = n, ids[1];
+  for (int i = 0; i < TPC_MAXB; i++)
+    table[i] = TPC_MAXB - i;
+  for (int i = 0; i < n; i++) {
+    pos[i] = i;
+    slots[i] = table[i / bs] * bs + i % bs;
+    lidx[i] = i;
+  }
+  struct batch b = {n, 1, TPC_MAXB, len, n, tokens, pos, slots, qs, &len, table, n, lidx};
+  if (model_forward(m, &b, out->logits)) {
+    fprintf(stderr, "prefill: %s\n", err_last_where());
+    goto done;
+  }
+  ids[0] = tpc_argmax(out->logits + (size_t)(n - 1) * V, V);
+  for (int s = 0; s < TPC_STEPS; s++) {
+    int p = n + s;
+    out->greedy[s] = ids[0];
+    pos[0] = p;
+    slots[0] = table[p / bs] * bs + p % bs;
+    lidx[0] = 0;
+    qs[1] = 1;
+    len = p + 1;
+    struct batch d = {1, 1, TPC_MAXB, len, 1, ids, pos, slots, qs, &len, table, 1, lidx};
+    if (model_forward(m, &d, out->step_logits + (size_t)s * V)) {
+      fprintf(stderr, "decode step %d: %s\n", s, err_last_where());
+      goto done;
+    }
+    ids[0] = tpc_argmax(out->step_logits + (size_t)s * V, V);
+  }
+  rc = 0;
+done:
+  model_free(m);
+  tp_group_run(g, tpc_free_be, bes);
+  tp_group_destroy(g);
+  return rc;
+}
+
+static void tpc_free(struct tpc_run *r) {
+  free(r->logits);
+  free(r->step_logits);
+  memset(r, 0, sizeof *r);
+}
+
+/* tokens.json of fixture DIR into TOKENS (at most 256); the count, or -1. */
+static int tpc_tokens(const char *dir, int32_t *tokens) {
+  char path[1100];
+  snprintf(path, sizeof path, "%.1024s/tokens.json", dir);
+  size_t len;
+  char *json = test_read_file(path, &len);
+  if (!json)
+    return -1;
+  cJSON *arr = cJSON_Parse(json);
+  free(json);
+  int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
+  if (n > 256)
+    n = -1;
+  for (int i = 0; i < n; i++)
+    tokens[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
+  cJSON_Delete(arr);
+  return n;
+}
+
+/* The fixture NAME at WORLD ranks against world 1: logits within TOL (rel L2), greedy tokens
+ * equal. Returns 1 when the fixture cannot be split WORLD ways (skipped), else 0 (CHECKs). */
+static int tpc_check_fixture(const char *device, const char *name, int world, double tol) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", test_fixture_path(name));
+  int32_t tokens[256];
+  int n = tpc_tokens(dir, tokens);
+  REQUIRE(n > 0, "%s: no tokens.json", name);
+  struct tpc_run one = {0}, many = {0};
+  int ok1 = tpc_run(device, dir, 1, tokens, n, &one) == 0;
+  int okn = ok1 && tpc_run(device, dir, world, tokens, n, &many) == 0;
+  CHECK(ok1 && okn, "%s: tp 1 ran %d, tp %d ran %d", name, ok1, world, okn);
+  if (ok1 && okn) {
+    double e = test_rel_l2(many.logits, one.logits, (size_t)n * one.vocab);
+    double es = test_rel_l2(many.step_logits, one.step_logits, (size_t)TPC_STEPS * one.vocab);
+    CHECK(e < tol && es < tol, "%s: tp %d vs tp 1 on %s: prompt rel L2 %g, decode rel L2 %g (tol %g)", name,
+          world, device, e, es, tol);
+    CHECK(!memcmp(many.greedy, one.greedy, sizeof one.greedy), "%s: tp %d greedy tokens differ from tp 1", name,
+          world);
+    printf("%s: tp %d vs tp 1 on %s: prompt rel L2 %.3g, decode rel L2 %.3g, %d greedy tokens equal\n", name,
+           world, device, e, es, TPC_STEPS);
+  }
+  tpc_free(&one);
+  tpc_free(&many);
+  return 0;
+}
+
+#endif
