@@ -244,6 +244,26 @@ static struct backend_sample_params draw_params(const struct sampler_params *sp,
  * sample_rows call draws every sample (n per fork row, each with its own generator's u: the
  * step's sync), then topk_rows scores the logprob entries' tokens and top logprobs on the stash
  * and the beam rows' 2W candidates on the processed rows. Only ids and values come back. */
+
+/* Room for NEED processor entries and NEED_BIAS logit_bias values in the step's staging (grown
+ * to twice the need, so steady state reallocates nothing). */
+static int grow_proc(struct pagoda_engine *e, size_t need, size_t need_bias) {
+  if (need > e->proc_cap) {
+    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for the logits processors of %zu tokens", need);
+    e->proc = p;
+    e->proc_cap = need * 2;
+  }
+  if (need_bias > e->bias_cap) {
+    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
+    if (!p)
+      return ERR("out of memory for %zu logit_bias values", need_bias);
+    e->proc_bias = p;
+    e->bias_cap = need_bias * 2;
+  }
+  return 0;
+}
 static int device_sample_all(struct pagoda_engine *e, const struct scheduler_output *o) {
   struct backend *be = e->be;
   int n_ent = 0;
@@ -260,20 +280,8 @@ static int device_sample_all(struct pagoda_engine *e, const struct scheduler_out
   }
   if (ds_reserve(e, n_ent))
     return -1;
-  if (need > e->proc_cap) {
-    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
-    if (!p)
-      return ERR("out of memory for the logits processors of %zu tokens", need);
-    e->proc = p;
-    e->proc_cap = need * 2;
-  }
-  if (need_bias > e->bias_cap) {
-    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
-    if (!p)
-      return ERR("out of memory for %zu logit_bias values", need_bias);
-    e->proc_bias = p;
-    e->bias_cap = need_bias * 2;
-  }
+  if (grow_proc(e, need, need_bias))
+    return -1;
   /* entries: samples first (in item order, a fork row's n samples together), then beam rows */
   int ne = 0, nb = 0, ns = 0, nbeam = 0, n_stash = 0, k_lp = 0, k_beam = 0;
   for (int b = 0; b < o->num_items; b++) {
@@ -399,20 +407,8 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
     need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
     need_bias += (size_t)sp.n_bias;
   }
-  if (need > e->proc_cap) {
-    struct backend_proc_entry *p = realloc(e->proc, need * 2 * sizeof *p);
-    if (!p)
-      return ERR("out of memory for the logits processors of %zu tokens", need);
-    e->proc = p;
-    e->proc_cap = need * 2;
-  }
-  if (need_bias > e->bias_cap) {
-    float *p = realloc(e->proc_bias, need_bias * 2 * sizeof *p);
-    if (!p)
-      return ERR("out of memory for %zu logit_bias values", need_bias);
-    e->proc_bias = p;
-    e->bias_cap = need_bias * 2;
-  }
+  if (grow_proc(e, need, need_bias))
+    return -1;
   int ne = 0, nb = 0;
   for (int b = 0; b < o->num_items; b++)
     e->picked[b] = -1;
