@@ -239,12 +239,6 @@ static struct backend_sample_params draw_params(const struct sampler_params *sp,
                                         greedy ? 0.0f : (float)rng_uniform(&seq->rng)};
 }
 
-/* Every kind on the device (dev_all_kinds), for a step whose logits stayed there: the raw rows
- * of logprob requests go to the stash, the processors of every row up as entries (one copy), one
- * sample_rows call draws every sample (n per fork row, each with its own generator's u: the
- * step's sync), then topk_rows scores the logprob entries' tokens and top logprobs on the stash
- * and the beam rows' 2W candidates on the processed rows. Only ids and values come back. */
-
 /* Room for NEED processor entries and NEED_BIAS logit_bias values in the step's staging (grown
  * to twice the need, so steady state reallocates nothing). */
 static int grow_proc(struct pagoda_engine *e, size_t need, size_t need_bias) {
@@ -264,6 +258,12 @@ static int grow_proc(struct pagoda_engine *e, size_t need, size_t need_bias) {
   }
   return 0;
 }
+
+/* Every kind on the device (dev_all_kinds), for a step whose logits stayed there: the raw rows
+ * of logprob requests go to the stash, the processors of every row up as entries (one copy), one
+ * sample_rows call draws every sample (n per fork row, each with its own generator's u: the
+ * step's sync), then topk_rows scores the logprob entries' tokens and top logprobs on the stash
+ * and the beam rows' 2W candidates on the processed rows. Only ids and values come back. */
 static int device_sample_all(struct pagoda_engine *e, const struct scheduler_output *o) {
   struct backend *be = e->be;
   int n_ent = 0;
