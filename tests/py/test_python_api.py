@@ -250,6 +250,24 @@ def test_seed_aliases():
         assert res.choices[0].text == ", there was a little girl"
 
 
+def test_seed_example_f8e4m3():
+    """The seeds' example exactly as they write it, PagedCacheType.F8E4M3 included: the FP8 KV
+    cache runs (CPU reference kernels) and its pool holds twice the blocks of the f16 cache
+    (the auto choice for a GGUF on the CPU) in the same pa_gpu_mem."""
+    blocks = {}
+    for ct in (pagoda.PagedCacheType.Auto, pagoda.PagedCacheType.F8E4M3):
+        with pagoda.Runner(which=pagoda.Which.Plain(model_id=MODEL), device="cpu", pa_gpu_mem=8, pa_blk_size=32,
+                           pa_cache_type=ct, threads=2, chat_template=TEMPLATE) as r:
+            res = r.send_chat_completion_request(pagoda.ChatCompletionRequest(
+                model="default", messages=[{"role": "user", "content": "Tell me a story about the Rust type system."}],
+                max_tokens=32, presence_penalty=1.0, top_p=0.1, temperature=0.1))
+            assert res.choices[0].message.content and 0 < res.usage.completion_tokens <= 32
+            blocks[ct] = r.stats().num_blocks
+    # num_blocks leaves out the null block; the pools (with it) are floor(8 MiB / block bytes)
+    f8, f16 = blocks[pagoda.PagedCacheType.F8E4M3] + 1, blocks[pagoda.PagedCacheType.Auto] + 1
+    assert 2 * f16 <= f8 <= 2 * f16 + 1, blocks
+
+
 @pytest.mark.parametrize("kw,name", [
     (dict(pa_block_size=7), "pa_block_size"), (dict(paged_attn="maybe"), "paged_attn"),
     (dict(pa_cache_type="int3"), "pa_cache_type"), (dict(pa_memory_mb=8, pa_context_len=64), "pa_context_len"),
