@@ -237,7 +237,7 @@ static int join_master(struct rdv *r, uint64_t hash, const void *payload, size_t
   if (lfd < 0)
     return -1;
   int joined = 0, rc = 0;
-  char why[512] = "";
+  char why[1024] = "";
   while (joined < r->world - 1) {
     struct pollfd p = {.fd = lfd, .events = POLLIN};
     int prc = poll(&p, 1, ms_left(deadline));
