@@ -210,6 +210,16 @@ static inline float ll_halve16(const float *v) {
   return w[0] + w[1];
 }
 
+#if ATT_SIMD
+/* ll_halve16's last three steps on the 8 sums v[i] + v[i + 8] */
+static inline float ll_hsum8(__m256 w) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+#endif
+
 /* GGML_F16_VEC_REDUCE of four 16-lane registers s0..s3 (lanes 0..63): (s0+s2)+(s1+s3), halved. */
 static inline float ll_fold64(const float *s) {
   float v[16];
@@ -223,21 +233,56 @@ static inline float ll_fold64(const float *s) {
  * ggml_vec_dot_f16 (64-lane body, the remaining N mod 64 products added in double). */
 static inline float ll_dot(const float *q, const float *k, int n, int tiny) {
   if (tiny && n % LL_TINY == 0) {
+#if ATT_SIMD /* one 16-lane register as two 8-lane halves: the same lanes, the same FMAs */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += LL_TINY) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+    }
+    return ll_hsum8(_mm256_add_ps(a0, a1));
+#else
     float a[LL_TINY] = {0};
     for (int i = 0; i < n; i += LL_TINY)
       for (int l = 0; l < LL_TINY; l++)
         a[l] = fmaf(q[i + l], k[i + l], a[l]);
     return ll_halve16(a);
+#endif
   }
   const int np = n & ~(LL_VEC - 1);
+  double s;
+#if ATT_SIMD
+  __m256 r[8];
+  for (int m = 0; m < 8; m++)
+    r[m] = _mm256_setzero_ps();
+  for (int i = 0; i < np; i += LL_VEC)
+    for (int m = 0; m < 8; m++)
+      r[m] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8 * m), _mm256_loadu_ps(k + i + 8 * m), r[m]);
+  /* registers s0..s3 = r[0..1], r[2..3], r[4..5], r[6..7]: (s0+s2)+(s1+s3), then halved */
+  __m256 lo = _mm256_add_ps(_mm256_add_ps(r[0], r[4]), _mm256_add_ps(r[2], r[6]));
+  __m256 hi = _mm256_add_ps(_mm256_add_ps(r[1], r[5]), _mm256_add_ps(r[3], r[7]));
+  s = ll_hsum8(_mm256_add_ps(lo, hi));
+#else
   float a[LL_VEC] = {0};
   for (int i = 0; i < np; i += LL_VEC)
     for (int l = 0; l < LL_VEC; l++)
       a[l] = fmaf(q[i + l], k[i + l], a[l]);
-  double s = ll_fold64(a);
+  s = ll_fold64(a);
+#endif
   for (int i = np; i < n; i++)
     s += (double)(q[i] * k[i]);
   return (float)s;
+}
+
+/* a[i] = fma(v[i], p, a[i]) for i < n */
+static inline void ll_axpy(float *a, const float *v, float p, int n) {
+  int i = 0;
+#if ATT_SIMD
+  __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(a + i, _mm256_fmadd_ps(_mm256_loadu_ps(v + i), pv, _mm256_loadu_ps(a + i)));
+#endif
+  for (; i < n; i++)
+    a[i] = fmaf(v[i], p, a[i]);
 }
 
 /* ggml_v_expf (ggml's AVX-512 vector exp, used by its softmax), one lane. */
@@ -250,7 +295,11 @@ static inline float ll_expf(float x) {
                       u, fmaf(0x1.ffffecp-1f, b, 1.0f));
   if (!(fabsf(n) <= 192.0f)) /* also x = -inf (n = -inf) */
     return n > 0.0f ? INFINITY : 0.0f;
-  return scalbnf(j, (int)n);
+  const int e = (int)n;
+  if (e < -126 || e > 127)
+    return scalbnf(j, e); /* _mm512_scalef_ps: one rounding, into the subnormals too */
+  union { uint32_t u; float f; } p2 = {.u = (uint32_t)(e + 127) << 23};
+  return j * p2.f; /* a power of two in range: the same single rounding */
 }
 
 /* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache), in the order TINY. */
@@ -318,9 +367,7 @@ static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const ui
     float p = round_f16(e * inv);
     const uint16_t *v = vc + (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
     f16_row(vf, v, hd);
-    float *a = acc + (size_t)(j % L) * hd;
-    for (int i = 0; i < hd; i++)
-      a[i] = fmaf(vf[i], p, a[i]);
+    ll_axpy(acc + (size_t)(j % L) * hd, vf, p, hd);
   }
   float *ov = o + ((size_t)t * n_heads + h) * hd;
   for (int i = 0; i < hd; i++) {
