@@ -1,7 +1,7 @@
 /* cpu_attention.c - paged causal attention over the block tables (GQA), online softmax.
  *
- * Each (query token, head) is computed on its own: it walks the keys of its sequence in position
- * order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks are fixed
+ * F32 and F8E4M3 caches: each (query token, head) is computed on its own: it walks the keys of
+ * its sequence in position order 0..pos through the block table, in chunks of ATT_CHUNK positions. The chunks are fixed
  * in position space, and no other token takes part, so a token's result
  * is bit-for-bit the same whatever the block size, the other sequences in the batch, or whether
  * it is computed inside a prefill chunk or alone in a decode step. A sliding window (struct
@@ -9,9 +9,15 @@
  * window wider than the context gives the same bits as no window.
  *
  * An F16 cache computes as llama.cpp's CPU attention without flash attention does (its default
- * KV type): K and V rounded to f16 when written, Q rounded to f16 for the scores, and the
- * normalized probabilities rounded to f16 before they weight V (f32 sums). Greedy text then
- * follows llama.cpp's through near ties that f32 would break the other way.
+ * KV type): K and V rounded to f16 when written, Q rounded to f16 for the scores, ggml's softmax,
+ * and the normalized probabilities rounded to f16 before they weight V. llama.cpp sums K.q and
+ * P.V in one of two orders, chosen by how many tokens its step holds; here the rule is per
+ * SEQUENCE, by that sequence's query length in the step: more than one token (a prompt or prefill
+ * chunk) takes tinyBLAS's order (16 lanes), exactly one (a decode step) ggml_vec_dot_f16's (64
+ * lanes). So on this path a token's bits depend on its own sequence's query length (a prompt
+ * token prefilled differs by an ulp from the same token decoded alone, as in llama.cpp), but
+ * still not on the other sequences of the batch, the block size, or how a prompt is split into
+ * chunks of two or more tokens. Greedy text then follows llama.cpp's through near ties.
  */
 #include <math.h>
 
@@ -183,22 +189,138 @@ static inline float round_f16(float x) {
 #endif
 }
 
-/* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache). */
+/* llama.cpp's two summation orders (F16 cache). A "lane" is one f32 accumulator of a SIMD
+ * register: element i of a dot product, or key j of the softmax and of P.V, goes to lane
+ * (i or j) mod 16 (llamafile's tinyBLAS, one 16-float register: the order for a sequence with
+ * more than one query token in the step) or mod 64 (ggml_vec_dot_f16, four 16-float registers:
+ * one query token). Lanes are fixed by position, so keys outside [first, pos] (llama.cpp's
+ * masked and padded keys, whose probability is exactly 0) are not visited: adding 0 is exact. */
+#define LL_TINY 16
+#define LL_VEC 64
+
+/* _mm512_reduce_add_ps of 16 lanes: v[i] + v[i + 8], then + 4, + 2, + 1. */
+static inline float ll_halve16(const float *v) {
+  float w[8];
+  for (int i = 0; i < 8; i++)
+    w[i] = v[i] + v[i + 8];
+  for (int i = 0; i < 4; i++)
+    w[i] = w[i] + w[i + 4];
+  for (int i = 0; i < 2; i++)
+    w[i] = w[i] + w[i + 2];
+  return w[0] + w[1];
+}
+
+#if ATT_SIMD
+/* ll_halve16's last three steps on the 8 sums v[i] + v[i + 8] */
+static inline float ll_hsum8(__m256 w) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps(w, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+#endif
+
+/* GGML_F16_VEC_REDUCE of four 16-lane registers s0..s3 (lanes 0..63): (s0+s2)+(s1+s3), halved. */
+static inline float ll_fold64(const float *s) {
+  float v[16];
+  for (int k = 0; k < 16; k++)
+    v[k] = (s[k] + s[32 + k]) + (s[16 + k] + s[48 + k]);
+  return ll_halve16(v);
+}
+
+/* The f16-operand dot product Q16.K of length N as llama.cpp's K*Q matmul computes it: tinyBLAS
+ * when TINY (and N a multiple of 16, else ggml falls back to the vector dot), else
+ * ggml_vec_dot_f16 (64-lane body, the remaining N mod 64 products added in double). */
+static inline float ll_dot(const float *q, const float *k, int n, int tiny) {
+  if (tiny && n % LL_TINY == 0) {
+#if ATT_SIMD /* one 16-lane register as two 8-lane halves: the same lanes, the same FMAs */
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += LL_TINY) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), a1);
+    }
+    return ll_hsum8(_mm256_add_ps(a0, a1));
+#else
+    float a[LL_TINY] = {0};
+    for (int i = 0; i < n; i += LL_TINY)
+      for (int l = 0; l < LL_TINY; l++)
+        a[l] = fmaf(q[i + l], k[i + l], a[l]);
+    return ll_halve16(a);
+#endif
+  }
+  const int np = n & ~(LL_VEC - 1);
+  double s;
+#if ATT_SIMD
+  __m256 r[8];
+  for (int m = 0; m < 8; m++)
+    r[m] = _mm256_setzero_ps();
+  for (int i = 0; i < np; i += LL_VEC)
+    for (int m = 0; m < 8; m++)
+      r[m] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8 * m), _mm256_loadu_ps(k + i + 8 * m), r[m]);
+  /* registers s0..s3 = r[0..1], r[2..3], r[4..5], r[6..7]: (s0+s2)+(s1+s3), then halved */
+  __m256 lo = _mm256_add_ps(_mm256_add_ps(r[0], r[4]), _mm256_add_ps(r[2], r[6]));
+  __m256 hi = _mm256_add_ps(_mm256_add_ps(r[1], r[5]), _mm256_add_ps(r[3], r[7]));
+  s = ll_hsum8(_mm256_add_ps(lo, hi));
+#else
+  float a[LL_VEC] = {0};
+  for (int i = 0; i < np; i += LL_VEC)
+    for (int l = 0; l < LL_VEC; l++)
+      a[l] = fmaf(q[i + l], k[i + l], a[l]);
+  s = ll_fold64(a);
+#endif
+  for (int i = np; i < n; i++)
+    s += (double)(q[i] * k[i]);
+  return (float)s;
+}
+
+/* a[i] = fma(v[i], p, a[i]) for i < n */
+static inline void ll_axpy(float *a, const float *v, float p, int n) {
+  int i = 0;
+#if ATT_SIMD
+  __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(a + i, _mm256_fmadd_ps(_mm256_loadu_ps(v + i), pv, _mm256_loadu_ps(a + i)));
+#endif
+  for (; i < n; i++)
+    a[i] = fmaf(v[i], p, a[i]);
+}
+
+/* ggml_v_expf (ggml's AVX-512 vector exp, used by its softmax), one lane. */
+static inline float ll_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = fmaf(x, 0x1.715476p+0f, r), n = z - r;
+  const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                      u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+  if (!(fabsf(n) <= 192.0f)) /* also x = -inf (n = -inf) */
+    return n > 0.0f ? INFINITY : 0.0f;
+  const int e = (int)n;
+  if (e < -126 || e > 127)
+    return scalbnf(j, e); /* _mm512_scalef_ps: one rounding, into the subnormals too */
+  union { uint32_t u; float f; } p2 = {.u = (uint32_t)(e + 127) << 23};
+  return j * p2.f; /* a power of two in range: the same single rounding */
+}
+
+/* Score of key J of KV head KVH for the f16-rounded query Q16 (F16 cache), in the order TINY. */
 static inline float att_score_f16(const float *q16, const uint16_t *kc, const struct kv_layer *kv,
-                                  const int32_t *table, int kvh, int j, float scale, float cap) {
+                                  const int32_t *table, int kvh, int j, float scale, float cap, int tiny) {
   const int hd = kv->head_dim, bs = kv->block_size;
   const uint16_t *k = kc + (((size_t)table[j / bs] * kv->n_kv_heads + kvh) * bs + (size_t)(j % bs)) * hd;
   float kf[CPU_MAX_HEAD_DIM];
   f16_row(kf, k, hd);
-  return att_cap(att_dot(q16, kf, hd) * scale, cap);
+  return att_cap(ll_dot(q16, kf, hd, tiny) * scale, cap);
 }
 
-/* Scores kept on the stack when the context fits (else recomputed per pass: same values). */
+/* Scores (then exponentials) kept on the stack when the window fits; else recomputed per pass
+ * (the same values). */
 #define ATT_F16_KEEP 4096
 
-/* Head H of query token T of sequence SEQ over an F16 cache, in three passes over the keys in
- * position order: the maximum score, the softmax denominator (in double, as ggml sums it), then
- * the f16-rounded probabilities times V. */
+/* Head H of query token T of sequence SEQ over an F16 cache, as llama.cpp's non-flash CPU
+ * attention computes it: scores in the order of the sequence's query length (TINY: more than one
+ * token), their maximum, ggml's softmax (vector exp, 16-key partial sums added in double, times
+ * the f32 inverse of the sum), the probabilities rounded to f16, then P.V in the same order as the
+ * scores, streamed over the keys into the lanes of key j mod 16 / 64. */
 static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const uint16_t *vc,
                          const struct kv_layer *kv, const struct batch *b, const struct attn_params *ap,
                          int t, int seq, int kvh, int h) {
@@ -206,36 +328,54 @@ static void att_head_f16(float *o, const float *qs, const uint16_t *kc, const ui
   const float scale = ap->scale, cap = ap->softcap;
   const int32_t *table = b->block_tables + (size_t)seq * b->max_blocks_per_seq;
   const int pos = b->positions[t], first = att_first_key(pos, ap->window);
+  const int tiny = b->query_start[seq + 1] - b->query_start[seq] > 1;
+  const int L = tiny ? LL_TINY : LL_VEC;
   const float *q = qs + ((size_t)t * n_heads + h) * hd;
-  float q16[CPU_MAX_HEAD_DIM], acc[CPU_MAX_HEAD_DIM], vf[CPU_MAX_HEAD_DIM];
-  float kept[ATT_F16_KEEP]; /* scores of keys first .. pos at [j] when pos < ATT_F16_KEEP */
-  const int keep = pos < ATT_F16_KEEP;
-  for (int i = 0; i < hd; i++) {
+  float q16[CPU_MAX_HEAD_DIM], vf[CPU_MAX_HEAD_DIM];
+  float acc[LL_VEC * CPU_MAX_HEAD_DIM]; /* lane l of output element i at [l * hd + i] */
+  float kept[ATT_F16_KEEP];             /* key j at [j - first] when keep */
+  const int keep = pos - first < ATT_F16_KEEP;
+  for (int i = 0; i < hd; i++)
     q16[i] = round_f16(q[i]);
+  for (int i = 0; i < L * hd; i++)
     acc[i] = 0;
-  }
   float m = -INFINITY;
   for (int j = first; j <= pos; j++) {
-    float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale, cap);
+    float sc = att_score_f16(q16, kc, kv, table, kvh, j, scale, cap, tiny);
     if (keep)
-      kept[j] = sc;
+      kept[j - first] = sc;
     m = sc > m ? sc : m;
   }
   double sum = 0;
-  for (int j = first; j <= pos; j++)
-    sum += expf((keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale, cap)) - m);
+  for (int j0 = first / LL_TINY * LL_TINY; j0 <= pos; j0 += LL_TINY) {
+    float g[LL_TINY];
+    for (int l = 0; l < LL_TINY; l++) {
+      int j = j0 + l;
+      if (j < first || j > pos) {
+        g[l] = 0;
+        continue;
+      }
+      g[l] = ll_expf((keep ? kept[j - first] : att_score_f16(q16, kc, kv, table, kvh, j, scale, cap, tiny)) - m);
+      if (keep)
+        kept[j - first] = g[l];
+    }
+    sum += (double)ll_halve16(g);
+  }
   const float inv = (float)(1.0 / sum);
   for (int j = first; j <= pos; j++) {
-    float sc = keep ? kept[j] : att_score_f16(q16, kc, kv, table, kvh, j, scale, cap);
-    float p = round_f16(expf(sc - m) * inv);
+    float e = keep ? kept[j - first] : ll_expf(att_score_f16(q16, kc, kv, table, kvh, j, scale, cap, tiny) - m);
+    float p = round_f16(e * inv);
     const uint16_t *v = vc + (((size_t)table[j / bs] * nkv + kvh) * bs + (size_t)(j % bs)) * hd;
     f16_row(vf, v, hd);
-    for (int i = 0; i < hd; i++)
-      acc[i] += p * vf[i];
+    ll_axpy(acc + (size_t)(j % L) * hd, vf, p, hd);
   }
   float *ov = o + ((size_t)t * n_heads + h) * hd;
-  for (int i = 0; i < hd; i++)
-    ov[i] = acc[i];
+  for (int i = 0; i < hd; i++) {
+    float lane[LL_VEC];
+    for (int l = 0; l < L; l++)
+      lane[l] = acc[(size_t)l * hd + i];
+    ov[i] = tiny ? ll_halve16(lane) : ll_fold64(lane);
+  }
 }
 
 /* The sequence s of flattened token T: query_start[s] <= t < query_start[s+1]. */
