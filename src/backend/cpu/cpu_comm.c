@@ -1,7 +1,7 @@
 /* cpu_comm.c - the CPU backend's collectives: ranks are threads of one process (the CPU reference
- * of tensor parallelism, which tests/c/test_tp.c compares against one rank). The id handed
- * around is the address of a shared group; all_reduce_sum sums in rank order, so every rank
- * gets bitwise the same result. */
+ * of tensor parallelism, which tests/c/test_tp_cpu.c compares against one rank). The id handed
+ * around is a number naming a group in this process's registry; all_reduce_sum sums in rank
+ * order, so every rank gets bitwise the same result. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,65 +12,79 @@
 #define CPU_COMM_MAX 64
 
 struct cpu_comm {
+  uint64_t id;           /* what cpu_comm_id handed out */
+  struct cpu_comm *next; /* in the registry */
   pthread_mutex_t mu;
   pthread_barrier_t barrier;
-  int world, joined, refs, barrier_ready;
+  int world, refs;       /* refs: ranks joined and not yet freed */
   float *bufs[CPU_COMM_MAX];
 };
 
+/* The groups of this process by id, made by the first rank to join and freed by the last rank
+ * to leave. An id is only a number, so one that nobody joins (a load refused before the ranks
+ * met) costs nothing. */
 static pthread_mutex_t comm_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cpu_comm *comm_groups;
+static uint64_t comm_next_id = 1;
 
 int cpu_comm_id(struct backend *be, void *id) {
   (void)be;
-  struct cpu_comm *c = calloc(1, sizeof *c);
-  if (!c)
-    return ERR("out of memory");
-  pthread_mutex_init(&c->mu, NULL);
-  c->refs = 1; /* the id's own reference, dropped by the last rank to join */
+  pthread_mutex_lock(&comm_init_mu);
+  uint64_t v = comm_next_id++;
+  pthread_mutex_unlock(&comm_init_mu);
   memset(id, 0, BACKEND_COMM_ID_BYTES);
-  memcpy(id, &c, sizeof c);
+  memcpy(id, &v, sizeof v);
   return 0;
 }
 
 static void comm_unref(struct cpu_comm *c) {
   pthread_mutex_lock(&comm_init_mu);
   int last = --c->refs == 0;
+  if (last)
+    for (struct cpu_comm **p = &comm_groups; *p; p = &(*p)->next)
+      if (*p == c) {
+        *p = c->next;
+        break;
+      }
   pthread_mutex_unlock(&comm_init_mu);
   if (!last)
     return;
-  if (c->barrier_ready)
-    pthread_barrier_destroy(&c->barrier);
+  pthread_barrier_destroy(&c->barrier);
   pthread_mutex_destroy(&c->mu);
   free(c);
 }
 
 int cpu_comm_init(struct backend *be, const void *id, int rank, int world) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
-  struct cpu_comm *c;
-  memcpy(&c, id, sizeof c);
+  uint64_t v;
+  memcpy(&v, id, sizeof v);
   if (world < 1 || world > CPU_COMM_MAX || rank < 0 || rank >= world)
     return ERR("comm_init: rank %d of %d (1..%d ranks)", rank, world, CPU_COMM_MAX);
   if (cb->comm)
     return ERR("comm_init: this backend already has a communicator");
   pthread_mutex_lock(&comm_init_mu);
-  if (!c->barrier_ready) {
-    pthread_barrier_init(&c->barrier, NULL, (unsigned)world);
+  struct cpu_comm *c = comm_groups;
+  while (c && c->id != v)
+    c = c->next;
+  if (!c && (c = calloc(1, sizeof *c)) != NULL) {
+    c->id = v;
     c->world = world;
-    c->barrier_ready = 1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_barrier_init(&c->barrier, NULL, (unsigned)world);
+    c->next = comm_groups;
+    comm_groups = c;
   }
-  int ok = c->world == world;
-  if (ok) {
+  int ok = c && c->world == world, group_world = c ? c->world : 0;
+  if (ok)
     c->refs++;
-    c->joined++;
-  }
   pthread_mutex_unlock(&comm_init_mu);
+  if (!c)
+    return ERR("out of memory");
   if (!ok)
-    return ERR("comm_init: world %d, but the group was made for %d", world, c->world);
+    return ERR("comm_init: world %d, but the group was made for %d", world, group_world);
   cb->comm = c;
   cb->comm_rank = rank;
   pthread_barrier_wait(&c->barrier); /* every rank has joined */
-  if (rank == 0)
-    comm_unref(c); /* the id's reference */
   return 0;
 }
 
