@@ -413,4 +413,63 @@ int rdv_dead_peer(struct rdv *r, int wait_ms) {
   return -1;
 }
 
+/* Chunks of the gather / scatter: bounded so a large tensor never needs a second full copy. */
+#define RDV_CHUNK_FLOATS 16384
+
+int rdv_all_reduce_sum(struct rdv *r, float *x, size_t n, double timeout_s) {
+  if (r->world == 1 || n == 0)
+    return 0;
+  double deadline = now_s() + timeout_s;
+  if (r->rank != 0) {
+    if (write_full(r->fds[0], x, n * sizeof(float)))
+      return ERR("--tp-rank %d: all-reduce: cannot send to rank 0: %s (rank 0 exited?)", r->rank, strerror(errno));
+    if (read_full(r->fds[0], x, n * sizeof(float), deadline))
+      return ERR("--tp-rank %d: all-reduce: no result from rank 0: %s (rank 0 exited?)", r->rank, io_reason());
+    return 0;
+  }
+  float *tmp = malloc(sizeof(float) * RDV_CHUNK_FLOATS);
+  if (!tmp)
+    return ERR("out of memory");
+  int rc = 0;
+  for (size_t lo = 0; lo < n && !rc; lo += RDV_CHUNK_FLOATS) {
+    size_t m = n - lo < RDV_CHUNK_FLOATS ? n - lo : RDV_CHUNK_FLOATS;
+    for (int k = 1; k < r->world; k++) { /* rank order: x = ((x0 + x1) + x2) + ... as cpu_comm.c */
+      if (read_full(r->fds[k], tmp, m * sizeof(float), deadline)) {
+        rc = ERR("all-reduce: tensor-parallel rank %d lost: %s (did it exit?)", k, io_reason());
+        break;
+      }
+      for (size_t i = 0; i < m; i++)
+        x[lo + i] += tmp[i];
+    }
+  }
+  free(tmp);
+  for (int k = 1; k < r->world && !rc; k++)
+    if (write_full(r->fds[k], x, n * sizeof(float)))
+      rc = ERR("all-reduce: cannot send the sum to tensor-parallel rank %d: %s", k, strerror(errno));
+  return rc;
+}
+
+int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s) {
+  if (r->world == 1 || n == 0)
+    return 0;
+  if (r->rank != 0) {
+    if (read_full(r->fds[0], buf, n, now_s() + timeout_s))
+      return ERR("--tp-rank %d: broadcast: nothing from rank 0: %s (rank 0 exited?)", r->rank, io_reason());
+    return 0;
+  }
+  for (int k = 1; k < r->world; k++)
+    if (write_full(r->fds[k], buf, n))
+      return ERR("broadcast: tensor-parallel rank %d lost: %s (did it exit?)", k, strerror(errno));
+  return 0;
+}
+
+void rdv_abort(struct rdv *r) {
+  if (!r)
+    return;
+  int n = r->rank == 0 ? r->world : 1;
+  for (int i = 0; i < n; i++)
+    if (r->fds[i] >= 0)
+      shutdown(r->fds[i], SHUT_RDWR);
+}
+
 void rdv_close(struct rdv *r) { rdv_free(r); }

@@ -3,7 +3,8 @@
  * One process per GPU, possibly on several hosts, started with --tp-rank R --tp-world W
  * --tp-master HOST:PORT (as torchrun's RANK / WORLD_SIZE / MASTER_ADDR:MASTER_PORT). Before NCCL
  * can build its communicator every rank needs the same opaque unique id, made by rank 0; this
- * module carries it, and nothing else goes through it afterwards except liveness.
+ * module carries it. Afterwards the same sockets carry the CPU backend's cross-process all-reduce
+ * and rank 0's broadcasts (rdv_all_reduce_sum, rdv_broadcast), and liveness.
  *
  * Protocol (all integers little-endian; version 1):
  *   rank r > 0 connects to HOST:PORT (retrying until the deadline: rank 0 may start later) and
@@ -45,6 +46,22 @@ int rdv_barrier(struct rdv *r, double timeout_s);
  * peer whose socket reached end-of-file or failed (for a rank > 0 the only peer is rank 0), or -1
  * when all are alive. */
 int rdv_dead_peer(struct rdv *r, int wait_ms);
+
+/* The CPU backend's collective across processes (multi-process TP without NCCL), over the
+ * rendezvous sockets: every rank passes its N floats; rank 0 gathers them, sums in rank order
+ * (x0 + x1 + ... + x(W-1), element by element, exactly as the in-process cpu_all_reduce_sum, so the
+ * results are bitwise equal) and sends the sum back; every rank ends with the sum in X. All ranks
+ * must call it with the same N, in the same order relative to rdv_broadcast / rdv_barrier. A lost
+ * rank (or rdv_abort) makes it return -1 naming the rank instead of waiting past TIMEOUT_S. */
+int rdv_all_reduce_sum(struct rdv *r, float *x, size_t n, double timeout_s);
+
+/* Rank 0 sends N bytes of BUF to every rank; the others receive them into BUF (the channel that
+ * carries each step's batch to the workers). Same ordering rule and errors as above. */
+int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s);
+
+/* Shuts down every socket of R (safe from another thread, e.g. the watchdog): calls blocked in
+ * R return -1 at once, and the peers see end-of-file. R must still be closed with rdv_close. */
+void rdv_abort(struct rdv *r);
 
 void rdv_close(struct rdv *r);
 

@@ -190,6 +190,7 @@ static const struct backend_ops cpu_ops = {
     .comm_id = cpu_comm_id,
     .comm_init = cpu_comm_init,
     .all_reduce_sum = cpu_all_reduce_sum,
+    .comm_abort = cpu_comm_abort,
 };
 
 struct backend *backend_cpu_create(int n_threads) {

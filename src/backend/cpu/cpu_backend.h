@@ -13,6 +13,7 @@ struct cpu_backend {
   int n_owned, cap_owned;
   struct cpu_comm *comm; /* tensor-parallel group (cpu_comm.c), or NULL */
   int comm_rank;
+  struct rdv *rdv;       /* multi-process group (cpu_comm_attach_rdv), or NULL; borrowed */
 };
 
 /* In-process collectives (cpu_comm.c): ranks are threads; see backend.h's ops of these names. */
@@ -20,6 +21,13 @@ int cpu_comm_id(struct backend *be, void *id);
 int cpu_comm_init(struct backend *be, const void *id, int rank, int world);
 int cpu_all_reduce_sum(struct backend *be, void *x, size_t n);
 void cpu_comm_free(struct backend *be);
+/* Multi-process mode (docs/distributed.md): ranks are processes joined by the rendezvous R; from
+ * now on all_reduce_sum is rdv_all_reduce_sum over R's sockets (the same rank-order sum as the
+ * in-process group, bitwise). R stays the caller's and must outlive the backend's collectives. */
+int cpu_comm_attach_rdv(struct backend *be, struct rdv *r);
+/* Multi-process mode: rdv_abort (collectives blocked on a lost rank return -1). In-process: nothing
+ * (the ranks are threads of one process that fail together). */
+void cpu_comm_abort(struct backend *be);
 
 /* Threads for a parallel op of about WORK multiply-adds (or element updates): one per
  * CPU_WORK_PER_THREAD of work, at least 1 and at most be->n_threads. A fork/join costs tens of

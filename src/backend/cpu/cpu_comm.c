@@ -8,6 +8,11 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "dist/rendezvous.h"
+
+/* A collective over processes waits at most this long for the others; a lost rank is noticed
+ * much sooner (end-of-file on its socket, or the watchdog's rdv_abort). */
+#define CPU_RDV_TIMEOUT_S 600.0
 
 #define CPU_COMM_MAX 64
 
@@ -93,6 +98,8 @@ int cpu_comm_init(struct backend *be, const void *id, int rank, int world) {
  * phases each rank writes only what no other rank reads. */
 int cpu_all_reduce_sum(struct backend *be, void *x, size_t n) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
+  if (cb->rdv)
+    return rdv_all_reduce_sum(cb->rdv, x, n, CPU_RDV_TIMEOUT_S);
   struct cpu_comm *c = cb->comm;
   if (!c)
     return ERR("all_reduce_sum before comm_init");
@@ -123,4 +130,21 @@ void cpu_comm_free(struct backend *be) {
   if (cb->comm)
     comm_unref(cb->comm);
   cb->comm = NULL;
+  cb->rdv = NULL; /* borrowed */
+}
+
+int cpu_comm_attach_rdv(struct backend *be, struct rdv *r) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  if (!r)
+    return ERR("comm_attach_rdv: no rendezvous");
+  if (cb->comm || cb->rdv)
+    return ERR("comm_attach_rdv: this backend already has a communicator");
+  cb->rdv = r;
+  return 0;
+}
+
+void cpu_comm_abort(struct backend *be) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  if (cb->rdv)
+    rdv_abort(cb->rdv);
 }
