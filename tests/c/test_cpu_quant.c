@@ -110,7 +110,11 @@ static void test_type(struct backend *be, enum dtype t) {
     want[n] = (float)s;
   }
   double e = test_rel_l2(got, want, N);
-  CHECK(e < 1e-5, "%s vec_dot vs dequantized operands: rel L2 %g", name, e);
+  /* Q4_1/Q5_1: the reference's weight is d*l + m rounded to f32 (dtype_to_f32) less m, off by up to
+   * one f32 ulp of d*l + m; the AVX2 kernel happens to land on the same bits, the portable one
+   * (sanitizer builds: no -march) within that error (6e-5 seen) */
+  double tol = t == DTYPE_Q4_1 || t == DTYPE_Q5_1 ? 2e-4 : 1e-5;
+  CHECK(e < tol, "%s vec_dot vs dequantized operands: rel L2 %g", name, e);
   free(x);
 
   /* Backend matmul vs f32 activations, several batch sizes. */
