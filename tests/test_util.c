@@ -3,7 +3,11 @@
 
 #include <math.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int test_failures = 0;
 
@@ -91,4 +95,16 @@ uint64_t test_rand(uint64_t *s) {
 
 float test_randf(uint64_t *s) {
   return (float)((test_rand(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+void test_loopback_address(char *out, size_t cap) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
+    perror("test_loopback_address");
+    exit(1);
+  }
+  snprintf(out, cap, "127.0.0.1:%d", ntohs(a.sin_port));
+  close(fd);
 }

@@ -48,6 +48,10 @@ char *test_read_file(const char *path, size_t *len);
 /* Relative L2 error ||a - b|| / ||b|| in double precision. */
 double test_rel_l2(const float *a, const float *b, size_t n);
 
+/* "127.0.0.1:PORT" for a loopback port that was free a moment ago (bound to port 0 and released;
+ * the rendezvous tests bind it again with SO_REUSEADDR). Exits on failure. */
+void test_loopback_address(char *out, size_t cap);
+
 /* Deterministic xorshift64* generator for property tests. */
 uint64_t test_rand(uint64_t *state);
 /* Uniform float in [-1, 1). */

@@ -22,18 +22,7 @@
 
 static char master[64];
 
-/* A loopback port that was free a moment ago (the rendezvous binds it again with SO_REUSEADDR). */
-static void pick_master(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-    perror("pick_master");
-    exit(1);
-  }
-  snprintf(master, sizeof master, "127.0.0.1:%d", ntohs(a.sin_port));
-  close(fd);
-}
+static void pick_master(void) { test_loopback_address(master, sizeof master); }
 
 static void fill_payload(unsigned char *p) {
   for (int i = 0; i < PAYLOAD_LEN; i++)

@@ -90,17 +90,7 @@ static void test_round_trip(void) {
 
 static char master[64];
 
-static void pick_master(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-    perror("pick_master");
-    exit(1);
-  }
-  snprintf(master, sizeof master, "127.0.0.1:%d", ntohs(a.sin_port));
-  close(fd);
-}
+static void pick_master(void) { test_loopback_address(master, sizeof master); }
 
 /* Rank 0 sends a forward, a copy_blocks and a quit; two worker processes check each. */
 static void test_over_sockets(void) {

@@ -28,17 +28,7 @@ static const size_t sizes[CALLS] = {1, 4097, 50000};
 
 static char master[64];
 
-static void pick_master(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-    perror("pick_master");
-    exit(1);
-  }
-  snprintf(master, sizeof master, "127.0.0.1:%d", ntohs(a.sin_port));
-  close(fd);
-}
+static void pick_master(void) { test_loopback_address(master, sizeof master); }
 
 static void fill(float *x, size_t n, int rank, int call) {
   uint32_t s = (uint32_t)(rank * 7919 + call * 104729 + 17);
