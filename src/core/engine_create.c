@@ -324,6 +324,10 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   if (kv_manager_init(&e->kv, &kp))
     goto fail;
   kv_manager_set_window(&e->kv, model_kv_window(cfg));
+  if (model_kv_window(cfg) > 0)
+    log_info("sliding window: every layer attends to the last %d positions; a sequence's blocks wholly before "
+             "its window go back to the pool (at most %d blocks per sequence once past it)",
+             model_kv_window(cfg), model_kv_window(cfg) / e->block_size + 2);
   struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
   if (scheduler_init(&e->sched, &sp, &e->kv) || alloc_batch(e))
     goto fail;
