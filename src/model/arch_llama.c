@@ -48,17 +48,24 @@ static int qwen2_gguf(struct model_config *c, const struct gguf_file *g, const c
   return 0;
 }
 
+/* llama.cpp's converter writes no window for Mistral v0.1 (llama.cpp runs it without one); a file
+ * that carries llama.attention.sliding_window gets it on every layer, as the HF config would. */
+static int llama_gguf(struct model_config *c, const struct gguf_file *g, const char *name) {
+  return cfg_gguf_int(g, "llama", "attention.sliding_window", &c->sliding_window, 0, name);
+}
+
 static const char *const llama_classes[] = {"LlamaForCausalLM", NULL};
 static const char *const mistral_classes[] = {"MistralForCausalLM", NULL};
 static const char *const qwen2_classes[] = {"Qwen2ForCausalLM", NULL};
 
 /* GGUF "llama" (llama.cpp's converter permutes Q/K so RoPE rotates adjacent pairs) covers Llama
- * and Mistral; the converter drops Mistral's sliding window. */
+ * and Mistral (see llama_gguf for the window). */
 const struct arch arch_llama = {.name = "llama",
                                 .hf_classes = llama_classes,
                                 .gguf_name = "llama",
                                 .default_ctx = 2048,
                                 .rope_neox_gguf = 0,
+                                .gguf_config = llama_gguf,
                                 .tensors = llama_tensors,
                                 .n_tensors = N_LLAMA_TENSORS,
                                 .forward = blocks_prenorm_forward};

@@ -274,6 +274,9 @@ static void kv_f32(struct buf *b, const char *k, float v) {
 
 /* A tensor-less GGUF with ARCH's hyper-parameters; SKIP names a key to leave out, EXTRA_* adds
  * one more string key. */
+/* make_gguf adds ARCH.attention.sliding_window = built_window when it is >= 0 */
+static int built_window = -1;
+
 static struct gguf_file *make_gguf(struct buf *b, const char *arch, const char *skip,
                                    const char *extra_key, const char *extra_val, int rope_dims) {
   b->n = 0;
@@ -295,6 +298,10 @@ static struct gguf_file *make_gguf(struct buf *b, const char *arch, const char *
   kv_f32(&kvs, key, 1e-6f), nkv++;
   snprintf(key, sizeof key, "%s.rope.freq_base", arch);
   kv_f32(&kvs, key, 1e6f), nkv++;
+  if (built_window >= 0) {
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    kv_u32(&kvs, key, (uint32_t)built_window), nkv++;
+  }
   if (extra_key) {
     snprintf(key, sizeof key, "%s.%s", arch, extra_key);
     kv_str(&kvs, key, extra_val), nkv++;
@@ -343,6 +350,13 @@ static void test_gguf(void) {
   CHECK(!strcmp(c.arch, "llama") && c.rope_neox == 0 && c.qkv_bias == 0, "llama: interleaved");
   CHECK(c.n_kv_heads == 8, "kv heads default to heads");
   CHECK(c.rope_scaling == ROPE_SCALING_LINEAR && c.rope_factor == 4.0f, "linear scaling");
+  CHECK(c.sliding_window == 0 && model_kv_window(&c) == 0, "llama gguf without the key: no window");
+  gguf_close(g);
+  built_window = 4096; /* a Mistral v0.1 GGUF that carries its window */
+  g = make_gguf(&b, "llama", NULL, NULL, NULL, 32);
+  built_window = -1;
+  CHECK(g && config_from_gguf(&c, g, "built.gguf") == 0, "llama gguf with a window: %s", err_last());
+  CHECK(c.sliding_window == 4096 && model_kv_window(&c) == 4096, "llama.attention.sliding_window on every layer");
   gguf_close(g);
   struct {
     const char *arch, *skip, *ek, *ev;
