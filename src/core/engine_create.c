@@ -355,8 +355,8 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
            "sequence; sized by %s", num_blocks - 1, e->block_size, (double)block_bytes * num_blocks / 1073741824.0,
            (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), block_bytes, e->max_model_len, why);
   if (kv_dtype == DTYPE_F8E4M3)
-    log_info("KV cache f8e4m3 (per-layer scales 1.0): 1 byte per value, twice the tokens of a bf16 cache in the "
-             "same memory");
+    log_info("KV cache f8e4m3 (%s): 1 byte per value, twice the tokens of a bf16 cache in the same memory",
+             model_has_kv_scales(e->model) ? "the checkpoint's per-layer k_scale / v_scale" : "per-layer scales 1.0");
   if (p->prefix_cache_n > 0 && paged)
     log_info("Prefix caching enabled (block-level, PagedAttention).");
   else if (p->prefix_cache_n > 0)

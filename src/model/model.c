@@ -43,6 +43,7 @@ struct model {
 
   /* Set by model_alloc_kv. */
   struct kv_layer *kv;         /* (n_layers) */
+  float *kv_scales;            /* (n_layers, 2) the checkpoint's f8 KV scales (model_file.kv_scales), or NULL: 1.0 */
   /* Set by model_alloc_workspace (max_tokens 0: none yet). */
   int max_tokens, max_seqs, max_blocks_per_seq;
   size_t workspace_bytes;      /* backend bytes of the buffers below */
@@ -75,6 +76,7 @@ struct model {
 };
 
 const struct model_config *model_get_config(const struct model *m) { return &m->config; }
+int model_has_kv_scales(const struct model *m) { return m->kv_scales != NULL; }
 
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);
@@ -264,6 +266,7 @@ void model_free(struct model *m) {
   if (m->inv_freq)
     m->be->ops->free(m->be, m->inv_freq);
   model_file_close(m->file);
+  free(m->kv_scales);
   for (int i = 0; i < m->n_shard_bufs; i++)
     free(m->shard_bufs[i]);
   free(m->shard_bufs);
@@ -292,6 +295,15 @@ static struct model *load_model(const char *path, struct backend *be, const char
   m->be = be;
   m->file = f;
   m->config = f->config;
+  if (f->kv_scales) {
+    size_t nb = sizeof *m->kv_scales * 2 * (size_t)f->config.n_layers;
+    if (!(m->kv_scales = malloc(nb))) {
+      model_free(m);
+      ERR("out of memory");
+      return NULL;
+    }
+    memcpy(m->kv_scales, f->kv_scales, nb);
+  }
   m->host_mem = be->caps.host_memory;
   m->tp_rank = rank;
   m->tp_world = world;
@@ -593,7 +605,9 @@ static int alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype 
     kv->head_dim = c->head_dim;
     if (!(kv->k = alloc0(m, kv_bytes, "KV cache")) || !(kv->v = alloc0(m, kv_bytes, "KV cache")))
       goto fail;
-    kv->k_scale = kv->v_scale = 1.0f; /* per-layer f8e4m3 scales: 1.0 (no checkpoint scales are read yet) */
+    /* per-layer f8e4m3 scales: the checkpoint's k_scale / v_scale, else 1.0 (docs/kv-cache.md) */
+    kv->k_scale = m->kv_scales ? m->kv_scales[2 * l] : 1.0f;
+    kv->v_scale = m->kv_scales ? m->kv_scales[2 * l + 1] : 1.0f;
   }
   return 0;
 fail:

@@ -81,6 +81,9 @@ const struct model_config *model_get_config(const struct model *m);
 /* The sliding window every layer attends within (tokens), or 0 when some layer attends to the
  * whole context: what the KV manager may free blocks by (kv_manager_set_window). */
 int model_kv_window(const struct model_config *c);
+/* 1 when the checkpoint carries per-layer f8 KV-cache scales (self_attn.k_scale / v_scale), which
+ * an f8e4m3 cache then uses instead of 1.0 (docs/kv-cache.md). */
+int model_has_kv_scales(const struct model *m);
 
 /* Bytes one KV block takes over all layers (K and V, scales included). */
 size_t model_kv_block_bytes(const struct model_config *c, int block_size, enum dtype kv_dtype);

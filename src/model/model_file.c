@@ -1,6 +1,7 @@
 /* model_file.c - opens HF safetensors directories and GGUF files as a struct model_file. */
 #include "model/model_file.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,6 +276,59 @@ static int load_tensors(struct model_file *mf, int gguf) {
   return 0;
 }
 
+/* The KV-cache scales an FP8-calibrated HF checkpoint carries (vLLM's names): per layer, a scalar
+ * self_attn.k_scale and self_attn.v_scale (llm-compressor), or k_proj.output_scale and
+ * v_proj.output_scale (AutoFP8), or one self_attn.kv_scale for both (older exports). The cache
+ * then holds e4m3(x / scale) and attention reads e4m3 * scale (docs/kv-cache.md). A checkpoint
+ * either has them on every layer or on none; each must be a finite positive scalar (0-D or one
+ * element) of a float dtype. GGUF has no such tensors. */
+static int scale_of(struct model_file *mf, int layer, const char *const *names, float *out) {
+  struct model_file_priv *p = mf->priv;
+  char n[160];
+  for (int k = 0; names[k]; k++) {
+    struct raw_tensor r;
+    snprintf(n, sizeof n, "model.layers.%d.%s", layer, names[k]);
+    if (find_raw(p, n, &r) != 0)
+      continue;
+    int64_t count = r.n_dims == 0 ? 1 : r.rows * r.cols;
+    if (r.extra != 1 || count != 1 || r.n_dims > 1 ||
+        (r.dtype != DTYPE_F32 && r.dtype != DTYPE_F16 && r.dtype != DTYPE_BF16))
+      return ERR("%s: tensor '%s' must be one F32, F16 or BF16 value (a KV-cache scale)", r.file, n);
+    uint32_t raw = 0; /* the mapping promises no alignment */
+    memcpy(&raw, r.data, r.dtype == DTYPE_F32 ? 4 : 2);
+    dtype_to_f32(out, &raw, (enum dtype)r.dtype, 1);
+    if (!(*out > 0.0f) || !isfinite(*out))
+      return ERR("%s: tensor '%s' is %g; a KV-cache scale must be finite and > 0", r.file, n, (double)*out);
+    return 1;
+  }
+  return 0;
+}
+
+static int load_kv_scales(struct model_file *mf) {
+  static const char *const k_names[] = {"self_attn.k_scale", "self_attn.k_proj.output_scale", "self_attn.kv_scale", NULL};
+  static const char *const v_names[] = {"self_attn.v_scale", "self_attn.v_proj.output_scale", "self_attn.kv_scale", NULL};
+  int L = mf->config.n_layers;
+  float kv[2];
+  int rk = scale_of(mf, 0, k_names, &kv[0]), rv = rk < 0 ? -1 : scale_of(mf, 0, v_names, &kv[1]);
+  if (rk < 0 || rv < 0)
+    return -1;
+  if (!rk && !rv)
+    return 0;
+  if (!(mf->kv_scales = malloc(sizeof *mf->kv_scales * 2 * (size_t)L)))
+    return ERR("%s: out of memory", p_where(mf));
+  for (int l = 0; l < L; l++)
+    for (int j = 0; j < 2; j++) {
+      int r = scale_of(mf, l, j ? v_names : k_names, &mf->kv_scales[2 * l + j]);
+      if (r < 0)
+        return -1;
+      if (r == 0)
+        return ERR("%s: layer %d has no %s KV-cache scale (model.layers.%d.%s) while layer 0 has both: a "
+                   "checkpoint has them on every layer or on none", p_where(mf), l, j ? "v" : "k", l,
+                   j ? v_names[0] : k_names[0]);
+    }
+  return 0;
+}
+
 static char *path_join(const char *dir, const char *name) {
   size_t n = strlen(dir) + strlen(name) + 2;
   char *s = malloc(n);
@@ -339,6 +393,8 @@ struct model_file *model_file_open(const char *path) {
   }
   if (rc == 0)
     rc = load_tensors(mf, p->gguf != NULL);
+  if (rc == 0 && !p->gguf)
+    rc = load_kv_scales(mf);
   if (rc) {
     model_file_close(mf);
     return NULL;
@@ -371,5 +427,6 @@ void model_file_close(struct model_file *mf) {
     free(p);
   }
   free(mf->layers);
+  free(mf->kv_scales);
   free(mf);
 }

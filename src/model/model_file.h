@@ -38,6 +38,8 @@ struct model_file {
   struct host_tensor rope_freqs; /* GGUF llama3-style models only: (1, head_dim/2) divisors of
                                     inv_freq (llama.cpp's rope_freqs.weight); else data NULL */
   struct layer_tensors *layers;  /* (n_layers) */
+  float *kv_scales;              /* (n_layers, 2): the checkpoint's f8 KV-cache scales (k, v) of each
+                                    layer, or NULL when it has none (load_kv_scales); owned */
   void *priv;                    /* mapped files, owned */
 };
 
