@@ -473,3 +473,7 @@ void rdv_abort(struct rdv *r) {
 }
 
 void rdv_close(struct rdv *r) { rdv_free(r); }
+
+int rdv_rank(const struct rdv *r) { return r->rank; }
+
+int rdv_world(const struct rdv *r) { return r->world; }

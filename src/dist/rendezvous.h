@@ -65,6 +65,10 @@ void rdv_abort(struct rdv *r);
 
 void rdv_close(struct rdv *r);
 
+/* This process's rank and the group's world size. */
+int rdv_rank(const struct rdv *r);
+int rdv_world(const struct rdv *r);
+
 /* Splits "host:port" / "[v6]:port" into HOST (cap bytes) and PORT; -1 with err_last() set when
  * it is not of that form or the port is not in 1..65535. */
 int rdv_parse_address(const char *addr, char *host, size_t cap, int *port);
