@@ -83,6 +83,8 @@ struct model {
 
 const struct model_config *model_get_config(const struct model *m) { return &m->config; }
 
+int model_tp_vocab_split(const struct model *m) { return m->vocab_parallel ? m->vocab_local : 0; }
+
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);
 
@@ -440,11 +442,16 @@ static struct model *load_model(const char *path, struct backend *be, const char
     model_file_close(m->file);
     m->file = NULL;
   }
-  if (world > 1)
-    log_info("loaded %s: %s, %d layers, dim %d, tensor-parallel rank %d of %d: %d/%d heads, ffn %d, %s weights on %s",
-             path, c->arch, c->n_layers, c->dim, rank, world, c->n_heads, c->n_kv_heads, c->ffn_dim,
+  if (world > 1) {
+    char head[96];
+    if (m->vocab_parallel)
+      snprintf(head, sizeof head, "vocabulary rows %d..%d", rank * m->vocab_local, (rank + 1) * m->vocab_local - 1);
+    else
+      snprintf(head, sizeof head, "%s", rank ? "no output head" : "the whole output head");
+    log_info("loaded %s: %s, %d layers, dim %d, tensor-parallel rank %d of %d: %d/%d heads, ffn %d, %s, %s weights "
+             "on %s", path, c->arch, c->n_layers, c->dim, rank, world, c->n_heads, c->n_kv_heads, c->ffn_dim, head,
              dtype_name(c->weight_dtype), be->ops->name);
-  else
+  } else
     log_info("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %s weights on %s", path, c->arch,
              c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, dtype_name(c->weight_dtype),
              be->ops->name);

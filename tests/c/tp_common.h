@@ -21,6 +21,7 @@
 
 struct tpc_run {
   int n, vocab;
+  int vocab_split;           /* model_tp_vocab_split */
   float *logits;             /* (n, vocab) the prompt's logits */
   int32_t greedy[TPC_STEPS]; /* tokens of greedy decoding after it */
   float *step_logits;        /* (TPC_STEPS, vocab) the decode steps' logits */
@@ -73,6 +74,7 @@ static int tpc_run(const char *device, const char *path, int world, const int32_
   int V = model_get_config(m)->vocab_size, bs = 16;
   out->n = n;
   out->vocab = V;
+  out->vocab_split = model_tp_vocab_split(m);
   out->logits = malloc(sizeof(float) * (size_t)n * V);
   out->step_logits = malloc(sizeof(float) * (size_t)TPC_STEPS * V);
   if (model_alloc_cache(m, TPC_MAXB + 1, bs, bes[0]->caps.kv_auto, 256, 1, TPC_MAXB)) {
@@ -160,8 +162,12 @@ static int tpc_check_model(const char *device, const char *label, const char *pa
           world, device, e, es, tol);
     CHECK(!memcmp(many.greedy, one.greedy, sizeof one.greedy), "%s: tp %d greedy tokens differ from tp 1", label,
           world);
-    printf("%s: tp %d vs tp 1 on %s: prompt rel L2 %.3g, decode rel L2 %.3g, %d greedy tokens equal\n", label,
-           world, device, e, es, TPC_STEPS);
+    /* the output head is split by vocabulary rows whenever world divides the vocabulary */
+    int split = one.vocab % world ? 0 : one.vocab / world;
+    CHECK(one.vocab_split == 0 && many.vocab_split == split, "%s: tp %d: %d vocabulary rows per rank, expected %d",
+          label, world, many.vocab_split, split);
+    printf("%s: tp %d vs tp 1 on %s (%s output head): prompt rel L2 %.3g, decode rel L2 %.3g, %d greedy tokens "
+           "equal\n", label, world, device, split ? "vocabulary-parallel" : "rank 0's whole", e, es, TPC_STEPS);
   }
   tpc_free(&one);
   tpc_free(&many);
