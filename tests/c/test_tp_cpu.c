@@ -120,7 +120,7 @@ int main(void) {
   static const int worlds[] = {2, 4};
   for (int i = 0; i < TPC_N_MODELS; i++)
     for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
-      tpc_check_listed("cpu", i, worlds[w], TOL);
+      tpc_check_listed("cpu", i, worlds[w], TOL, 0);
 
   /* a vocabulary the ranks do not divide: rank 0 computes every logit */
   static const char *const cut[] = {"llama", "llama3"};
@@ -130,7 +130,7 @@ int main(void) {
     snprintf(label, sizeof label, "%s cut to vocab %d", cut[i], CUT_VOCAB);
     if (cut_vocab(cut[i], dir, CUT_VOCAB) == 0)
       for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
-        tpc_check_model("cpu", label, dir, dir, worlds[w], TOL);
+        tpc_check_model("cpu", label, dir, dir, worlds[w], TOL, 0);
     rm_dir(dir);
   }
 

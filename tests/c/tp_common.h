@@ -144,13 +144,15 @@ static int tpc_tokens(const char *dir, int32_t *tokens) {
 }
 
 /* The model at PATH (a fixture directory or file), fed the tokens.json of fixture directory
- * TOKENS_DIR, at WORLD ranks against world 1: logits within TOL (rel L2), greedy tokens equal.
- * LABEL names it in messages. CHECKs; returns 0. */
+ * TOKENS_DIR (its first MAX_N tokens when MAX_N > 0), at WORLD ranks against world 1: logits
+ * within TOL (rel L2), greedy tokens equal. LABEL names it in messages. CHECKs; returns 0. */
 static int tpc_check_model(const char *device, const char *label, const char *path, const char *tokens_dir,
-                           int world, double tol) {
+                           int world, double tol, int max_n) {
   int32_t tokens[256];
   int n = tpc_tokens(tokens_dir, tokens);
   REQUIRE(n > 0, "%s: no tokens.json in %s", label, tokens_dir);
+  if (max_n > 0 && n > max_n)
+    n = max_n;
   struct tpc_run one = {0}, many = {0};
   int ok1 = tpc_run(device, path, 1, tokens, n, &one) == 0;
   int okn = ok1 && tpc_run(device, path, world, tokens, n, &many) == 0;
@@ -188,8 +190,8 @@ static const struct {
 };
 #define TPC_N_MODELS ((int)(sizeof tpc_models / sizeof tpc_models[0]))
 
-/* tpc_models[i] at WORLD ranks against world 1. */
-static int tpc_check_listed(const char *device, int i, int world, double tol) {
+/* tpc_models[i] at WORLD ranks against world 1 (the first MAX_N prompt tokens when > 0). */
+static int tpc_check_listed(const char *device, int i, int world, double tol, int max_n) {
   char path[1024], tdir[1024];
   const char *p = test_fixture_path(tpc_models[i].name); /* a static buffer: copied before the next */
   REQUIRE(p, "fixture %s not found", tpc_models[i].name);
@@ -197,7 +199,7 @@ static int tpc_check_listed(const char *device, int i, int world, double tol) {
   const char *t = test_fixture_path(tpc_models[i].tokens);
   REQUIRE(t, "fixture %s not found", tpc_models[i].tokens);
   snprintf(tdir, sizeof tdir, "%s", t);
-  return tpc_check_model(device, tpc_models[i].name, path, tdir, world, tol);
+  return tpc_check_model(device, tpc_models[i].name, path, tdir, world, tol, max_n);
 }
 
 #endif
