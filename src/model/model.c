@@ -919,9 +919,10 @@ static int head_logits(struct model *m, float *out, const void *hid, int n) {
   return 0;
 }
 
-/* One step. Under tensor parallelism every rank runs it with the same batch; LOGITS of ranks > 0
- * only says which path rank 0 takes (NULL or not: the collectives of the head must match) and is
- * never written. */
+/* One step. Under tensor parallelism every rank runs it with the same batch, and ranks > 0 ignore
+ * LOGITS: what they do (their collectives must match rank 0's) depends on the batch alone. With a
+ * split vocabulary on a device that is the first max_seqs logits rows; model_forward gets rank 0's
+ * other rows with model_logits_rows, a call of every rank. */
 static int forward(struct model *m, const struct batch *batch, float *logits, int graph) {
   if (!m->kv || !m->max_tokens)
     return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
@@ -932,6 +933,8 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   const struct model_config *c = &m->config;
   const int dim = c->dim, rank0 = m->tp_rank == 0;
   struct batch b;
+  if (!rank0)
+    logits = NULL;
   /* tensor-parallel ranks > 0: nobody else syncs their stream, so the staging of the previous
    * step is known free only after this */
   if (!rank0 && op->sync(be))
@@ -968,7 +971,7 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
   size_t act = dtype_row_bytes(be->act_dtype, 1), V = (size_t)c->vocab_size;
   if (m->host_mem) {
-    if (!logits)
+    if (rank0 && !logits)
       return ERR("model_forward: the logits stay in backend memory only on a device backend");
     int chunk = m->vocab_parallel ? m->max_seqs : n;
     for (int r0 = 0; r0 < n; r0 += chunk) {
@@ -977,18 +980,20 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
     }
     return 0;
   }
-  if (!logits) { /* they stay on the device: the first max_seqs rows in model_logits_device, the
-                  * others by model_logits_rows; no sync */
-    m->n_hidden_rows = n;
-    return head_logits(m, m->logits_dev, m->xb2, n < m->max_seqs ? n : m->max_seqs);
-  }
-  for (int r0 = 0; r0 < n; r0 += m->max_seqs) {
+  /* the first max_seqs rows into model_logits_device, the others later by model_logits_rows (the
+   * hidden states stay in xb2); without LOGITS no sync */
+  int first = n < m->max_seqs ? n : m->max_seqs;
+  m->n_hidden_rows = n;
+  TRY(head_logits(m, m->logits_dev, m->xb2, first));
+  if (!logits)
+    return 0;
+  TRY(op->download(be, logits, m->logits_dev, (size_t)first * V * sizeof(float)));
+  for (int r0 = first; r0 < n && !m->vocab_parallel; r0 += m->max_seqs) {
     int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
     TRY(head_logits(m, m->logits_dev, (char *)m->xb2 + (size_t)r0 * dim * act, nr));
-    if (rank0)
-      TRY(op->download(be, logits + (size_t)r0 * V, m->logits_dev, (size_t)nr * V * sizeof(float)));
+    TRY(op->download(be, logits + (size_t)r0 * V, m->logits_dev, (size_t)nr * V * sizeof(float)));
   }
-  return rank0 ? op->sync(be) : 0;
+  return op->sync(be);
 #undef TRY
 }
 
@@ -1083,18 +1088,31 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
 }
 
 /* Ranks > 0 run the layers (their all-reduces join rank 0's) and, when the vocabulary is split,
- * their slice of the logits (gathered to rank 0); rank 0's LOGITS tells them which path it takes
- * (they never write it). A CUDA graph is not used under tensor parallelism (the engine turns
- * caps.graphs off). */
+ * their slice of the logits (gathered to rank 0); rank 0 also the logits. A CUDA graph is not
+ * used under tensor parallelism (the engine turns caps.graphs off). */
 static int fan_forward(struct model *m, void *p) {
   struct fan_args *a = p;
-  return local_forward(m, a->batch, a->logits);
+  return local_forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL);
+}
+
+/* A split vocabulary on a device: the logits rows of the step beyond the first max_seqs into
+ * LOGITS (host), max_seqs at a time, each a model_logits_rows of every rank. */
+static int forward_rest_rows(struct model *m, int n, float *logits) {
+  size_t V = (size_t)m->config.vocab_size;
+  for (int r0 = m->max_seqs; r0 < n; r0 += m->max_seqs) {
+    int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
+    if (model_logits_rows(m, r0, nr) || model_logits_download(m, 0, nr, logits + (size_t)r0 * V))
+      return -1;
+  }
+  return n > m->max_seqs ? m->be->ops->sync(m->be) : 0;
 }
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
   struct fan_args a = {.batch = batch, .logits = logits};
   if (!m->ranks)
     return local_forward(m, batch, logits);
   int rc = fan_out(m, fan_forward, &a);
+  if (rc == 0 && logits && m->vocab_parallel && !m->host_mem)
+    rc = forward_rest_rows(m, batch->num_logits, logits);
   /* NCCL's asynchronous errors (a peer lost, a transport failure) surface here; any failure
    * aborts every rank's communicator so that no stream waits forever on a collective that a
    * failed rank will never join. The model takes no more steps afterwards. */
