@@ -272,6 +272,14 @@ struct backend_ops {
   /* Aborts the communicator (ncclCommAbort): collectives in flight return instead of waiting for
    * a dead peer. The backend takes no more collectives afterwards. */
   void (*comm_abort)(struct backend *be);
+  /* The vocabulary-parallel output head's gather: on rank 0, out(rows, world * cols) F32 gets
+   * columns [r * cols, (r + 1) * cols) from rank r's in(rows, cols) F32 (its own included); the
+   * other ranks only send (their OUT is neither read nor written and may be NULL). SCRATCH:
+   * rows * world * cols F32 of backend memory on every rank, the op's to overwrite (cuda uses it
+   * on rank 0, the CPU backend across processes on the others). Every rank calls it with the
+   * same rows and cols in the same order; enqueued on the stream like all_reduce_sum. The values
+   * arrive unchanged (a copy, no arithmetic). */
+  int (*gather_cols)(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
 };
 
 /* The largest k of backend_ops.topk_rows (beam search takes 2 x beam_width, width <= 64). */

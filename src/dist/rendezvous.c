@@ -463,6 +463,9 @@ int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s) {
   return 0;
 }
 
+int rdv_rank(const struct rdv *r) { return r->rank; }
+int rdv_world(const struct rdv *r) { return r->world; }
+
 void rdv_abort(struct rdv *r) {
   if (!r)
     return;

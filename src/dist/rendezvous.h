@@ -59,6 +59,9 @@ int rdv_all_reduce_sum(struct rdv *r, float *x, size_t n, double timeout_s);
  * carries each step's batch to the workers). Same ordering rule and errors as above. */
 int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s);
 
+int rdv_rank(const struct rdv *r);
+int rdv_world(const struct rdv *r);
+
 /* Shuts down every socket of R (safe from another thread, e.g. the watchdog): calls blocked in
  * R return -1 at once, and the peers see end-of-file. R must still be closed with rdv_close. */
 void rdv_abort(struct rdv *r);

@@ -12,7 +12,10 @@
  *   even layers (0, 2, ...) attend inside sliding_window, odd layers globally (config.local_window;
  *   config.sliding_window stays 0 so that no KV block the global layers read is released);
  * - the logits softcapped by final_logit_softcapping (model.c, from config.final_softcap);
- * - tied embeddings. */
+ * - tied embeddings.
+ * Tensor parallelism splits it as Llama (heads, ffn columns); attention and the MLP all-reduce
+ * their outputs before post_attn_norm / post_ffw_norm, which like every other norm work on the
+ * whole hidden state. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +117,8 @@ static int gemma2_mlp(const struct fwd *f, int l) {
   TRY(be->ops->matmul(be, f->up, f->xb, &L->w_up, NULL, T, 0));
   TRY(be->ops->gelu_tanh_mul(be, f->gate, f->gate, f->up, T, F));
   TRY(be->ops->matmul(be, f->xb2, f->gate, &L->w_down, NULL, T, 0));
+  if (f->tp_world > 1) /* row-parallel down_proj; post_ffw_norm then sees the whole sum */
+    TRY(be->ops->all_reduce_sum(be, f->xb2, (size_t)T * f->c->dim));
   return 0;
 }
 

@@ -11,7 +11,12 @@
  * expert: model_file copies them into the stacked layout at load.
  *
  * The block reads the number of tokens routed to each expert back to the host once per layer
- * (to size one GEMM per expert), so a Mixtral step cannot be captured in a CUDA graph. */
+ * (to size one GEMM per expert), so a Mixtral step cannot be captured in a CUDA graph.
+ *
+ * Tensor parallelism: attention as Llama's; every expert's w1 / w3 keep the rank's ffn rows
+ * (column-parallel) and w2 its ffn columns (row-parallel), the router is replicated, so every rank
+ * routes every token the same way and its experts' combined output is a partial sum over its ffn
+ * columns: one all-reduce after the MoE block (moe_combine is linear in the experts' outputs). */
 #include <math.h>
 #include <string.h>
 
@@ -92,7 +97,10 @@ static int mixtral_moe(const struct fwd *f, int l, const struct moe_scratch *s) 
     d[e] = expert_view(&L->exps_down, E, e);
   }
   struct moe_weights mw = {E, c->n_experts_used, L->moe_router, g, u, d};
-  return moe_ffn(f->be, f->xb2, f->xb, &mw, s, f->T);
+  TRY(moe_ffn(f->be, f->xb2, f->xb, &mw, s, f->T));
+  if (f->tp_world > 1) /* each rank's experts hold its ffn columns: partial sums, one all-reduce */
+    TRY(f->be->ops->all_reduce_sum(f->be, f->xb2, (size_t)f->T * c->dim));
+  return 0;
 }
 
 static int mixtral_forward(const struct fwd *f) {

@@ -1,7 +1,11 @@
 /* arch_phi3.c - Phi-3 / Phi-3.5 (Phi3ForCausalLM, GGUF phi3): Llama's layer with q/k/v in one
  * fused qkv_proj and gate/up in one gate_up_proj (each one matmul, split by views; see
  * blocks.h), LongRoPE (config.c reads rope_scaling longrope/su; the short/long rule is in
- * docs/model-formats.md), partial_rotary_factor, and sliding_window on every layer. */
+ * docs/model-formats.md), partial_rotary_factor, and sliding_window on every layer.
+ * Tensor parallelism: each rank keeps its rows of every part of the fused tensors (its q heads,
+ * its KV heads of k and of v; its ffn rows of gate and of up: model.c's shard_ranges, the same for
+ * HF and GGUF, whose parts are in the same order), so its fused output is q | k | v (gate | up)
+ * of its share and the split above applies unchanged; RoPE is per head, also unchanged. */
 #include <math.h>
 #include <string.h>
 

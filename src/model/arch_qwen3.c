@@ -1,5 +1,7 @@
 /* arch_qwen3.c - Qwen3 (dense): Llama's layer without biases, plus RMSNorm over each head of q
- * and k (q_norm, k_norm, weights of head_dim) between the projections and RoPE. */
+ * and k (q_norm, k_norm, weights of head_dim) between the projections and RoPE. The norms' weights
+ * are shared by all heads, so under tensor parallelism every rank keeps them whole and applies
+ * them to the heads it holds. */
 #include "model/arch.h"
 #include "model/blocks.h"
 

@@ -35,7 +35,7 @@ struct model {
   int host_mem;                /* backend memory is host memory: batch and logits used in place */
   struct weight tok_embd;      /* (vocab, dim) */
   struct weight out_norm;      /* (1, dim) */
-  struct weight lm_head;       /* (vocab, dim); aliases tok_embd's data when tied */
+  struct weight lm_head;       /* (vocab_local, dim); aliases tok_embd's data when tied */
   struct layer_weights *layers; /* (n_layers) */
   float *inv_freq;             /* (rope_dim / 2) backend memory, scaling applied; longrope: the
                                   short factors' then the long factors' (rope_dim) */
@@ -69,6 +69,13 @@ struct model {
    * heads and ffn columns); rank 0 also the whole lm_head and the other ranks' models, and
    * fans every public call out to them over TP (their threads). world 1: all unused. */
   int tp_rank, tp_world, tp_kv_total; /* tp_kv_total: the model's KV heads before the split */
+  /* The vocabulary-parallel output head (when world divides the vocabulary): every rank's lm_head
+   * is its rows [rank * vocab_local, (rank + 1) * vocab_local) (of tok_embd when tied: a view,
+   * lm_head_view), its logits go into logits_local (max_seqs, vocab_local) and ops->gather_cols
+   * brings them to rank 0 (gather_scratch: its (max_seqs, vocab) scratch) before the final
+   * softcap. Otherwise rank 0 alone holds the whole lm_head and computes every logit. */
+  int vocab_parallel, vocab_local, lm_head_view;
+  float *logits_local, *gather_scratch;
   struct tp_group *tp;    /* rank 0 only; borrowed */
   struct model **ranks;   /* rank 0 only: (tp_world), ranks[0] = the model itself */
   void **shard_bufs;      /* host copies of column slices (weights may alias them on cpu) */
@@ -77,6 +84,8 @@ struct model {
 
 const struct model_config *model_get_config(const struct model *m) { return &m->config; }
 int model_has_kv_scales(const struct model *m) { return m->kv_scales != NULL; }
+
+int model_tp_vocab_split(const struct model *m) { return m->vocab_parallel ? m->vocab_local : 0; }
 
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);
@@ -93,71 +102,117 @@ static int load_weight(struct model *m, struct weight *w, const struct host_tens
   return 0;
 }
 
-/* Tensor parallelism: the part of dimension KIND (of TOTAL elements) rank r holds, as [start,
- * start + count); 0 when the dimension is not split. Q heads and ffn columns are split evenly;
- * KV heads too when there are at least as many as ranks, else each rank holds KV head
- * r * n_kv / world (replicated, as vLLM), the one its query heads read. */
-static int shard_range(const struct model *m, enum arch_dim kind, int64_t *start, int64_t *count) {
+/* Tensor parallelism: the parts of dimension KIND (of a layer tensor) rank r holds, as ranges
+ * [start[i], start[i] + count[i]) in order, at most MAX_RANGES; returns how many (0: the
+ * dimension is not split). Q heads and ffn columns are split evenly; KV heads too when there are
+ * at least as many as ranks, else each rank holds KV head r * n_kv / world (replicated, as vLLM),
+ * the one its query heads read. Fused and stacked dimensions take the same slice of each part:
+ * Phi-3's qkv_proj (q | k | v), gate_up_proj (gate | up), Mixtral's experts (expert after expert).
+ * HF and GGUF store these parts in the same order. */
+#define MAX_RANGES MOE_MAX_EXPERTS
+static int shard_ranges(const struct model *m, enum arch_dim kind, int64_t *start, int64_t *count) {
   const struct model_config *c = &m->config; /* already the rank's (local) config */
   int r = m->tp_rank, W = m->tp_world, hd = c->head_dim;
+  int64_t q = (int64_t)c->n_heads * hd, kv = (int64_t)c->n_kv_heads * hd, F = c->ffn_dim;
+  int64_t q_all = q * W, kv_all = (int64_t)m->tp_kv_total * hd, kv0 = (int64_t)(r * m->tp_kv_total / W) * hd;
   switch (kind) {
-  case AD_Q: *count = (int64_t)c->n_heads * hd; *start = r * *count; return 1;
-  case AD_KV: *count = (int64_t)c->n_kv_heads * hd; *start = (int64_t)(r * m->tp_kv_total / W) * hd; return 1;
-  case AD_FFN: *count = c->ffn_dim; *start = r * *count; return 1;
+  case AD_Q: start[0] = r * q; count[0] = q; return 1;
+  case AD_KV: start[0] = kv0; count[0] = kv; return 1;
+  case AD_FFN: start[0] = r * F; count[0] = F; return 1;
+  case AD_QKV:
+    start[0] = r * q;
+    start[1] = q_all + kv0;
+    start[2] = q_all + kv_all + kv0;
+    count[0] = q;
+    count[1] = count[2] = kv;
+    return 3;
+  case AD_FFN2:
+    start[0] = r * F;
+    start[1] = F * W + r * F;
+    count[0] = count[1] = F;
+    return 2;
+  case AD_EXP_FFN:
+    for (int e = 0; e < c->n_experts; e++) {
+      start[e] = (int64_t)e * F * W + r * F;
+      count[e] = F;
+    }
+    return c->n_experts;
   default: return 0;
   }
 }
 
+/* A host buffer of BYTES the model keeps (freed with it); NULL with err_last() set. */
+static char *shard_buf(struct model *m, size_t bytes) {
+  void **bufs = realloc(m->shard_bufs, (size_t)(m->n_shard_bufs + 1) * sizeof *bufs);
+  if (bufs)
+    m->shard_bufs = bufs;
+  char *buf = bufs ? malloc(bytes ? bytes : 1) : NULL;
+  if (!buf) {
+    ERR("out of memory");
+    return NULL;
+  }
+  m->shard_bufs[m->n_shard_bufs++] = buf;
+  return buf;
+}
+
 /* The rank's slice of T (a layer tensor of shape ROWS x COLS kinds) into *OUT: rows split in
- * place (a view), columns split by copying into a host buffer the model keeps. */
+ * place (a view) when they are one range, else the ranges copied one after the other into a
+ * host buffer the model keeps; columns split by copying. */
 static int shard_tensor(struct model *m, const struct host_tensor *t, enum arch_dim rows, enum arch_dim cols,
                         struct host_tensor *out, const char *what, int layer) {
   *out = *t;
-  int64_t start, count;
+  int64_t start[MAX_RANGES], count[MAX_RANGES];
   if (m->tp_world <= 1 || !t->data)
     return 0;
-  if (shard_range(m, rows, &start, &count)) {
+  int n = shard_ranges(m, rows, start, count);
+  if (n > 0) {
     size_t rb = dtype_row_bytes(t->dtype, t->cols);
-    out->data = (const char *)t->data + (size_t)start * rb;
-    out->rows = count;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+      if (start[i] < 0 || start[i] + count[i] > t->rows)
+        return ERR("--tp %d: %s of layer %d has %lld rows, rank %d's slice ends at row %lld", m->tp_world, what,
+                   layer, (long long)t->rows, m->tp_rank, (long long)(start[i] + count[i]));
+      total += count[i];
+    }
+    if (n == 1) {
+      out->data = (const char *)t->data + (size_t)start[0] * rb;
+    } else {
+      char *buf = shard_buf(m, rb * (size_t)total);
+      if (!buf)
+        return -1;
+      size_t at = 0;
+      for (int i = 0; i < n; i++) {
+        memcpy(buf + at, (const char *)t->data + (size_t)start[i] * rb, rb * (size_t)count[i]);
+        at += rb * (size_t)count[i];
+      }
+      out->data = buf;
+    }
+    out->rows = total;
     return 0;
   }
-  if (!shard_range(m, cols, &start, &count))
+  if (shard_ranges(m, cols, start, count) != 1) /* only one range of columns is split (o, down) */
     return 0;
   int bs = dtype_block_size(t->dtype);
-  if (start % bs || count % bs)
+  if (start[0] % bs || count[0] % bs)
     return ERR("--tp %d: %s of layer %d is %s, whose blocks of %d columns a split at column %lld cannot cut; "
-               "use a smaller --tp", m->tp_world, what, layer, dtype_name(t->dtype), bs, (long long)start);
-  size_t rb = dtype_row_bytes(t->dtype, t->cols), ob = dtype_row_bytes(t->dtype, count),
-         off = dtype_row_bytes(t->dtype, start);
-  void **bufs = realloc(m->shard_bufs, (size_t)(m->n_shard_bufs + 1) * sizeof *bufs);
-  char *buf = malloc(ob * (size_t)t->rows);
-  if (!bufs || !buf) {
-    free(buf);
-    if (bufs)
-      m->shard_bufs = bufs;
-    return ERR("out of memory");
-  }
-  m->shard_bufs = bufs;
-  m->shard_bufs[m->n_shard_bufs++] = buf;
+               "use a smaller --tp", m->tp_world, what, layer, dtype_name(t->dtype), bs, (long long)start[0]);
+  size_t rb = dtype_row_bytes(t->dtype, t->cols), ob = dtype_row_bytes(t->dtype, count[0]),
+         off = dtype_row_bytes(t->dtype, start[0]);
+  char *buf = shard_buf(m, ob * (size_t)t->rows);
+  if (!buf)
+    return -1;
   for (int64_t i = 0; i < t->rows; i++)
     memcpy(buf + (size_t)i * ob, (const char *)t->data + (size_t)i * rb + off, ob);
   out->data = buf;
-  out->cols = count;
+  out->cols = count[0];
   return 0;
 }
 
-/* The shape tensor parallelism needs; 0 or -1 with err_last() naming what does not divide. */
+/* The shape tensor parallelism needs; 0 or -1 with err_last() naming what does not divide. Every
+ * architecture of the table is split (docs/distributed.md says how). */
 static int tp_check_config(const struct model *m, const char *path) {
   const struct model_config *c = &m->config;
   int W = m->tp_world;
-  static const char *const ok_arch[] = {"llama", "mistral", "qwen2", "qwen3"};
-  int ok = 0;
-  for (size_t i = 0; i < sizeof ok_arch / sizeof *ok_arch; i++)
-    ok |= !strcmp(c->arch, ok_arch[i]);
-  if (!ok)
-    return ERR("%s: --tp %d: tensor parallelism supports llama, mistral, qwen2 and qwen3 models, not %s; use --tp 1",
-               path, W, c->arch);
   if (c->n_heads % W || c->ffn_dim % W || (c->n_kv_heads % W && W % c->n_kv_heads))
     return ERR("%s: --tp %d must divide the %d attention heads and the %d ffn columns, and divide or be a "
                "multiple of the %d KV heads", path, W, c->n_heads, c->ffn_dim, c->n_kv_heads);
@@ -222,7 +277,7 @@ static void free_workspace(struct model *m) {
   struct backend *be = m->be;
   void **bufs[] = {&m->x, &m->xb, &m->xb2, &m->q, &m->k, &m->v, &m->att, &m->gate, &m->up,
                    &m->fused, (void **)&m->split_idx, (void **)&m->logits_dev, (void **)&m->meta,
-                   &m->arch_ws};
+                   &m->arch_ws, (void **)&m->logits_local, (void **)&m->gather_scratch};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
     if (*bufs[i])
       be->ops->free(be, *bufs[i]);
@@ -259,7 +314,7 @@ void model_free(struct model *m) {
     }
     free(m->layers);
   }
-  if (m->lm_head.data && m->lm_head.data != m->tok_embd.data)
+  if (m->lm_head.data && !m->lm_head_view)
     free_weight(m, &m->lm_head);
   free_weight(m, &m->tok_embd);
   free_weight(m, &m->out_norm);
@@ -333,10 +388,28 @@ static struct model *load_model(const char *path, struct backend *be, const char
   if (load_weight(m, &m->tok_embd, &f->tok_embd, "token embeddings", -1) ||
       load_weight(m, &m->out_norm, &f->out_norm, "output norm", -1))
     goto fail;
-  if (f->lm_head.data == f->tok_embd.data)
+  m->vocab_parallel = world > 1 && c->vocab_size % world == 0 && be->ops->gather_cols;
+  m->vocab_local = m->vocab_parallel ? c->vocab_size / world : c->vocab_size;
+  if (m->vocab_parallel) { /* the rank's rows of the output head */
+    if (f->lm_head.data == f->tok_embd.data) {
+      m->lm_head = m->tok_embd;
+      m->lm_head.rows = m->vocab_local;
+      m->lm_head.data = (char *)m->tok_embd.data +
+                        dtype_row_bytes(m->tok_embd.dtype, m->tok_embd.cols) * (size_t)m->vocab_local * rank;
+      m->lm_head_view = 1;
+    } else {
+      struct host_tensor ht = f->lm_head;
+      ht.rows = m->vocab_local;
+      ht.data = (const char *)ht.data + dtype_row_bytes(ht.dtype, ht.cols) * (size_t)m->vocab_local * rank;
+      if (load_weight(m, &m->lm_head, &ht, "lm_head", -1))
+        goto fail;
+    }
+  } else if (f->lm_head.data == f->tok_embd.data) {
     m->lm_head = m->tok_embd;
-  else if (rank == 0 && load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1))
-    goto fail; /* tensor parallelism: only rank 0 computes logits */
+    m->lm_head_view = 1;
+  } else if (rank == 0 && load_weight(m, &m->lm_head, &f->lm_head, "lm_head", -1)) {
+    goto fail; /* tensor parallelism without a vocabulary split: only rank 0 computes logits */
+  }
   for (int l = 0; l < c->n_layers; l++)
     for (int i = 0; i < m->arch->n_tensors; i++) {
       const struct arch_tensor *at = &m->arch->tensors[i];
@@ -381,11 +454,16 @@ static struct model *load_model(const char *path, struct backend *be, const char
     model_file_close(m->file);
     m->file = NULL;
   }
-  if (world > 1)
-    log_info("loaded %s: %s, %d layers, dim %d, tensor-parallel rank %d of %d: %d/%d heads, ffn %d, %s weights on %s",
-             path, c->arch, c->n_layers, c->dim, rank, world, c->n_heads, c->n_kv_heads, c->ffn_dim,
+  if (world > 1) {
+    char head[96];
+    if (m->vocab_parallel)
+      snprintf(head, sizeof head, "vocabulary rows %d..%d", rank * m->vocab_local, (rank + 1) * m->vocab_local - 1);
+    else
+      snprintf(head, sizeof head, "%s", rank ? "no output head" : "the whole output head");
+    log_info("loaded %s: %s, %d layers, dim %d, tensor-parallel rank %d of %d: %d/%d heads, ffn %d, %s, %s weights "
+             "on %s", path, c->arch, c->n_layers, c->dim, rank, world, c->n_heads, c->n_kv_heads, c->ffn_dim, head,
              dtype_name(c->weight_dtype), be->ops->name);
-  else
+  } else
     log_info("loaded %s: %s, %d layers, dim %d, %d/%d heads, vocab %d, %s weights on %s", path, c->arch,
              c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab_size, dtype_name(c->weight_dtype),
              be->ops->name);
@@ -475,7 +553,7 @@ size_t model_weight_bytes(const struct model *m) {
   size_t total = 0;
   const struct weight *top[] = {&m->tok_embd, &m->out_norm, &m->lm_head};
   for (size_t i = 0; i < 3; i++)
-    if (top[i]->data && (i < 2 || m->lm_head.data != m->tok_embd.data))
+    if (top[i]->data && (i < 2 || !m->lm_head_view))
       total += dtype_row_bytes(top[i]->dtype, top[i]->cols) * (size_t)top[i]->rows;
   for (int l = 0; m->layers && l < m->config.n_layers; l++) {
     const struct layer_weights *L = &m->layers[l];
@@ -563,10 +641,18 @@ static int local_alloc_workspace(struct model *m, int max_tokens, int max_seqs, 
   ml->block_tables = ml->seq_lens + (size_t)max_seqs;
   ml->logits_idx = ml->block_tables + (size_t)max_seqs * max_blocks_per_seq;
   ml->total = ml->logits_idx + T;
+  if (m->vocab_parallel) { /* the rank's logits and the gather's scratch (every rank: backend.h) */
+    size_t lb = (size_t)max_seqs * m->vocab_local * sizeof(float), sb = (size_t)max_seqs * c->vocab_size * sizeof(float);
+    if (!(m->logits_local = alloc0(m, lb, "logits buffer")) || !(m->gather_scratch = alloc0(m, sb, "logits buffer")))
+      goto fail;
+    m->workspace_bytes += lb + sb;
+  }
   if (!m->host_mem) {
-    size_t meta_b = ml->total * sizeof(int32_t), logits_b = (size_t)max_seqs * c->vocab_size * sizeof(float);
+    /* tensor parallelism: only rank 0 holds the logits of the whole vocabulary */
+    size_t meta_b = ml->total * sizeof(int32_t),
+           logits_b = m->tp_rank == 0 ? (size_t)max_seqs * c->vocab_size * sizeof(float) : 0;
     if (!(m->meta = alloc0(m, meta_b, "batch metadata")) ||
-        !(m->logits_dev = alloc0(m, logits_b, "logits buffer")))
+        (logits_b && !(m->logits_dev = alloc0(m, logits_b, "logits buffer"))))
       goto fail;
     m->meta_host = be->ops->alloc_host ? be->ops->alloc_host(be, meta_b) : malloc(meta_b);
     if (!m->meta_host) {
@@ -827,6 +913,30 @@ static int forward_ops(void *ctx) {
   return 0;
 }
 
+/* The output head on N (<= max_seqs when vocabulary-parallel) rows of final hidden states HID
+ * (act, (n, dim)): logits into OUT (n, vocab) F32 backend memory on rank 0, Gemma 2's softcap
+ * included. Vocabulary-parallel: every rank's slice into logits_local, then gathered into rank
+ * 0's OUT (ranks > 0 pass NULL); every rank must call it with the same N. */
+static int head_logits(struct model *m, float *out, const void *hid, int n) {
+  struct backend *be = m->be;
+  const struct backend_ops *op = be->ops;
+  const struct model_config *c = &m->config;
+  if (m->vocab_parallel) {
+    if (op->matmul(be, m->logits_local, hid, &m->lm_head, NULL, n, 1) ||
+        op->gather_cols(be, m->tp_rank == 0 ? out : NULL, m->logits_local, m->gather_scratch, n, m->vocab_local))
+      return -1;
+  } else if (op->matmul(be, out, hid, &m->lm_head, NULL, n, 1)) {
+    return -1;
+  }
+  if (m->tp_rank == 0 && c->final_softcap > 0) /* Gemma 2, on the whole vocabulary */
+    return op->softcap(be, out, n, c->vocab_size, c->final_softcap);
+  return 0;
+}
+
+/* One step. Under tensor parallelism every rank runs it with the same batch, and ranks > 0 ignore
+ * LOGITS: what they do (their collectives must match rank 0's) depends on the batch alone. With a
+ * split vocabulary on a device that is the first max_seqs logits rows; model_forward gets rank 0's
+ * other rows with model_logits_rows, a call of every rank. */
 static int forward(struct model *m, const struct batch *batch, float *logits, int graph) {
   if (!m->kv || !m->max_tokens)
     return ERR("model_forward before model_alloc_kv and model_alloc_workspace");
@@ -835,17 +945,20 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   struct backend *be = m->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = &m->config;
-  const int dim = c->dim;
+  const int dim = c->dim, rank0 = m->tp_rank == 0;
   struct batch b;
+  if (!rank0)
+    logits = NULL;
   /* tensor-parallel ranks > 0: nobody else syncs their stream, so the staging of the previous
    * step is known free only after this */
-  if (m->tp_rank > 0 && op->sync(be))
+  if (!rank0 && op->sync(be))
     return -1;
   if (stage_batch(m, batch, &b) != 0)
     return -1;
   /* MoE routing reads the experts' row counts back to the host in every layer, which a graph
-   * cannot hold: those models run their (padded) decode batches directly */
-  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run && c->n_experts == 0};
+   * cannot hold: those models run their (padded) decode batches directly. Nor does tensor
+   * parallelism capture (the engine turns caps.graphs off). */
+  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run && c->n_experts == 0 && m->tp_world == 1};
   if (ctx.graph) {
     /* Its launches depend only on B: same staged pointers (packed by size), same scalars. */
     if (b.num_tokens != b.num_seqs || b.num_logits != b.num_seqs || b.max_blocks_per_seq != m->max_blocks_per_seq ||
@@ -862,37 +975,37 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   }
   if (forward_ops(&ctx))
     return -1;
-  if (m->tp_rank > 0) /* tensor parallelism: rank 0 alone computes the logits */
+  if (!rank0 && !m->vocab_parallel) /* tensor parallelism: rank 0 alone computes the logits */
     return 0;
-  /* logits only for the rows asked for; on a device in chunks of max_seqs rows */
+  /* logits only for the rows asked for; in chunks of max_seqs rows on a device (and whenever the
+   * vocabulary is split: its buffers hold max_seqs rows) */
   int n = b.num_logits;
   if (n == 0)
-    return op->sync(be);
+    return rank0 ? op->sync(be) : 0;
   TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, n, dim));
+  size_t act = dtype_row_bytes(be->act_dtype, 1), V = (size_t)c->vocab_size;
   if (m->host_mem) {
-    if (!logits)
+    if (rank0 && !logits)
       return ERR("model_forward: the logits stay in backend memory only on a device backend");
-    TRY(op->matmul(be, logits, m->xb2, &m->lm_head, NULL, n, 1));
-    if (c->final_softcap > 0) /* Gemma 2 */
-      TRY(op->softcap(be, logits, n, c->vocab_size, c->final_softcap));
+    int chunk = m->vocab_parallel ? m->max_seqs : n;
+    for (int r0 = 0; r0 < n; r0 += chunk) {
+      int nr = n - r0 < chunk ? n - r0 : chunk;
+      TRY(head_logits(m, rank0 ? logits + (size_t)r0 * V : NULL, (char *)m->xb2 + (size_t)r0 * dim * act, nr));
+    }
     return 0;
   }
-  if (!logits) { /* they stay on the device: the first max_seqs rows in model_logits_device, the
-                  * others by model_logits_rows; no sync */
-    m->n_hidden_rows = n;
-    TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, n < m->max_seqs ? n : m->max_seqs, 1));
-    if (c->final_softcap > 0)
-      TRY(op->softcap(be, m->logits_dev, n < m->max_seqs ? n : m->max_seqs, c->vocab_size, c->final_softcap));
+  /* the first max_seqs rows into model_logits_device, the others later by model_logits_rows (the
+   * hidden states stay in xb2); without LOGITS no sync */
+  int first = n < m->max_seqs ? n : m->max_seqs;
+  m->n_hidden_rows = n;
+  TRY(head_logits(m, m->logits_dev, m->xb2, first));
+  if (!logits)
     return 0;
-  }
-  size_t act = dtype_row_bytes(be->act_dtype, 1);
-  for (int r0 = 0; r0 < n; r0 += m->max_seqs) {
+  TRY(op->download(be, logits, m->logits_dev, (size_t)first * V * sizeof(float)));
+  for (int r0 = first; r0 < n && !m->vocab_parallel; r0 += m->max_seqs) {
     int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
-    TRY(op->matmul(be, m->logits_dev, (char *)m->xb2 + (size_t)r0 * dim * act, &m->lm_head, NULL, nr, 1));
-    if (c->final_softcap > 0)
-      TRY(op->softcap(be, m->logits_dev, nr, c->vocab_size, c->final_softcap));
-    TRY(op->download(be, logits + (size_t)r0 * c->vocab_size, m->logits_dev,
-                     (size_t)nr * c->vocab_size * sizeof(float)));
+    TRY(head_logits(m, m->logits_dev, (char *)m->xb2 + (size_t)r0 * dim * act, nr));
+    TRY(op->download(be, logits + (size_t)r0 * V, m->logits_dev, (size_t)nr * V * sizeof(float)));
   }
   return op->sync(be);
 #undef TRY
@@ -904,15 +1017,12 @@ static int local_forward_graph(struct model *m, const struct batch *batch, float
   return forward(m, batch, logits, 1);
 }
 
-int model_logits_rows(struct model *m, int r0, int n) {
+static int local_logits_rows(struct model *m, int r0, int n) {
   if (m->host_mem || r0 < 0 || n < 1 || n > m->max_seqs || r0 + n > m->n_hidden_rows)
     return ERR("model_logits_rows: rows %d..%d of the %d kept (at most %d at a time)", r0, r0 + n,
                m->n_hidden_rows, m->max_seqs);
   size_t off = (size_t)r0 * m->config.dim * dtype_row_bytes(m->be->act_dtype, 1);
-  if (m->be->ops->matmul(m->be, m->logits_dev, (char *)m->xb2 + off, &m->lm_head, NULL, n, 1))
-    return -1;
-  float cap = m->config.final_softcap; /* Gemma 2 */
-  return cap > 0 ? m->be->ops->softcap(m->be, m->logits_dev, n, m->config.vocab_size, cap) : 0;
+  return head_logits(m, m->logits_dev, (char *)m->xb2 + off, n);
 }
 
 float *model_logits_device(struct model *m) { return m->host_mem ? NULL : m->logits_dev; }
@@ -991,17 +1101,32 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
   return fan_out(m, fan_cache, &a);
 }
 
-/* Ranks > 0 only run the layers (their all-reduces join rank 0's); rank 0 also the logits. A
- * CUDA graph is not used under tensor parallelism (the engine turns caps.graphs off). */
+/* Ranks > 0 run the layers (their all-reduces join rank 0's) and, when the vocabulary is split,
+ * their slice of the logits (gathered to rank 0); rank 0 also the logits. A CUDA graph is not
+ * used under tensor parallelism (the engine turns caps.graphs off). */
 static int fan_forward(struct model *m, void *p) {
   struct fan_args *a = p;
   return local_forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL);
+}
+
+/* A split vocabulary on a device: the logits rows of the step beyond the first max_seqs into
+ * LOGITS (host), max_seqs at a time, each a model_logits_rows of every rank. */
+static int forward_rest_rows(struct model *m, int n, float *logits) {
+  size_t V = (size_t)m->config.vocab_size;
+  for (int r0 = m->max_seqs; r0 < n; r0 += m->max_seqs) {
+    int nr = n - r0 < m->max_seqs ? n - r0 : m->max_seqs;
+    if (model_logits_rows(m, r0, nr) || model_logits_download(m, 0, nr, logits + (size_t)r0 * V))
+      return -1;
+  }
+  return n > m->max_seqs ? m->be->ops->sync(m->be) : 0;
 }
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
   struct fan_args a = {.batch = batch, .logits = logits};
   if (!m->ranks)
     return local_forward(m, batch, logits);
   int rc = fan_out(m, fan_forward, &a);
+  if (rc == 0 && logits && m->vocab_parallel && !m->host_mem)
+    rc = forward_rest_rows(m, batch->num_logits, logits);
   /* NCCL's asynchronous errors (a peer lost, a transport failure) surface here; any failure
    * aborts every rank's communicator so that no stream waits forever on a collective that a
    * failed rank will never join. The model takes no more steps afterwards. */
@@ -1024,6 +1149,19 @@ int model_forward_graph(struct model *m, const struct batch *batch, float *logit
   if (m->ranks)
     return model_forward(m, batch, logits);
   return local_forward_graph(m, batch, logits);
+}
+
+static int fan_logits_rows(struct model *m, void *p) {
+  struct fan_args *a = p;
+  return local_logits_rows(m, a->a, a->b);
+}
+/* Vocabulary-parallel: every rank computes its slice of the rows (ranks > 0 kept their hidden
+ * states too), rank 0 gathers them. */
+int model_logits_rows(struct model *m, int r0, int n) {
+  if (!m->ranks || !m->vocab_parallel)
+    return local_logits_rows(m, r0, n);
+  struct fan_args a = {.a = r0, .b = n};
+  return fan_out(m, fan_logits_rows, &a);
 }
 
 static int fan_copy(struct model *m, void *p) {

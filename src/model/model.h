@@ -70,13 +70,19 @@ void model_free(struct model *m);
 /* Tensor parallelism (docs/distributed.md): the model split over the world = tp_group_world(G)
  * backends BES (rank r's backend BES[r], made on rank r's thread). Each rank loads its shard on
  * its thread (q/k/v, gate/up split by output rows; o, down by input columns; KV heads split, or
- * replicated when fewer than ranks), joins one communicator (ops->comm_id / comm_init), and
- * rank 0 alone holds the lm_head. The returned model is rank 0's: every model_* call on it runs
+ * replicated when fewer than ranks; Phi-3's fused tensors part by part, Mixtral's experts each),
+ * joins one communicator (ops->comm_id / comm_init), and splits the lm_head by vocabulary rows
+ * (model_tp_vocab_split; rank 0 alone holds it when world does not divide the vocabulary). The
+ * returned model is rank 0's: every model_* call on it runs
  * on all ranks (its configuration, weight and KV sizes are one GPU's share); model_free frees
  * them all. G and BES must outlive it. World 1: model_load_isq(path, bes[0], isq). */
 struct tp_group;
 struct model *model_load_tp(const char *path, struct backend *const *bes, struct tp_group *g, const char *isq);
 const struct model_config *model_get_config(const struct model *m);
+/* Tensor parallelism: the output head's rows each rank holds when the vocabulary is split over
+ * the ranks (vocab / world, when world divides it; the logits are gathered to rank 0), else 0
+ * (world 1, or rank 0 holds the whole head and computes every logit). */
+int model_tp_vocab_split(const struct model *m);
 
 /* The sliding window every layer attends within (tokens), or 0 when some layer attends to the
  * whole context: what the KV manager may free blocks by (kv_manager_set_window). */

@@ -21,6 +21,7 @@
 
 struct tpc_run {
   int n, vocab;
+  int vocab_split;           /* model_tp_vocab_split */
   float *logits;             /* (n, vocab) the prompt's logits */
   int32_t greedy[TPC_STEPS]; /* tokens of greedy decoding after it */
   float *step_logits;        /* (TPC_STEPS, vocab) the decode steps' logits */
@@ -73,6 +74,7 @@ static int tpc_run(const char *device, const char *path, int world, const int32_
   int V = model_get_config(m)->vocab_size, bs = 16;
   out->n = n;
   out->vocab = V;
+  out->vocab_split = model_tp_vocab_split(m);
   out->logits = malloc(sizeof(float) * (size_t)n * V);
   out->step_logits = malloc(sizeof(float) * (size_t)TPC_STEPS * V);
   if (model_alloc_cache(m, TPC_MAXB + 1, bs, bes[0]->caps.kv_auto, 256, 1, TPC_MAXB)) {
@@ -141,31 +143,63 @@ static int tpc_tokens(const char *dir, int32_t *tokens) {
   return n;
 }
 
-/* The fixture NAME at WORLD ranks against world 1: logits within TOL (rel L2), greedy tokens
- * equal. Returns 1 when the fixture cannot be split WORLD ways (skipped), else 0 (CHECKs). */
-static int tpc_check_fixture(const char *device, const char *name, int world, double tol) {
-  char dir[1024];
-  snprintf(dir, sizeof dir, "%s", test_fixture_path(name));
+/* The model at PATH (a fixture directory or file), fed the tokens.json of fixture directory
+ * TOKENS_DIR (its first MAX_N tokens when MAX_N > 0), at WORLD ranks against world 1: logits
+ * within TOL (rel L2), greedy tokens equal. LABEL names it in messages. CHECKs; returns 0. */
+static int tpc_check_model(const char *device, const char *label, const char *path, const char *tokens_dir,
+                           int world, double tol, int max_n) {
   int32_t tokens[256];
-  int n = tpc_tokens(dir, tokens);
-  REQUIRE(n > 0, "%s: no tokens.json", name);
+  int n = tpc_tokens(tokens_dir, tokens);
+  REQUIRE(n > 0, "%s: no tokens.json in %s", label, tokens_dir);
+  if (max_n > 0 && n > max_n)
+    n = max_n;
   struct tpc_run one = {0}, many = {0};
-  int ok1 = tpc_run(device, dir, 1, tokens, n, &one) == 0;
-  int okn = ok1 && tpc_run(device, dir, world, tokens, n, &many) == 0;
-  CHECK(ok1 && okn, "%s: tp 1 ran %d, tp %d ran %d", name, ok1, world, okn);
+  int ok1 = tpc_run(device, path, 1, tokens, n, &one) == 0;
+  int okn = ok1 && tpc_run(device, path, world, tokens, n, &many) == 0;
+  CHECK(ok1 && okn, "%s: tp 1 ran %d, tp %d ran %d", label, ok1, world, okn);
   if (ok1 && okn) {
     double e = test_rel_l2(many.logits, one.logits, (size_t)n * one.vocab);
     double es = test_rel_l2(many.step_logits, one.step_logits, (size_t)TPC_STEPS * one.vocab);
-    CHECK(e < tol && es < tol, "%s: tp %d vs tp 1 on %s: prompt rel L2 %g, decode rel L2 %g (tol %g)", name,
+    CHECK(e < tol && es < tol, "%s: tp %d vs tp 1 on %s: prompt rel L2 %g, decode rel L2 %g (tol %g)", label,
           world, device, e, es, tol);
-    CHECK(!memcmp(many.greedy, one.greedy, sizeof one.greedy), "%s: tp %d greedy tokens differ from tp 1", name,
+    CHECK(!memcmp(many.greedy, one.greedy, sizeof one.greedy), "%s: tp %d greedy tokens differ from tp 1", label,
           world);
-    printf("%s: tp %d vs tp 1 on %s: prompt rel L2 %.3g, decode rel L2 %.3g, %d greedy tokens equal\n", name,
-           world, device, e, es, TPC_STEPS);
+    /* the output head is split by vocabulary rows whenever world divides the vocabulary */
+    int split = one.vocab % world ? 0 : one.vocab / world;
+    CHECK(one.vocab_split == 0 && many.vocab_split == split, "%s: tp %d: %d vocabulary rows per rank, expected %d",
+          label, world, many.vocab_split, split);
+    printf("%s: tp %d vs tp 1 on %s (%s output head): prompt rel L2 %.3g, decode rel L2 %.3g, %d greedy tokens "
+           "equal\n", label, world, device, split ? "vocabulary-parallel" : "rank 0's whole", e, es, TPC_STEPS);
   }
   tpc_free(&one);
   tpc_free(&many);
   return 0;
+}
+
+/* Every fixture model, HF directories and GGUF files (llama.cpp's layouts), with the directory
+ * whose tokens.json feeds it: the list test_tp_cpu and test_tp_cuda both run. */
+static const struct {
+  const char *name, *tokens; /* tests/fixtures/NAME; tokens.json of tests/fixtures/TOKENS */
+} tpc_models[] = {
+    {"llama", "llama"},           {"llama3", "llama3"},           {"llama_hd", "llama_hd"},
+    {"llama_bf16", "llama_bf16"}, {"llama_sharded", "llama_sharded"}, {"mistral", "mistral"},
+    {"mistral_sw", "mistral_sw"}, {"qwen2", "qwen2"},             {"qwen3", "qwen3"},
+    {"qwen3/model.gguf", "qwen3"}, {"phi3", "phi3"},               {"phi3/model.gguf", "phi3"},
+    {"gemma2", "gemma2"},         {"gemma2.gguf", "gemma2"},      {"mixtral", "mixtral"},
+    {"mixtral.gguf", "mixtral"},
+};
+#define TPC_N_MODELS ((int)(sizeof tpc_models / sizeof tpc_models[0]))
+
+/* tpc_models[i] at WORLD ranks against world 1 (the first MAX_N prompt tokens when > 0). */
+static int tpc_check_listed(const char *device, int i, int world, double tol, int max_n) {
+  char path[1024], tdir[1024];
+  const char *p = test_fixture_path(tpc_models[i].name); /* a static buffer: copied before the next */
+  REQUIRE(p, "fixture %s not found", tpc_models[i].name);
+  snprintf(path, sizeof path, "%s", p);
+  const char *t = test_fixture_path(tpc_models[i].tokens);
+  REQUIRE(t, "fixture %s not found", tpc_models[i].tokens);
+  snprintf(tdir, sizeof tdir, "%s", t);
+  return tpc_check_model(device, tpc_models[i].name, path, tdir, world, tol, max_n);
 }
 
 #endif

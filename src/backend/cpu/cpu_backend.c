@@ -191,6 +191,7 @@ static const struct backend_ops cpu_ops = {
     .comm_init = cpu_comm_init,
     .all_reduce_sum = cpu_all_reduce_sum,
     .comm_abort = cpu_comm_abort,
+    .gather_cols = cpu_gather_cols,
 };
 
 struct backend *backend_cpu_create(int n_threads) {

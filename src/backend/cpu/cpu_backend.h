@@ -20,6 +20,7 @@ struct cpu_backend {
 int cpu_comm_id(struct backend *be, void *id);
 int cpu_comm_init(struct backend *be, const void *id, int rank, int world);
 int cpu_all_reduce_sum(struct backend *be, void *x, size_t n);
+int cpu_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
 void cpu_comm_free(struct backend *be);
 /* Multi-process mode (docs/distributed.md): ranks are processes joined by the rendezvous R; from
  * now on all_reduce_sum is rdv_all_reduce_sum over R's sockets (the same rank-order sum as the

@@ -125,6 +125,44 @@ int cpu_all_reduce_sum(struct backend *be, void *x, size_t n) {
   return 0;
 }
 
+/* The vocabulary-parallel head's gather (backend.h). In one process rank 0 copies every rank's
+ * columns straight from its buffer (published like all_reduce_sum's); the others wait until it
+ * has, so their IN stays valid. Across processes the rendezvous carries only broadcasts and the
+ * rank-order sum, so each rank writes its columns into a zeroed full-width buffer (rank 0: OUT,
+ * the others: SCRATCH) and all-reduces it: every element is one rank's value plus zeros, which
+ * the sum leaves unchanged (only a -0 logit would come back as +0). */
+int cpu_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols) {
+  struct cpu_backend *cb = (struct cpu_backend *)be;
+  if (rows < 0 || cols < 1)
+    return ERR("gather_cols: %d rows of %d columns", rows, cols);
+  if (cb->rdv) {
+    int r = rdv_rank(cb->rdv), W = rdv_world(cb->rdv);
+    float *full = r == 0 ? out : scratch;
+    size_t wide = (size_t)W * (size_t)cols;
+    if (!full)
+      return ERR("gather_cols: no %s buffer on rank %d", r == 0 ? "output" : "scratch", r);
+    memset(full, 0, sizeof(float) * wide * (size_t)rows);
+    for (int t = 0; t < rows; t++)
+      memcpy(full + (size_t)t * wide + (size_t)r * cols, in + (size_t)t * cols, sizeof(float) * (size_t)cols);
+    return rdv_all_reduce_sum(cb->rdv, full, wide * (size_t)rows, CPU_RDV_TIMEOUT_S);
+  }
+  struct cpu_comm *c = cb->comm;
+  if (!c)
+    return ERR("gather_cols before comm_init");
+  int r = cb->comm_rank, W = c->world;
+  c->bufs[r] = (float *)in;
+  pthread_barrier_wait(&c->barrier);
+  if (r == 0) {
+    size_t wide = (size_t)W * (size_t)cols;
+    for (int t = 0; t < rows; t++)
+      for (int k = 0; k < W; k++)
+        memcpy(out + (size_t)t * wide + (size_t)k * cols, c->bufs[k] + (size_t)t * cols,
+               sizeof(float) * (size_t)cols);
+  }
+  pthread_barrier_wait(&c->barrier);
+  return 0;
+}
+
 void cpu_comm_free(struct backend *be) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
   if (cb->comm)

@@ -350,8 +350,9 @@ static const struct backend_ops cuda_ops = {
     /* .all_reduce_sum = */ cuda_all_reduce_sum,
     /* .comm_check = */ cuda_comm_check,
     /* .comm_abort = */ cuda_comm_abort,
+    /* .gather_cols = */ cuda_gather_cols,
 #else
-    NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL,
 #endif
 };
 

@@ -82,6 +82,7 @@ struct cuda_backend {
   int n_sms;                 /* multiprocessors (0 until first asked) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
+  int nccl_rank, nccl_world; /* this backend's place in it (set by cuda_comm_init) */
 };
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
@@ -127,6 +128,7 @@ int cuda_comm_init(struct backend *be, const void *id, int rank, int world);
 int cuda_all_reduce_sum(struct backend *be, void *x, size_t n);
 int cuda_comm_check(struct backend *be);
 void cuda_comm_abort(struct backend *be);
+int cuda_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
 #endif
 void cuda_comm_free(struct cuda_backend *cb);
 struct cuda_graph_entry;

@@ -34,6 +34,8 @@ int cuda_comm_init(struct backend *be, const void *id, int rank, int world) {
   ncclComm_t comm;
   NCCL_CHECK(ncclCommInitRank(&comm, world, u, rank));
   cb->nccl_comm = comm;
+  cb->nccl_rank = rank;
+  cb->nccl_world = world;
   return 0;
 }
 
@@ -43,6 +45,53 @@ int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
     return ERR("all_reduce_sum before comm_init");
   ncclDataType_t t = be->act_dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
   NCCL_CHECK(ncclAllReduce(x, x, n, t, ncclSum, (ncclComm_t)cb->nccl_comm, cb->stream));
+  return 0;
+}
+
+/* out(rows, W * cols): column block k of row t from part k, part 0 = rank 0's own IN, part k > 0
+ * = rank k's IN as received into SRC + k * rows * cols. */
+__global__ void gather_cols_kernel(float *out, const float *in0, const float *src, int rows, int cols, int W) {
+  size_t n = (size_t)rows * W * cols;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / ((size_t)W * cols), rem = i % ((size_t)W * cols);
+    int k = (int)(rem / cols);
+    size_t j = rem % cols;
+    out[i] = k == 0 ? in0[t * cols + j] : src[(size_t)k * rows * cols + t * cols + j];
+  }
+}
+
+/* Rank 0 receives every other rank's block into SCRATCH (one ncclRecv each, grouped), then one
+ * kernel interleaves the blocks into OUT; the other ranks ncclSend theirs. All on the stream. */
+int cuda_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (!cb->nccl_comm)
+    return ERR("gather_cols before comm_init");
+  if (rows < 0 || cols < 1)
+    return ERR("gather_cols: %d rows of %d columns", rows, cols);
+  if (rows == 0)
+    return 0;
+  ncclComm_t comm = (ncclComm_t)cb->nccl_comm;
+  size_t n = (size_t)rows * cols;
+  int W = cb->nccl_world;
+  if (cb->nccl_rank != 0) {
+    NCCL_CHECK(ncclSend(in, n, ncclFloat32, 0, comm, cb->stream));
+    return 0;
+  }
+  if (!out || !scratch)
+    return ERR("gather_cols: rank 0 needs its output and scratch buffers");
+  NCCL_CHECK(ncclGroupStart());
+  for (int k = 1; k < W; k++) {
+    ncclResult_t r = ncclRecv(scratch + (size_t)k * n, n, ncclFloat32, k, comm, cb->stream);
+    if (r != ncclSuccess) {
+      ncclGroupEnd();
+      NCCL_CHECK(r);
+    }
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  size_t total = n * (size_t)W;
+  unsigned blocks = (unsigned)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
+  gather_cols_kernel<<<blocks, 256, 0, cb->stream>>>(out, in, scratch, rows, cols, W);
+  CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
