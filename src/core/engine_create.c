@@ -9,6 +9,7 @@
 #include "core/engine_impl.h"
 #include "dist/mp.h"
 #include "dist/tp.h"
+#include "model/model_file.h"
 #include "util/log.h"
 
 void pagoda_engine_params_default(struct pagoda_engine_params *p) {
@@ -277,8 +278,10 @@ static double mp_timeout(void) {
   return (double)t;
 }
 
-/* This process's backend, shard and place in the group (rank P->tp_rank of P->tp_world). CUDA
- * graphs are off (as under --tp N). */
+/* This process's backend, place in the group and shard (rank P->tp_rank of P->tp_world): the
+ * rendezvous first (the hash of the model's whole configuration, so a rank started with another
+ * model, --isq or --tp-world is refused before anything loads), then the shard, then the
+ * communicator. CUDA graphs are off (as under --tp N). On failure the caller frees what is set. */
 static int mp_setup(const struct pagoda_engine_params *p, const char *path, struct backend **be, struct model **m,
                     struct tp_mp **mp, int *st) {
   struct backend_params bp = {p->device, p->threads, mp_device_index(p->tp_rank)};
@@ -287,12 +290,19 @@ static int mp_setup(const struct pagoda_engine_params *p, const char *path, stru
     return -1;
   (*be)->caps.graphs = 0;
   *st = PAGODA_ERR_FORMAT;
-  if (!(*m = model_load_rank(path, *be, p->isq, p->tp_rank, p->tp_world)))
+  struct model_file *f = model_file_open(path);
+  if (!f)
     return -1;
+  uint64_t hash = tp_mp_config_hash(&f->config, p->isq, (*be)->ops->name, p->tp_world);
+  model_file_close(f);
   *st = PAGODA_ERR_BACKEND;
-  uint64_t hash = tp_mp_config_hash(model_get_config(*m), p->isq, (*be)->ops->name, p->tp_world);
-  if (!(*mp = tp_mp_join(*be, *m, p->tp_master, p->tp_rank, p->tp_world, hash, mp_timeout())))
+  if (!(*mp = tp_mp_join(*be, p->tp_master, p->tp_rank, p->tp_world, hash, mp_timeout())))
     return -1;
+  *m = model_load_rank(path, *be, p->isq, p->tp_rank, p->tp_world);
+  if (tp_mp_start(*mp, *m)) {
+    *st = *m ? PAGODA_ERR_BACKEND : PAGODA_ERR_FORMAT;
+    return -1;
+  }
   return 0;
 }
 

@@ -26,7 +26,10 @@ struct tp_mp {
   int rank, world;
   atomic_int failed;       /* set once, by the thread that failed the group */
   char why[1024];          /* the failure, for every later call */
-  unsigned char *status;   /* rank 0: (world, TP_MP_STATUS_BYTES) the workers' answers */
+  unsigned char *status;   /* (world, TP_MP_STATUS_BYTES) rank 0: the workers' answers */
+  int cpu;                 /* the CPU backend: the all-reduce over the rendezvous sockets */
+  unsigned char id[BACKEND_COMM_ID_BYTES]; /* the communicator id, from rank 0 */
+  char master[300];
 };
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
@@ -149,50 +152,78 @@ static int mirror(struct model *m, const struct step_msg *c, float *logits, void
   return 0;
 }
 
-struct tp_mp *tp_mp_join(struct backend *be, struct model *m, const char *master, int rank, int world,
-                         uint64_t config_hash, double timeout_s) {
+struct tp_mp *tp_mp_join(struct backend *be, const char *master, int rank, int world, uint64_t config_hash,
+                         double timeout_s) {
   struct tp_mp *mp = calloc(1, sizeof *mp);
-  if (!mp) {
+  if (!mp || !(mp->status = malloc((size_t)world * TP_MP_STATUS_BYTES))) {
+    free(mp);
     ERR("out of memory");
     return NULL;
   }
   mp->be = be;
-  mp->m = m;
   mp->rank = rank;
   mp->world = world;
   atomic_init(&mp->failed, 0);
-  int cpu = !strcmp(be->ops->name, "cpu");
-  unsigned char id[BACKEND_COMM_ID_BYTES] = {0};
-  if (!cpu && (!be->ops->comm_id || !be->ops->comm_init || !be->ops->all_reduce_sum)) {
+  mp->cpu = !strcmp(be->ops->name, "cpu");
+  if (!mp->cpu && (!be->ops->comm_id || !be->ops->comm_init || !be->ops->all_reduce_sum)) {
     ERR("--tp-world %d: the %s backend of this build has no collectives (the CUDA backend needs NCCL at build "
         "time: see docs/distributed.md)", world, be->ops->name);
     goto fail;
   }
-  if (!cpu && rank == 0 && be->ops->comm_id(be, id))
+  if (!mp->cpu && rank == 0 && be->ops->comm_id(be, mp->id))
     goto fail;
-  if (rdv_join(master, rank, world, config_hash, id, sizeof id, timeout_s, &mp->r))
+  if (rdv_join(master, rank, world, config_hash, mp->id, sizeof mp->id, timeout_s, &mp->r))
     goto fail;
-  if (cpu ? cpu_comm_attach_rdv(be, mp->r) : be->ops->comm_init(be, id, rank, world)) {
-    char why[1024];
-    snprintf(why, sizeof why, "tensor-parallel rank %d: cannot join the communicator: %s", rank, err_last());
-    ERR("%s", why);
-    goto fail;
-  }
-  if (rank == 0 && !(mp->status = malloc((size_t)world * TP_MP_STATUS_BYTES))) {
-    ERR("out of memory");
-    goto fail;
-  }
-  if (!(mp->wd = watchdog_start(mp->r, TP_MP_WATCHDOG_MS, wd_comm_check, wd_on_lost, mp)))
-    goto fail;
-  if (rank == 0)
-    model_set_mirror(m, mirror, mp);
-  log_info("tensor parallelism: rank %d of %d processes joined through %s (%s; watchdog every %d ms)", rank, world,
-           master, cpu ? "all-reduce over the rendezvous sockets" : "collectives over the backend's communicator",
-           TP_MP_WATCHDOG_MS);
+  snprintf(mp->master, sizeof mp->master, "%s", master);
   return mp;
 fail:
   tp_mp_free(mp);
   return NULL;
+}
+
+/* Every rank's OK (a zero status) or error: rank 0 gathers them and sends every rank the first
+ * failure by rank, so all return the same. */
+static int agree(struct tp_mp *mp, int ok) {
+  unsigned char s[TP_MP_STATUS_BYTES] = {0};
+  if (!ok) {
+    s[0] = 1;
+    snprintf((char *)s + 4, TP_MP_STATUS_BYTES - 4, "%s", err_last());
+  }
+  unsigned char verdict[TP_MP_STATUS_BYTES] = {0};
+  if (rdv_gather(mp->r, s, mp->status, TP_MP_STATUS_BYTES, TP_MP_IO_TIMEOUT_S))
+    return -1;
+  if (mp->rank == 0)
+    for (int k = 0; k < mp->world; k++) {
+      unsigned char *sk = mp->status + (size_t)k * TP_MP_STATUS_BYTES;
+      if (sk[0]) {
+        sk[TP_MP_STATUS_BYTES - 1] = 0;
+        verdict[0] = 1;
+        snprintf((char *)verdict + 4, TP_MP_STATUS_BYTES - 4, "tensor-parallel rank %d: %s", k, (char *)sk + 4);
+        break;
+      }
+    }
+  if (rdv_broadcast(mp->r, verdict, sizeof verdict, TP_MP_IO_TIMEOUT_S))
+    return -1;
+  verdict[TP_MP_STATUS_BYTES - 1] = 0;
+  return verdict[0] ? ERR("%s", (char *)verdict + 4) : 0;
+}
+
+int tp_mp_start(struct tp_mp *mp, struct model *m) {
+  mp->m = m;
+  if (agree(mp, m != NULL))
+    return fail_call(mp, err_last());
+  struct backend *be = mp->be;
+  int rc = mp->cpu ? cpu_comm_attach_rdv(be, mp->r) : be->ops->comm_init(be, mp->id, mp->rank, mp->world);
+  if (agree(mp, rc == 0))
+    return fail_call(mp, err_last());
+  if (!(mp->wd = watchdog_start(mp->r, TP_MP_WATCHDOG_MS, wd_comm_check, wd_on_lost, mp)))
+    return fail_call(mp, err_last());
+  if (mp->rank == 0)
+    model_set_mirror(m, mirror, mp);
+  log_info("tensor parallelism: rank %d of %d processes joined through %s (%s; watchdog every %d ms)", mp->rank,
+           mp->world, mp->master, mp->cpu ? "all-reduce over the rendezvous sockets" : "the backend's communicator",
+           TP_MP_WATCHDOG_MS);
+  return 0;
 }
 
 int tp_mp_worker_loop(struct tp_mp *mp) {
@@ -233,7 +264,7 @@ void tp_mp_stop(struct tp_mp *mp) {
     return;
   watchdog_stop(mp->wd);
   mp->wd = NULL;
-  if (mp->rank != 0 || atomic_load(&mp->failed))
+  if (mp->rank != 0 || atomic_load(&mp->failed) || !mp->m)
     return;
   unsigned char *buf;
   size_t len;

@@ -36,10 +36,17 @@ struct tp_mp;
  * the backend's name and WORLD. */
 uint64_t tp_mp_config_hash(const struct model_config *c, const char *isq, const char *backend_name, int world);
 
-/* Joins the group as RANK of WORLD through MASTER (host:port) with BE and the rank's shard M
- * (loaded, no communicator yet); TIMEOUT_S bounds the rendezvous. NULL with err_last() set. */
-struct tp_mp *tp_mp_join(struct backend *be, struct model *m, const char *master, int rank, int world,
-                         uint64_t config_hash, double timeout_s);
+/* Joins the group as RANK of WORLD through MASTER (host:port) with BE: the rendezvous (TIMEOUT_S
+ * bounds it) checks world, ranks and CONFIG_HASH before anything is loaded and hands out rank
+ * 0's communicator id. NULL with err_last() set. */
+struct tp_mp *tp_mp_join(struct backend *be, const char *master, int rank, int world, uint64_t config_hash,
+                         double timeout_s);
+
+/* Then every rank loads its shard and calls tp_mp_start with it (M, or NULL after a failed load
+ * with err_last() set): the ranks agree first, so that one rank's failure is every rank's error
+ * naming it ("tensor-parallel rank R: ..."); then the communicator, the watchdog, and on rank 0
+ * the model's mirror. 0, or -1 with err_last() set (the group is then stopped). */
+int tp_mp_start(struct tp_mp *mp, struct model *m);
 
 /* A rank > 0: runs rank 0's calls until it says quit (0), or until the group fails (-1 with
  * err_last() naming the rank or the reason). */
