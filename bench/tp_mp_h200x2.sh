@@ -102,7 +102,7 @@ waitfor $w; rc=$?
 echo "rank 1 rc=$rc, $((($(date +%s%N) - tk) / 1000000)) ms after the kill"
 grep -E "error" "$out/kill0_r1.err" | head -3
 
-if [[ $DEV != cuda ]] || (($(date +%s) - t_start > 70)); then el "no time left for the 1B shape"; finish; fi
+if [[ $DEV != cuda ]] || (($(date +%s) - t_start > 50)); then el "no time left for the 1B shape"; finish; fi
 el "4. Llama-3.2-1B shape: 2 processes vs --tp 2"
 M1=/tmp/llama-1b
 timeout 60 python3 tools/make_dummy_model.py --shape llama-3.2-1b --out $M1 >"$out/make1b.log" 2>&1 || { tail -3 "$out/make1b.log"; finish; }
