@@ -572,6 +572,7 @@ int pagoda_tp_worker_run(const struct pagoda_engine_params *params) {
 done:;
   char why[1024];
   snprintf(why, sizeof why, "%s", err_last());
+  tp_mp_stop(mp); /* the watchdog uses the backend: it stops first */
   if (m)
     model_free(m);
   if (be)

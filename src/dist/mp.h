@@ -55,8 +55,9 @@ int tp_mp_worker_loop(struct tp_mp *mp);
 /* 0 while the group works; -1 with err_last() set once it failed (a lost rank, a failed call). */
 int tp_mp_check(struct tp_mp *mp);
 
-/* Rank 0: stops the watchdog and, when the group still works, tells the workers to quit and
- * waits (briefly) until they have. Call before model_free. NULL: nothing. */
+/* Every rank, before its model and backend are freed (the watchdog uses the backend): stops the
+ * watchdog; on rank 0, when the group still works, also tells the workers to quit and waits
+ * (briefly) until they have. NULL: nothing. */
 void tp_mp_stop(struct tp_mp *mp);
 
 /* Frees MP and closes its sockets; after the backend that borrowed them (the CPU backend's
