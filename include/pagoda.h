@@ -95,10 +95,31 @@ struct pagoda_engine_params {
   /* Tensor parallelism: the model split over this many GPUs of this host, one thread and stream
    * each (docs/distributed.md); 0: $PAGODA_TP when set, else 1. The memory flags apply per GPU. */
   int tp;
+  /* Multi-process tensor parallelism (docs/distributed.md), as torchrun's RANK / WORLD_SIZE /
+   * MASTER_ADDR:MASTER_PORT: this process is rank tp_rank of tp_world processes, one GPU each
+   * ($LOCAL_RANK, else the rank; 0 when $CUDA_VISIBLE_DEVICES names one GPU), joined through
+   * rank 0's TCP rendezvous at tp_master ("host:port"; rank 0 listens there). Rank 0 creates the
+   * engine; a rank > 0 calls pagoda_tp_worker_run. tp_rank -1 (the default): $PAGODA_TP_RANK,
+   * else 0; tp_world 0: $PAGODA_TP_WORLD, else 1 (one process); tp_master NULL:
+   * $PAGODA_TP_MASTER. Not combined with tp > 1. */
+  int tp_rank;
+  int tp_world;
+  const char *tp_master;
 };
 
 /* Fills P with the defaults above. */
 void pagoda_engine_params_default(struct pagoda_engine_params *p);
+
+/* Multi-process tensor parallelism: the rank P gives this process (tp_rank, else
+ * $PAGODA_TP_RANK, else 0; 0 for a single process), or -1 (pagoda_last_error) when the
+ * parameters or variables are invalid. */
+int pagoda_tp_rank(const struct pagoda_engine_params *p);
+/* A rank > 0 of a multi-process group: loads its shard of P->model, joins rank 0's rendezvous
+ * (refused unless every rank has the same world, model and flags that shape the shards) and
+ * runs the model calls rank 0's engine sends, until that engine is freed (PAGODA_OK). Returns an
+ * error (pagoda_last_error naming the rank or the flag) when the rendezvous is refused, the
+ * shard cannot load, or rank 0 is lost. */
+int pagoda_tp_worker_run(const struct pagoda_engine_params *p);
 /* The model used when params.model is NULL and PAGODA_MODEL is unset: the path (fixed at build
  * time) where scripts/setup.sh --model puts SmolLM2-135M-Instruct Q4_1. */
 const char *pagoda_default_model(void);

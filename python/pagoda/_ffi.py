@@ -63,6 +63,9 @@ class EngineParams(ctypes.Structure):
         ("user", ctypes.c_void_p),
         ("isq", ctypes.c_char_p),
         ("tp", _c_int),
+        ("tp_rank", _c_int),
+        ("tp_world", _c_int),
+        ("tp_master", ctypes.c_char_p),
     ]
 
 

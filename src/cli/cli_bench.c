@@ -110,6 +110,9 @@ int cli_bench(int argc, char **argv) {
   }
   if (engine_flags_check(&ep))
     return 2;
+  int worker_rc; /* --tp-rank > 0: this process serves rank 0's model calls instead */
+  if (cli_tp_worker(&ep, &worker_rc))
+    return worker_rc;
   int num_prompts = o.num_prompts, input_len = o.input_len, output_len = o.output_len, shared = o.shared,
       json = o.json;
   double ratio = o.ratio, temp = o.temp;

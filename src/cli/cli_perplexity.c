@@ -86,6 +86,9 @@ int cli_perplexity(int argc, char **argv) {
     fprintf(stderr, "error: --batch %d must be below --ctx %d or a multiple of it\n", n_batch, n_ctx);
     return 2;
   }
+  int worker_rc; /* --tp-rank > 0: this process serves rank 0's model calls instead */
+  if (cli_tp_worker(&ep, &worker_rc))
+    return worker_rc;
   size_t len = 0;
   char *text = cli_read_file(file, &len);
   if (!text) {

@@ -414,6 +414,9 @@ int cli_run(int argc, char **argv) {
   }
   if (engine_flags_check(&ep))
     return 2;
+  int worker_rc; /* --tp-rank > 0: this process serves rank 0's model calls instead */
+  if (cli_tp_worker(&ep, &worker_rc))
+    return worker_rc;
   char *owned = NULL; /* the prompt read from stdin or FILE */
   if (file || (prompt && !strcmp(prompt, "-"))) {
     size_t len;

@@ -116,6 +116,9 @@ int cli_serve(int argc, char **argv) {
     fprintf(stderr, "error: pagoda serve needs -m MODEL\n");
     return 2;
   }
+  int worker_rc; /* --tp-rank > 0: this process serves rank 0's model calls instead */
+  if (cli_tp_worker(&ep, &worker_rc))
+    return worker_rc;
   if (!cfg.model_name)
     cfg.model_name = ep.model;
   char *tmpl = NULL;

@@ -113,6 +113,18 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->isq = v;
     return 1;
   }
+  TRY("--tp-rank") return r < 0 || flag_int("--tp-rank", v, 0, 1023, &p->tp_rank) ? -1 : 1;
+  TRY("--tp-world") return r < 0 || flag_int("--tp-world", v, 1, 1024, &p->tp_world) ? -1 : 1;
+  TRY("--tp-master") {
+    if (r < 0)
+      return -1;
+    if (!*v || !strchr(v, ':')) {
+      fprintf(stderr, "error: --tp-master expects host:port (rank 0's rendezvous address), got '%s'\n", v);
+      return -1;
+    }
+    p->tp_master = v;
+    return 1;
+  }
   TRY("--tp") return r < 0 || flag_int("--tp", v, 1, 64, &p->tp) ? -1 : 1;
   TRY("--threads") return r < 0 || flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
   TRY("-t") return r < 0 || flag_int("-t", v, 0, 4096, &p->threads) ? -1 : 1;
@@ -216,6 +228,11 @@ void engine_flags_usage(FILE *f, const struct pagoda_engine_params *d) {
           "  -t, --threads N               CPU threads at most (default %d%s)\n"
           "  --tp N                        tensor parallelism over N GPUs of this host, one thread each\n"
           "                                (default $PAGODA_TP, else 1; docs/distributed.md)\n"
+          "  --tp-rank R --tp-world W --tp-master HOST:PORT\n"
+          "                                multi-process tensor parallelism: this process is rank R of W,\n"
+          "                                one GPU each, joined at rank 0's HOST:PORT; rank 0 runs the\n"
+          "                                command, ranks > 0 serve its model calls until it ends (default\n"
+          "                                $PAGODA_TP_RANK / $PAGODA_TP_WORLD / $PAGODA_TP_MASTER)\n"
           "  --isq q4_0|q4_k|q5_k|q6_k|q8_0|4|8\n"
           "                                quantize float weights at load (4 = q4_k, 8 = q8_0)\n"
           "  --paged-attn auto|on|off      PagedAttention block pool (default %s; auto = on); off: contiguous cache\n"

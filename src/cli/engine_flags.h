@@ -17,6 +17,12 @@ void engine_flags_usage(FILE *f, const struct pagoda_engine_params *d);
 /* After parsing: -1 with an `error:` line for flags that exclude each other (a usage error). */
 int engine_flags_check(const struct pagoda_engine_params *p);
 
+/* Multi-process tensor parallelism (cli_worker.c): after parsing, a process whose rank
+ * (--tp-rank, else $PAGODA_TP_RANK) is above 0 runs rank 0's model calls instead of the command
+ * (pagoda_tp_worker_run). Returns 1 with *RC the exit status when it did (or the parameters are
+ * invalid: `error:` printed, *RC 2), 0 for rank 0 or a single process (the command runs). */
+int cli_tp_worker(const struct pagoda_engine_params *p, int *rc);
+
 /* Helpers for the subcommands' own flags: flag NAME at argv[*i] with its value (either form).
  * Return 1 and set *VALUE when argv[*i] is NAME, 0 when not, -1 (message printed) when the value
  * is missing. */

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "core/engine_impl.h"
+#include "dist/mp.h"
 #include "dist/tp.h"
+#include "model/model_file.h"
 #include "util/log.h"
 
 void pagoda_engine_params_default(struct pagoda_engine_params *p) {
@@ -17,6 +19,7 @@ void pagoda_engine_params_default(struct pagoda_engine_params *p) {
   p->max_num_seqs = 256;
   p->max_num_batched_tokens = 8192;
   p->prefill_chunk_size = 4096;
+  p->tp_rank = -1; /* $PAGODA_TP_RANK, else 0 */
 }
 
 void pagoda_sampling_params_default(struct pagoda_sampling_params *p) {
@@ -208,6 +211,101 @@ static int tp_setup(struct pagoda_engine *e) {
   return 0;
 }
 
+/* ---- Multi-process tensor parallelism (src/dist/mp.h): one process per rank ---- */
+
+/* An integer environment variable NAME in [LO, HI] into *OUT when set and non-empty. */
+static int env_int(const char *name, int lo, int hi, int *out) {
+  const char *env = getenv(name);
+  if (!env || !*env)
+    return 0;
+  char *end;
+  long v = strtol(env, &end, 10);
+  if (*end || v < lo || v > hi)
+    return ERR("%s=%s: must be an integer %d .. %d", name, env, lo, hi);
+  *out = (int)v;
+  return 0;
+}
+
+/* --tp-rank / --tp-world / --tp-master, else $PAGODA_TP_RANK / _WORLD / _MASTER (after tp_resolve). */
+static int mp_resolve(struct pagoda_engine_params *p) {
+  if (p->tp_world < 0 || p->tp_world > 1024)
+    return ERR("--tp-world %d: must be 1 .. 1024", p->tp_world);
+  if (p->tp_world == 0) {
+    p->tp_world = 1;
+    if (env_int("PAGODA_TP_WORLD", 1, 1024, &p->tp_world))
+      return -1;
+  }
+  if (p->tp_rank < 0) {
+    p->tp_rank = 0;
+    if (env_int("PAGODA_TP_RANK", 0, 1023, &p->tp_rank))
+      return -1;
+  }
+  if (p->tp_rank >= p->tp_world)
+    return ERR("--tp-rank %d: must be below --tp-world %d (ranks 0 .. %d; $PAGODA_TP_RANK / $PAGODA_TP_WORLD "
+               "when the flags are not given)", p->tp_rank, p->tp_world, p->tp_world - 1);
+  if (p->tp_world == 1)
+    return 0;
+  if (!p->tp_master || !*p->tp_master) {
+    const char *env = getenv("PAGODA_TP_MASTER");
+    if (!env || !*env)
+      return ERR("--tp-world %d: give rank 0's address with --tp-master host:port (or $PAGODA_TP_MASTER)",
+                 p->tp_world);
+    p->tp_master = env;
+  }
+  if (p->tp > 1)
+    return ERR("--tp %d with --tp-world %d: a multi-process group has one GPU per process; give one of them "
+               "(unset $PAGODA_TP when the processes are started with --tp-world)", p->tp, p->tp_world);
+  return 0;
+}
+
+/* The device of this process's rank: $LOCAL_RANK (as torchrun sets it) when set; else 0 when
+ * $CUDA_VISIBLE_DEVICES names one GPU; else the rank (one host, one GPU per rank). */
+static int mp_device_index(int rank) {
+  int lr = -1;
+  if (env_int("LOCAL_RANK", 0, 1023, &lr) == 0 && lr >= 0)
+    return lr;
+  const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+  if (cvd && *cvd && !strchr(cvd, ','))
+    return 0;
+  return rank;
+}
+
+/* Seconds the rendezvous waits for every rank: $PAGODA_TP_TIMEOUT, else 300. */
+static double mp_timeout(void) {
+  int t = 300;
+  if (env_int("PAGODA_TP_TIMEOUT", 1, 86400, &t))
+    log_warn("%s; using 300 s", err_last());
+  return (double)t;
+}
+
+/* This process's backend, place in the group and shard (rank P->tp_rank of P->tp_world): the
+ * rendezvous first (the hash of the model's whole configuration, so a rank started with another
+ * model, --isq or --tp-world is refused before anything loads), then the shard, then the
+ * communicator. CUDA graphs are off (as under --tp N). On failure the caller frees what is set. */
+static int mp_setup(const struct pagoda_engine_params *p, const char *path, struct backend **be, struct model **m,
+                    struct tp_mp **mp, int *st) {
+  struct backend_params bp = {p->device, p->threads, mp_device_index(p->tp_rank)};
+  *st = PAGODA_ERR_BACKEND;
+  if (!(*be = backend_create(&bp)))
+    return -1;
+  (*be)->caps.graphs = 0;
+  *st = PAGODA_ERR_FORMAT;
+  struct model_file *f = model_file_open(path);
+  if (!f)
+    return -1;
+  uint64_t hash = tp_mp_config_hash(&f->config, p->isq, (*be)->ops->name, p->tp_world);
+  model_file_close(f);
+  *st = PAGODA_ERR_BACKEND;
+  if (!(*mp = tp_mp_join(*be, p->tp_master, p->tp_rank, p->tp_world, hash, mp_timeout())))
+    return -1;
+  *m = model_load_rank(path, *be, p->isq, p->tp_rank, p->tp_world);
+  if (tp_mp_start(*mp, *m)) {
+    *st = *m ? PAGODA_ERR_BACKEND : PAGODA_ERR_FORMAT;
+    return -1;
+  }
+  return 0;
+}
+
 /* No model given: PAGODA_MODEL when set and non-empty, else the default model, which must exist
  * (NULL with an error saying how to get it). */
 static const char *resolve_model(void) {
@@ -255,10 +353,18 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   }
   if (check_budget_flags(p))
     goto fail;
-  if (tp_resolve(p))
+  if (tp_resolve(p) || mp_resolve(p))
     goto fail;
+  if (p->tp_rank > 0) {
+    ERR("--tp-rank %d: a rank > 0 runs rank 0's model calls (pagoda_tp_worker_run; the CLI does that for "
+        "--tp-rank > 0), not an engine of its own", p->tp_rank);
+    goto fail;
+  }
   st = PAGODA_ERR_BACKEND;
-  if (p->tp > 1) {
+  if (p->tp_world > 1) {
+    if (mp_setup(p, p->model, &e->be, &e->model, &e->mp, &st))
+      goto fail;
+  } else if (p->tp > 1) {
     if (tp_setup(e))
       goto fail;
   } else {
@@ -267,7 +373,8 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
       goto fail;
   }
   st = PAGODA_ERR_FORMAT;
-  if (!(e->model = e->tp ? model_load_tp(p->model, e->tp_bes, e->tp, p->isq) : model_load_isq(p->model, e->be, p->isq)))
+  if (!e->model &&
+      !(e->model = e->tp ? model_load_tp(p->model, e->tp_bes, e->tp, p->isq) : model_load_isq(p->model, e->be, p->isq)))
     goto fail;
   if (!(e->tok = tokenizer_load(p->model)))
     goto fail;
@@ -418,6 +525,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   free(e->outs);
   if (e->tok)
     tokenizer_free(e->tok);
+  tp_mp_stop(e->mp); /* the workers quit before the model goes */
   if (e->model)
     model_free(e->model);
   if (e->tp) {
@@ -428,6 +536,54 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   } else if (e->be) {
     e->be->ops->destroy(e->be);
   }
+  tp_mp_free(e->mp); /* after the backend, which borrowed its sockets */
   free(e->model_path);
   free(e);
+}
+
+int pagoda_tp_rank(const struct pagoda_engine_params *params) {
+  struct pagoda_engine_params p = *params;
+  if (tp_resolve(&p) || mp_resolve(&p))
+    return -1;
+  return p.tp_rank;
+}
+
+int pagoda_tp_worker_run(const struct pagoda_engine_params *params) {
+  struct pagoda_engine_params p = *params;
+  char *path = NULL;
+  struct backend *be = NULL;
+  struct model *m = NULL;
+  struct tp_mp *mp = NULL;
+  int st = PAGODA_ERR_INVALID_ARG;
+  if (tp_resolve(&p) || mp_resolve(&p))
+    goto done;
+  if (p.tp_rank < 1) {
+    ERR("pagoda_tp_worker_run: this process is rank %d of %d; only a rank > 0 of a multi-process group "
+        "(--tp-world > 1) runs the worker", p.tp_rank, p.tp_world);
+    goto done;
+  }
+  if (!p.model && !(p.model = resolve_model())) {
+    st = PAGODA_ERR_IO;
+    goto done;
+  }
+  if ((st = pagoda_resolve_model(p.model, p.revision, p.hf_file, &path)) != PAGODA_OK)
+    goto done;
+  if (mp_setup(&p, path, &be, &m, &mp, &st))
+    goto done;
+  st = tp_mp_worker_loop(mp) ? PAGODA_ERR_BACKEND : PAGODA_OK;
+  if (st == PAGODA_OK)
+    log_info("tensor-parallel rank %d: rank 0 finished; exiting", p.tp_rank);
+done:;
+  char why[1024];
+  snprintf(why, sizeof why, "%s", err_last());
+  tp_mp_stop(mp); /* the watchdog uses the backend: it stops first */
+  if (m)
+    model_free(m);
+  if (be)
+    be->ops->destroy(be);
+  tp_mp_free(mp);
+  free(path);
+  if (st != PAGODA_OK)
+    ERR("%s", why);
+  return st;
 }

@@ -39,6 +39,8 @@ struct pagoda_engine {
   struct model *model;
   struct tp_group *tp;      /* tensor parallelism (p.tp > 1): the rank threads, else NULL */
   struct backend **tp_bes;  /* (tp world) rank r's backend, tp_bes[0] = be; NULL without */
+  struct tp_mp *mp;         /* multi-process tensor parallelism (p.tp_world > 1, rank 0): the
+                               group the model's calls are mirrored to (src/dist/mp.h), else NULL */
   struct tokenizer *tok;
   int vocab, max_model_len, block_size, max_blocks_per_seq;
   struct kv_manager kv;

@@ -463,6 +463,42 @@ int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s) {
   return 0;
 }
 
+int rdv_gather(struct rdv *r, const void *mine, void *all, size_t n, double timeout_s) {
+  if (r->rank == 0 && all && n)
+    memcpy(all, mine, n);
+  if (r->world == 1 || n == 0)
+    return 0;
+  double deadline = now_s() + timeout_s;
+  if (r->rank != 0) {
+    if (write_full(r->fds[0], mine, n))
+      return ERR("--tp-rank %d: cannot send to rank 0: %s (rank 0 exited?)", r->rank, strerror(errno));
+    return 0;
+  }
+  for (int k = 1; k < r->world; k++)
+    if (read_full(r->fds[k], (char *)all + (size_t)k * n, n, deadline))
+      return ERR("tensor-parallel rank %d lost: %s (did it exit?)", k, io_reason());
+  return 0;
+}
+
+int rdv_wait_message(struct rdv *r, int wait_ms) {
+  if (r->rank == 0 || r->world == 1)
+    return ERR("rdv_wait_message: only a rank > 0 waits for rank 0");
+  struct pollfd p = {.fd = r->fds[0], .events = POLLIN};
+  int rc = poll(&p, 1, wait_ms);
+  if (rc == 0 || (rc < 0 && errno == EINTR))
+    return 0;
+  if (rc < 0)
+    return ERR("--tp-rank %d: waiting for rank 0: %s", r->rank, strerror(errno));
+  char c;
+  ssize_t k = recv(r->fds[0], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (k == 1)
+    return 1;
+  if (k < 0 && (errno == EAGAIN || errno == EINTR))
+    return 0;
+  return ERR("--tp-rank %d: rank 0 at %s is gone: %s (it exited, or the group was stopped)", r->rank, r->master,
+             k == 0 ? "connection closed" : strerror(errno));
+}
+
 int rdv_rank(const struct rdv *r) { return r->rank; }
 int rdv_world(const struct rdv *r) { return r->world; }
 

@@ -59,6 +59,16 @@ int rdv_all_reduce_sum(struct rdv *r, float *x, size_t n, double timeout_s);
  * carries each step's batch to the workers). Same ordering rule and errors as above. */
 int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s);
 
+/* Every rank > 0 sends N bytes of MINE to rank 0, which gets rank k's bytes at ALL + k * N
+ * (its own MINE copied to ALL); ALL is only written on rank 0 (it may be NULL elsewhere). The
+ * workers' status after a model call (src/dist/mp.c). Same ordering rule and errors as above. */
+int rdv_gather(struct rdv *r, const void *mine, void *all, size_t n, double timeout_s);
+
+/* A rank > 0, between messages: waits up to WAIT_MS for rank 0 to send something. 1: bytes are
+ * waiting; 0: nothing yet; -1 with err_last() set: rank 0's socket reached end-of-file or failed
+ * (it exited, or the group was aborted). Rank 0 and world 1: -1. */
+int rdv_wait_message(struct rdv *r, int wait_ms);
+
 int rdv_rank(const struct rdv *r);
 int rdv_world(const struct rdv *r);
 

@@ -8,7 +8,7 @@
 #include "util/log.h"
 
 #define STEP_MAGIC "PGSW"
-#define STEP_VERSION 1u
+#define STEP_VERSION 2u /* 2: STEP_LOGITS_ROWS */
 #define STEP_HEADER_BYTES (4 + 4 + 4 + 4 * STEP_NARGS + 4)
 #define BATCH_HEADER_INTS 6
 

@@ -27,6 +27,7 @@ enum step_op {
   STEP_PROFILE,
   STEP_ALLOC_KV,
   STEP_ALLOC_CACHE,
+  STEP_LOGITS_ROWS, /* a split vocabulary on a device: rows args[0] .. args[0] + args[1] (model_logits_rows) */
   STEP_QUIT,
   STEP_OP_END
 };

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "dist/rendezvous.h"
 #include "util/log.h"
@@ -22,9 +23,18 @@ struct watchdog {
   char message[512];
 };
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *watchdog_main(void *arg) {
   struct watchdog *w = arg;
   while (!atomic_load(&w->stop)) {
+    /* rdv_dead_peer returns at once while a peer's bytes wait to be read (a collective in
+     * flight): the rest of the period is slept, so the watchdog never spins on a core */
+    double t0 = now_s();
     int dead = rdv_dead_peer(w->r, w->period_ms);
     if (dead < 0 && w->comm_check && w->comm_check(w->user)) {
       dead = -2;
@@ -33,8 +43,14 @@ static void *watchdog_main(void *arg) {
       snprintf(w->message, sizeof w->message,
                "tensor-parallel rank %d lost (its process exited or the network failed); stopping the group", dead);
     }
-    if (dead == -1)
+    if (dead == -1) {
+      double left = w->period_ms * 1e-3 - (now_s() - t0);
+      if (left > 0) {
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        nanosleep(&ts, NULL);
+      }
       continue;
+    }
     if (w->on_lost)
       w->on_lost(dead, w->user);
     rdv_abort(w->r);

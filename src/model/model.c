@@ -11,6 +11,7 @@
 #include "model/model_file.h"
 #include "model/moe_block.h"
 #include "model/quant_isq.h"
+#include "dist/step_wire.h"
 #include "dist/tp.h"
 #include "util/log.h"
 
@@ -79,6 +80,10 @@ struct model {
   struct tp_group *tp;    /* rank 0 only; borrowed */
   struct model **ranks;   /* rank 0 only: (tp_world), ranks[0] = the model itself */
   void **shard_bufs;      /* host copies of column slices (weights may alias them on cpu) */
+  /* Multi-process tensor parallelism, rank 0 (model_set_mirror): every public call goes through
+   * MIRROR, which sends it to the other processes and runs it here (model_run_call). */
+  int (*mirror)(struct model *m, const struct step_msg *call, float *logits, void *user);
+  void *mirror_user;
   int n_shard_bufs;
 };
 
@@ -1034,6 +1039,46 @@ int model_logits_download(struct model *m, int row0, int n, float *dst) {
   return n ? m->be->ops->download(m->be, dst, m->logits_dev + (size_t)row0 * V, (size_t)n * V * sizeof(float)) : 0;
 }
 
+/* ---- Multi-process tensor parallelism (src/dist/mp.c): a rank's shard alone, and its calls ---- */
+struct model *model_load_rank(const char *path, struct backend *be, const char *isq, int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    ERR("tensor-parallel rank %d of %d: out of range", rank, world);
+    return NULL;
+  }
+  return load_model(path, be, isq, rank, world);
+}
+
+void model_set_mirror(struct model *m, int (*mirror)(struct model *m, const struct step_msg *call, float *logits,
+                                                     void *user),
+                      void *user) {
+  m->mirror = mirror;
+  m->mirror_user = user;
+}
+
+int model_run_call(struct model *m, const struct step_msg *c, float *logits) {
+  const int32_t *a = c->args;
+  switch (c->op) {
+  case STEP_FORWARD: return local_forward(m, &c->batch, m->tp_rank == 0 ? logits : NULL);
+  case STEP_COPY_BLOCKS: return local_copy_blocks(m, c->src, c->dst, a[0]);
+  case STEP_ALLOC_WORKSPACE: return local_alloc_workspace(m, a[0], a[1], a[2]);
+  case STEP_PROFILE: return local_profile(m, a[0], (enum dtype)a[1]);
+  case STEP_ALLOC_KV: return local_alloc_kv(m, a[0], a[1], (enum dtype)a[2]);
+  case STEP_ALLOC_CACHE: return local_alloc_cache(m, a[0], a[1], (enum dtype)a[2], a[3], a[4], a[5]);
+  case STEP_LOGITS_ROWS: return local_logits_rows(m, a[0], a[1]);
+  default: return ERR("model_run_call: op %d is not a model call", (int)c->op);
+  }
+}
+
+static int mirror_call(struct model *m, enum step_op op, const int32_t *args, const struct batch *batch,
+                       const int32_t *src, const int32_t *dst, float *logits) {
+  struct step_msg c = {.op = op, .src = src, .dst = dst};
+  if (args)
+    memcpy(c.args, args, sizeof c.args);
+  if (batch)
+    c.batch = *batch;
+  return m->mirror(m, &c, logits, m->mirror_user);
+}
+
 /* ---- The public calls: on rank 0 of a tensor-parallel group every rank runs the same call on
  * its own thread (its shard, its stream); otherwise the model alone. ---- */
 struct fan {
@@ -1068,6 +1113,9 @@ static int fan_workspace(struct model *m, void *p) {
   return local_alloc_workspace(m, a->a, a->b, a->c);
 }
 int model_alloc_workspace(struct model *m, int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  if (m->mirror)
+    return mirror_call(m, STEP_ALLOC_WORKSPACE, (int32_t[STEP_NARGS]){max_tokens, max_seqs, max_blocks_per_seq},
+                       NULL, NULL, NULL, NULL);
   struct fan_args a = {.a = max_tokens, .b = max_seqs, .c = max_blocks_per_seq};
   return fan_out(m, fan_workspace, &a);
 }
@@ -1077,6 +1125,8 @@ static int fan_profile(struct model *m, void *p) {
   return local_profile(m, a->a, a->t);
 }
 int model_profile(struct model *m, int block_size, enum dtype kv_dtype) {
+  if (m->mirror)
+    return mirror_call(m, STEP_PROFILE, (int32_t[STEP_NARGS]){block_size, (int32_t)kv_dtype}, NULL, NULL, NULL, NULL);
   struct fan_args a = {.a = block_size, .t = kv_dtype};
   return fan_out(m, fan_profile, &a);
 }
@@ -1086,6 +1136,9 @@ static int fan_kv(struct model *m, void *p) {
   return local_alloc_kv(m, a->a, a->b, a->t);
 }
 int model_alloc_kv(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype) {
+  if (m->mirror)
+    return mirror_call(m, STEP_ALLOC_KV, (int32_t[STEP_NARGS]){num_blocks, block_size, (int32_t)kv_dtype}, NULL,
+                       NULL, NULL, NULL);
   struct fan_args a = {.a = num_blocks, .b = block_size, .t = kv_dtype};
   return fan_out(m, fan_kv, &a);
 }
@@ -1096,6 +1149,11 @@ static int fan_cache(struct model *m, void *p) {
 }
 int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtype kv_dtype,
                       int max_tokens, int max_seqs, int max_blocks_per_seq) {
+  if (m->mirror)
+    return mirror_call(m, STEP_ALLOC_CACHE,
+                       (int32_t[STEP_NARGS]){num_blocks, block_size, (int32_t)kv_dtype, max_tokens, max_seqs,
+                                             max_blocks_per_seq},
+                       NULL, NULL, NULL, NULL);
   struct fan_args a = {.a = num_blocks, .b = block_size, .t = kv_dtype, .d = max_tokens, .e = max_seqs,
                        .f = max_blocks_per_seq};
   return fan_out(m, fan_cache, &a);
@@ -1121,6 +1179,12 @@ static int forward_rest_rows(struct model *m, int n, float *logits) {
   return n > m->max_seqs ? m->be->ops->sync(m->be) : 0;
 }
 int model_forward(struct model *m, const struct batch *batch, float *logits) {
+  if (m->mirror) {
+    int rc = mirror_call(m, STEP_FORWARD, NULL, batch, NULL, NULL, logits);
+    if (rc == 0 && logits && m->vocab_parallel && !m->host_mem) /* the rows past max_seqs, each call mirrored */
+      rc = forward_rest_rows(m, batch->num_logits, logits);
+    return rc;
+  }
   struct fan_args a = {.batch = batch, .logits = logits};
   if (!m->ranks)
     return local_forward(m, batch, logits);
@@ -1146,7 +1210,7 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   return 0;
 }
 int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
-  if (m->ranks)
+  if (m->ranks || m->mirror) /* no graphs under tensor parallelism */
     return model_forward(m, batch, logits);
   return local_forward_graph(m, batch, logits);
 }
@@ -1158,6 +1222,8 @@ static int fan_logits_rows(struct model *m, void *p) {
 /* Vocabulary-parallel: every rank computes its slice of the rows (ranks > 0 kept their hidden
  * states too), rank 0 gathers them. */
 int model_logits_rows(struct model *m, int r0, int n) {
+  if (m->mirror && m->vocab_parallel) /* the other processes join the gather */
+    return mirror_call(m, STEP_LOGITS_ROWS, (int32_t[STEP_NARGS]){r0, n}, NULL, NULL, NULL, NULL);
   if (!m->ranks || !m->vocab_parallel)
     return local_logits_rows(m, r0, n);
   struct fan_args a = {.a = r0, .b = n};
@@ -1169,6 +1235,8 @@ static int fan_copy(struct model *m, void *p) {
   return local_copy_blocks(m, a->src, a->dst, a->a);
 }
 int model_copy_blocks(struct model *m, const int32_t *src, const int32_t *dst, int n) {
+  if (m->mirror)
+    return mirror_call(m, STEP_COPY_BLOCKS, (int32_t[STEP_NARGS]){n}, NULL, src, dst, NULL);
   struct fan_args a = {.a = n, .src = src, .dst = dst};
   return fan_out(m, fan_copy, &a);
 }

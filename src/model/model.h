@@ -78,6 +78,20 @@ void model_free(struct model *m);
  * them all. G and BES must outlive it. World 1: model_load_isq(path, bes[0], isq). */
 struct tp_group;
 struct model *model_load_tp(const char *path, struct backend *const *bes, struct tp_group *g, const char *isq);
+
+/* Multi-process tensor parallelism (src/dist/mp.c, docs/distributed.md): one process per rank.
+ * model_load_rank loads rank RANK's shard of WORLD on BE alone (no communicator: the caller
+ * joins one, ops->comm_init or cpu_comm_attach_rdv, before the first forward). On rank 0,
+ * model_set_mirror makes every public call (the allocations, model_profile, model_forward,
+ * model_copy_blocks) call MIRROR instead, which sends the call to the workers and runs it
+ * here with model_run_call; a worker runs each call it receives with model_run_call (LOGITS:
+ * rank 0's host logits or NULL; ignored on ranks > 0, which compute none). */
+struct step_msg;
+struct model *model_load_rank(const char *path, struct backend *be, const char *isq, int rank, int world);
+void model_set_mirror(struct model *m, int (*mirror)(struct model *m, const struct step_msg *call, float *logits,
+                                                     void *user),
+                      void *user);
+int model_run_call(struct model *m, const struct step_msg *call, float *logits);
 const struct model_config *model_get_config(const struct model *m);
 /* Tensor parallelism: the output head's rows each rank holds when the vocabulary is split over
  * the ranks (vocab / world, when world divides it; the logits are gathered to rank 0), else 0

@@ -59,9 +59,10 @@ static void test_round_trip(void) {
   buf[0] = 'X';
   CHECK(step_decode(buf, len, &m) == -1 && strstr(err_last(), "not a step message"), "wrong magic: %s", err_last());
   buf[0] = 'P';
+  unsigned char version = buf[4];
   buf[4] = 9;
   CHECK(step_decode(buf, len, &m) == -1 && strstr(err_last(), "version 9"), "wrong version: %s", err_last());
-  buf[4] = 1;
+  buf[4] = version;
   buf[8] = 77;
   CHECK(step_decode(buf, len, &m) == -1 && strstr(err_last(), "unknown op 77"), "wrong op: %s", err_last());
   buf[8] = STEP_FORWARD;
