@@ -6,7 +6,8 @@
  * values [it * 256 + 8 l, +8) of the row in f32 and multiplies them with the same 8 columns
  * of each of the T bf16 activation rows (one 16-byte load per row), so a warp step covers 256
  * columns (one K-quant super-block, or eight 32-value blocks). Sums are f32, reduced over
- * the warp by shuffles at the end. Activations stay bf16 (not quantized to 8 bits): the
+ * the warp by shuffles at the end. QGEMV_UNROLL warp steps are loaded before they are
+ * multiplied, to keep more weight bytes in flight. Activations stay bf16 (not quantized to 8 bits): the
  * kernel is bound by the weight bytes at these sizes, so int8 dot products would only add a
  * quantization pass and its rounding.
  * Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two weight rows per warp
@@ -18,6 +19,9 @@
 typedef __nv_bfloat16 bf16;
 
 #define QGEMV_WARPS 4 /* rows per block */
+#ifndef QGEMV_UNROLL
+#define QGEMV_UNROLL 4 /* warp steps (256 columns each) whose loads are in flight together */
+#endif
 
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -32,9 +36,9 @@ template <int QT, int NT>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32)
     qgemv_kernel(void *out,            /* (NT, N) f32 or bf16 */
                  int out_f32,
-                 const uint8_t *W,     /* (N rows of row_bytes) quantized */
+                 const uint8_t *__restrict__ W, /* (N rows of row_bytes) quantized */
                  size_t row_bytes,
-                 const bf16 *x,        /* (NT, K) */
+                 const bf16 *__restrict__ x, /* (NT, K) */
                  int N, int K) {
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * QGEMV_WARPS + (threadIdx.x >> 5);
@@ -45,7 +49,30 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32)
 #pragma unroll
   for (int t = 0; t < NT; t++)
     acc[t] = 0.0f;
-  for (int e0 = lane * 8; e0 < K; e0 += 256) {
+  int e0 = lane * 8;
+  /* QGEMV_UNROLL warp steps at once: all their weight loads are issued before the first FMA,
+   * so each lane has QGEMV_UNROLL times the bytes in flight (the loop is latency bound with
+   * one step). The sums are added in the same order as the single-step tail below. */
+  for (; e0 + (QGEMV_UNROLL - 1) * 256 < K; e0 += QGEMV_UNROLL * 256) {
+    float wv[QGEMV_UNROLL][8];
+#pragma unroll
+    for (int u = 0; u < QGEMV_UNROLL; u++)
+      cq_deq8<QT>(wr, e0 + u * 256, wv[u]);
+#pragma unroll
+    for (int u = 0; u < QGEMV_UNROLL; u++) {
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        float xv[8];
+        bf16x8_to_f32(__ldg((const uint4 *)(x + (size_t)t * K + e0 + u * 256)), xv);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+          s = fmaf(wv[u][i], xv[i], s);
+        acc[t] += s;
+      }
+    }
+  }
+  for (; e0 < K; e0 += 256) {
     float wv[8];
     cq_deq8<QT>(wr, e0, wv);
 #pragma unroll
