@@ -1,9 +1,11 @@
 /* cuda_quant.c - the two CUDA paths for quantized weights side by side, to place the crossover:
  * the fused dequantize-and-multiply GEMV (passes of 8 activation rows, each pass reading the
  * weight once) and dequantize-to-bf16 slabs + cuBLAS, against a plain bf16 cuBLAS GEMM on the
- * same values. Llama-3.1-8B's matrix shapes, random blocks.
- * Usage: cuda_quant [iters]     (prints one line per type x shape x T: microseconds per call and
- *        the weight bytes read per second by the GEMV) */
+ * same values. Llama-3.1-8B's matrix shapes, random blocks. Each timed call reads a different
+ * copy of the weight, in turn, from enough copies (>= 256 MB) that none is still in the 60 MB
+ * L2 (a decode step reads each matrix once, from HBM).
+ * Usage: cuda_quant [iters [Tmax [nshapes]]]   (prints one line per type x shape x T: microseconds per call,
+ *        the weight bytes read per second by the GEMV and by the bf16 path at the same T) */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,12 +53,23 @@ static struct backend *make_be(const char *max_t) {
   return be;
 }
 
-static double time_mm(struct backend *be, void *out, void *x, struct weight *w, int T, int iters) {
-  if (be->ops->matmul(be, out, x, w, NULL, T, 0) || be->ops->sync(be))
-    die("matmul");
+#define ROT_BYTES ((size_t)256 << 20) /* weight copies cycled through per timing: > 4x the L2 */
+#define MAX_ROT 32
+
+static int rot_count(size_t bytes) {
+  size_t n = (ROT_BYTES + bytes - 1) / bytes;
+  return n > MAX_ROT ? MAX_ROT : (int)n;
+}
+
+static double time_mm(struct backend *be, void *out, void *x, struct weight *w, int nw, int T, int iters) {
+  for (int i = 0; i < nw; i++)
+    if (be->ops->matmul(be, out, x, &w[i], NULL, T, 0))
+      die("matmul");
+  if (be->ops->sync(be))
+    die("sync");
   double t0 = bench_now();
   for (int i = 0; i < iters; i++)
-    if (be->ops->matmul(be, out, x, w, NULL, T, 0))
+    if (be->ops->matmul(be, out, x, &w[i % nw], NULL, T, 0))
       die("matmul");
   if (be->ops->sync(be))
     die("sync");
@@ -65,6 +78,8 @@ static double time_mm(struct backend *be, void *out, void *x, struct weight *w, 
 
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 50;
+  int tlim = argc > 2 ? atoi(argv[2]) : 256;
+  int nshapes = argc > 3 ? atoi(argv[3]) : 4; /* the first n of the 4 shapes (4: with the output head) */
   if (!backend_device_available("cuda")) {
     fprintf(stderr, "no CUDA device\n");
     return 77;
@@ -73,9 +88,9 @@ int main(int argc, char **argv) {
   static const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
   static const int Ts[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   int Tmax = 256;
-  printf("%-6s %6s %6s %4s %10s %10s %10s %9s  %s\n", "type", "N", "K", "T", "gemv_us", "deq+gemm_us",
-         "bf16_us", "gemv_GB/s", "faster");
-  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+  printf("%-6s %6s %6s %4s %10s %10s %10s %9s %9s  %s\n", "type", "N", "K", "T", "gemv_us", "deq+gemm_us",
+         "bf16_us", "gemv_GB/s", "bf16_GB/s", "faster");
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && (int)si < nshapes; si++) {
     int N = shapes[si][0], K = shapes[si][1];
     size_t xbytes = (size_t)Tmax * K * 2, obytes = (size_t)Tmax * N * 2;
     void *x[2], *o[2];
@@ -106,10 +121,12 @@ int main(int argc, char **argv) {
         if (q->f16b >= 0)
           memcpy(wq + b * q->bytes + q->f16b, &h, 2);
       }
-      struct weight w[2], wb;
+      static struct weight w[2][MAX_ROT], wb[MAX_ROT];
+      int nrot = rot_count(bytes);
       for (int b = 0; b < 2; b++)
-        if (bes[b]->ops->weight_from_host(bes[b], &w[b], wq, q->t, N, K))
-          die("weight_from_host");
+        for (int r = 0; r < nrot; r++)
+          if (bes[b]->ops->weight_from_host(bes[b], &w[b][r], wq, q->t, N, K))
+            die("weight_from_host");
       if (!bf16_done) { /* bf16 reference GEMM on the dequantized values of the first type */
         float *row = malloc(sizeof(float) * K);
         uint16_t *wbh = malloc((size_t)N * K * 2);
@@ -119,27 +136,32 @@ int main(int argc, char **argv) {
           for (int k = 0; k < K; k++)
             wbh[(size_t)r * K + k] = f32_to_bf16(row[k]);
         }
-        if (gemm->ops->weight_from_host(gemm, &wb, wbh, DTYPE_BF16, N, K))
-          die("weight_from_host bf16");
-        for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++)
-          bf16_us[t] = time_mm(gemm, o[1], x[1], &wb, Ts[t], iters);
-        gemm->ops->weight_free(gemm, &wb);
+        int nb16 = rot_count((size_t)N * K * 2);
+        for (int r = 0; r < nb16; r++)
+          if (gemm->ops->weight_from_host(gemm, &wb[r], wbh, DTYPE_BF16, N, K))
+            die("weight_from_host bf16");
+        for (size_t t = 0; t < sizeof Ts / sizeof Ts[0] && Ts[t] <= tlim; t++)
+          bf16_us[t] = time_mm(gemm, o[1], x[1], wb, nb16, Ts[t], iters);
+        for (int r = 0; r < nb16; r++)
+          gemm->ops->weight_free(gemm, &wb[r]);
         free(row);
         free(wbh);
         bf16_done = 1;
       }
       free(wq);
-      for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+      for (size_t t = 0; t < sizeof Ts / sizeof Ts[0] && Ts[t] <= tlim; t++) {
         int T = Ts[t];
-        double a = time_mm(gemv, o[0], x[0], &w[0], T, iters);
-        double c = time_mm(gemm, o[1], x[1], &w[1], T, iters);
+        double a = time_mm(gemv, o[0], x[0], w[0], nrot, T, iters);
+        double c = time_mm(gemm, o[1], x[1], w[1], nrot, T, iters);
         int passes = (T + 7) / 8;
-        printf("%-6s %6d %6d %4d %10.1f %10.1f %10.1f %9.0f  %s\n", dtype_name(q->t), N, K, T, a, c,
-               bf16_us[t], (double)bytes * passes / (a * 1e-6) / 1e9, a < c ? "gemv" : "deq+gemm");
+        printf("%-6s %6d %6d %4d %10.1f %10.1f %10.1f %9.0f %9.0f  %s\n", dtype_name(q->t), N, K, T, a, c,
+               bf16_us[t], (double)bytes * passes / (a * 1e-6) / 1e9,
+               T <= 8 ? (double)N * K * 2 / (bf16_us[t] * 1e-6) / 1e9 : 0.0, a < c ? "gemv" : "deq+gemm");
         fflush(stdout);
       }
       for (int b = 0; b < 2; b++)
-        bes[b]->ops->weight_free(bes[b], &w[b]);
+        for (int r = 0; r < nrot; r++)
+          bes[b]->ops->weight_free(bes[b], &w[b][r]);
     }
     for (int b = 0; b < 2; b++) {
       bes[b]->ops->free(bes[b], x[b]);

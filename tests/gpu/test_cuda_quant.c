@@ -254,14 +254,28 @@ int main(void) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const struct qcase *qc = &cases[i];
     /* K a multiple of 256 plus, for 32-value blocks, one that is not (the last warp step is
-     * partial); N not a multiple of the 4 rows a GEMV block handles */
+     * partial); N not a multiple of the 4 rows a GEMV block handles. Which GEMV kernel runs
+     * (cuda_quant_gemv.cu): the staged one where a row is a multiple of 16 bytes and K of 256
+     * (K = 512 for all but Q2_K, Q3_K, Q6_K; K = 1280 for Q4_K, Q5_K: a partial 2048-value
+     * chunk; K = 6144 for every type: three chunks through the 3-slot ring), the direct one
+     * otherwise (K = 288; Q2_K, Q3_K, Q6_K at K = 512 and 1280, IQ4_XS at 1280). */
     test_type(qc, 67, 512);
     test_vs_gguf_py(qc);
     if (qc->qk == 32)
       test_type(qc, 45, 288);
     else
       test_type(qc, 45, 1280);
+    test_type(qc, 19, 6144);
   }
+  /* The staged kernel's grid holds at most what fits on the GPU, each warp streaming rows g,
+   * g + G, ... through its ring; the shapes above have fewer rows than warps. Two blocks (8
+   * warps) make every warp take 3 to 9 rows, of 1 to 3 chunks each, back to back. */
+  setenv("PAGODA_QGEMV_BLOCKS", "2", 1);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    test_type(&cases[i], 67, 512);
+    test_type(&cases[i], 19, 6144);
+  }
+  unsetenv("PAGODA_QGEMV_BLOCKS");
   test_refused();
   pair_close();
   return test_finish("test_cuda_quant");

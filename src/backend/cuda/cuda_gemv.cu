@@ -8,28 +8,20 @@
  * each warp keeps 4 x 512 bytes in flight. Sums are f32 (fma), reduced over the warp by
  * shuffles. K must be a multiple of 8 (16-byte rows); callers fall back to cuBLAS otherwise. */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
 
 typedef __nv_bfloat16 bf16;
 
 #define GEMV_WARPS 4 /* rows per block */
 
-__device__ __forceinline__ void gemv_bf16x8(uint4 u, float *f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
 template <int NT>
 __device__ __forceinline__ void gemv_step(uint4 wu, const bf16 *x, int K, int e, float *acc) {
   float wv[8];
-  gemv_bf16x8(wu, wv);
+  cq_bf16x8_f32(wu, wv);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
     float xv[8];
-    gemv_bf16x8(__ldg((const uint4 *)(x + (size_t)t * K + e)), xv);
+    cq_bf16x8_f32(__ldg((const uint4 *)(x + (size_t)t * K + e)), xv);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)

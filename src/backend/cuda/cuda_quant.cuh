@@ -54,10 +54,35 @@ __device__ __forceinline__ float cq_f16(const uint8_t *p) {
   return __half2float(__ushort_as_half(*(const unsigned short *)p));
 }
 
-/* The 8 bytes at P into o[0..7], with the widest loads P's alignment allows (blocks of 18, 22,
- * 34, 110, 210 bytes leave most quant arrays only 2-byte aligned; Q4_K's are 8-byte aligned). */
-__device__ __forceinline__ void cq_bytes8(const uint8_t *p, uint8_t *o) {
-  uint32_t lo, hi;
+/* The 8 bytes at BASE + OFF as two little-endian words LO (bytes 0..3) and HI (4..7).
+ * SMEM = false (rows in global memory, any alignment): the widest loads the address's
+ * alignment allows, chosen at run time (blocks of 18, 22, 34, 110, 210 bytes leave most quant
+ * arrays only 2-byte aligned), never a byte outside the 8.
+ * SMEM = true (a staged chunk in shared memory, cuda_quant_gemv.cu; BASE 16-byte aligned): A is
+ * OFF's alignment known at compile time (8: one 8-byte load; 4: two words); otherwise three
+ * aligned words and two funnel shifts, the same instructions on every lane (no divergent
+ * alignment branches), reading up to 3 bytes on either side of the 8 (the staging buffers carry
+ * 16 bytes of slack). Offsets stay relative to BASE so that the loads are shared-memory ones. */
+template <bool SMEM, int A>
+__device__ __forceinline__ void cq_ld8(const uint8_t *base, int off, uint32_t &lo, uint32_t &hi) {
+  if (SMEM) {
+    if (A % 8 == 0) {
+      uint2 r = *(const uint2 *)(base + off);
+      lo = r.x;
+      hi = r.y;
+    } else if (A % 4 == 0) {
+      lo = *(const uint32_t *)(base + off);
+      hi = *(const uint32_t *)(base + off + 4);
+    } else {
+      const uint32_t *w = (const uint32_t *)(base + (off & ~3));
+      const unsigned sh = (unsigned)(off & 3) * 8;
+      uint32_t w0 = w[0], w1 = w[1], w2 = w[2];
+      lo = __funnelshift_r(w0, w1, sh);
+      hi = __funnelshift_r(w1, w2, sh);
+    }
+    return;
+  }
+  const uint8_t *p = base + off;
   uintptr_t a = (uintptr_t)p;
   if ((a & 7) == 0) {
     uint2 r = *(const uint2 *)p;
@@ -74,15 +99,23 @@ __device__ __forceinline__ void cq_bytes8(const uint8_t *p, uint8_t *o) {
     lo = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
     hi = (uint32_t)p[4] | ((uint32_t)p[5] << 8) | ((uint32_t)p[6] << 16) | ((uint32_t)p[7] << 24);
   }
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    o[i] = (uint8_t)(lo >> (8 * i));
-    o[i + 4] = (uint8_t)(hi >> (8 * i));
-  }
 }
 
 __device__ __forceinline__ uint32_t cq_u32(const uint8_t *p) {
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Integer codes to f32 without I2F (a quarter-rate conversion unit on sm_90, the bottleneck of
+ * the dequantizing kernels): a byte b placed in the mantissa of 2^23 is the float 2^23 + b, so
+ * f = that - (2^23 + BIAS) is b - BIAS exactly (one PRMT and one FADD). */
+__device__ __forceinline__ void cq_u8x4_f32(uint32_t w, float bias, float *f) {
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    f[i] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | (unsigned)i)) - (8388608.0f + bias);
+}
+/* A signed integer |q| < 2^22 to f32 exactly (1.5 * 2^23 + q, minus 1.5 * 2^23). */
+__device__ __forceinline__ float cq_i2f(int q) {
+  return __int_as_float(0x4B400000 + q) - 12582912.0f;
 }
 
 /* The 16 values of the IQ4 non-linear grid (ggml's kvalues_iq4nl). */
@@ -91,7 +124,7 @@ __device__ __forceinline__ uint32_t cq_u32(const uint8_t *p) {
 __device__ __forceinline__ float cq_iq4_value(int i) {
   unsigned r = i < 8 ? __byte_perm(0xBFAD9881u, 0xF6EADDCFu, (unsigned)i)
                      : __byte_perm(0x26190D01u, 0x71594535u, (unsigned)(i - 8));
-  return (float)(signed char)(r & 0xFF);
+  return cq_i2f((int)(signed char)(r & 0xFF));
 }
 
 /* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
@@ -105,24 +138,45 @@ __device__ __forceinline__ void cq_scale_min_k4(int j, const uint8_t *q, int *sc
   }
 }
 
+/* Compile-time alignment of a block start inside a 16-byte-aligned staged chunk. */
+template <int QT> struct cq_align {
+  static const int B = cq_traits<QT>::BYTES;
+  static const int A = B % 16 == 0 ? 16 : B % 8 == 0 ? 8 : B % 4 == 0 ? 4 : 2;
+};
+/* Spread 4 bits (bit k of H -> bit 0 of byte k): the four shifted copies never overlap. */
+__device__ __forceinline__ uint32_t cq_spread4(uint32_t h) {
+  return (h * 0x00204081u) & 0x01010101u;
+}
+
 /* The 8 values e0 .. e0 + 7 of a row as a * q[i] + b: q are the integer codes (or IQ4 grid
- * values) as floats, a and b the scale and offset they share. */
-template <int QT>
-__device__ __forceinline__ void cq_q8(const uint8_t *row, int64_t e0, float *q8, float &a, float &bo) {
+ * values) as floats, a and b the scale and offset they share. SMEM: ROW is a staged chunk in
+ * shared memory starting at a 16-byte boundary (see cq_ld8). The codes are built 4 at a time
+ * in the bytes of a word (offset to be non-negative) and converted by cq_u8x4_f32. */
+template <int QT, bool SMEM = false>
+__device__ __forceinline__ void cq_q8(const uint8_t *row, int e0, float *q8, float &a, float &bo) {
   typedef cq_traits<QT> tr;
-  const uint8_t *b = row + (e0 / tr::QK) * tr::BYTES;
-  const int e = (int)(e0 % tr::QK);
+  const int AB = SMEM ? cq_align<QT>::A : 1; /* alignment of the block start when known */
+  const int o = (e0 / tr::QK) * tr::BYTES; /* the block's offset in ROW */
+  const uint8_t *b = row + o;
+  const int e = e0 % tr::QK;
+  uint32_t lo, hi;
   if (QT == CQ_Q4_0 || QT == CQ_Q4_1 || QT == CQ_IQ4_NL) {
     const int off = QT == CQ_Q4_1 ? 4 : 2;
     const float d = cq_f16(b);
     const float m = QT == CQ_Q4_1 ? cq_f16(b + 2) : 0.0f;
-    uint8_t qs[8];
-    cq_bytes8(b + off + (e & 15), qs);
+    cq_ld8<SMEM, QT == CQ_Q4_1 ? (AB < 4 ? AB : 4) : 2>(row, o + off + (e & 15), lo, hi); /* e & 15: 0 or 8 */
     const int sh = e >= 16 ? 4 : 0;
+    lo = (lo >> sh) & 0x0F0F0F0Fu;
+    hi = (hi >> sh) & 0x0F0F0F0Fu;
+    if (QT == CQ_IQ4_NL) {
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-      int q = (qs[i] >> sh) & 0xF;
-      q8[i] = QT == CQ_Q4_0 ? (float)(q - 8) : QT == CQ_Q4_1 ? (float)q : cq_iq4_value(q);
+      for (int i = 0; i < 4; i++) {
+        q8[i] = cq_iq4_value((lo >> (8 * i)) & 0xF);
+        q8[i + 4] = cq_iq4_value((hi >> (8 * i)) & 0xF);
+      }
+    } else {
+      cq_u8x4_f32(lo, QT == CQ_Q4_0 ? 8.0f : 0.0f, q8);
+      cq_u8x4_f32(hi, QT == CQ_Q4_0 ? 8.0f : 0.0f, q8 + 4);
     }
     a = d;
     bo = m;
@@ -130,55 +184,47 @@ __device__ __forceinline__ void cq_q8(const uint8_t *row, int64_t e0, float *q8,
     const int hoff = QT == CQ_Q5_1 ? 4 : 2;
     const float d = cq_f16(b);
     const float m = QT == CQ_Q5_1 ? cq_f16(b + 2) : 0.0f;
-    const uint32_t qh = cq_u32(b + hoff);
-    uint8_t qs[8];
-    cq_bytes8(b + hoff + 4 + (e & 15), qs);
+    const uint32_t qh = QT == CQ_Q5_1 && SMEM ? *(const uint32_t *)(b + 4) : cq_u32(b + hoff);
+    cq_ld8<SMEM, QT == CQ_Q5_1 ? (AB < 8 ? AB : 8) : 2>(row, o + hoff + 4 + (e & 15), lo, hi);
     const int sh = e >= 16 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      int q = ((qs[i] >> sh) & 0xF) | (((qh >> (e + i)) & 1) << 4);
-      q8[i] = QT == CQ_Q5_0 ? (float)(q - 16) : (float)q;
-    }
+    const uint32_t h8 = qh >> e; /* bits of values e .. e + 7 */
+    lo = ((lo >> sh) & 0x0F0F0F0Fu) | (cq_spread4(h8 & 0xF) << 4);
+    hi = ((hi >> sh) & 0x0F0F0F0Fu) | (cq_spread4((h8 >> 4) & 0xF) << 4);
+    cq_u8x4_f32(lo, QT == CQ_Q5_0 ? 16.0f : 0.0f, q8);
+    cq_u8x4_f32(hi, QT == CQ_Q5_0 ? 16.0f : 0.0f, q8 + 4);
     a = d;
     bo = m;
   } else if (QT == CQ_Q8_0) {
     const float d = cq_f16(b);
-    uint8_t qb[8];
-    cq_bytes8(b + 2 + e, qb);
-    const int8_t *qs = (const int8_t *)qb;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-      q8[i] = (float)qs[i];
+    cq_ld8<SMEM, 2>(row, o + 2 + e, lo, hi);
+    cq_u8x4_f32(lo ^ 0x80808080u, 128.0f, q8); /* int8 + 128 as an unsigned byte */
+    cq_u8x4_f32(hi ^ 0x80808080u, 128.0f, q8 + 4);
     a = d;
     bo = 0.0f;
   } else if (QT == CQ_Q2_K) {
     const int sc = b[e / 16];
     const float dl = cq_f16(b + 80) * (float)(sc & 0xF);
     const float ml = cq_f16(b + 82) * (float)(sc >> 4);
-    uint8_t qs[8];
-    cq_bytes8(b + 16 + (e / 128) * 32 + (e % 32), qs);
+    cq_ld8<SMEM, AB>(row, o + 16 + (e / 128) * 32 + (e % 32), lo, hi);
     const int sh = 2 * ((e % 128) / 32);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-      q8[i] = (float)((qs[i] >> sh) & 3);
+    cq_u8x4_f32((lo >> sh) & 0x03030303u, 0.0f, q8);
+    cq_u8x4_f32((hi >> sh) & 0x03030303u, 0.0f, q8 + 4);
     a = dl;
     bo = -ml;
   } else if (QT == CQ_Q3_K) {
     const int si = e / 16;
     const uint8_t *scales = b + 96;
-    int lo = si < 8 ? scales[si] & 0xF : scales[si - 8] >> 4;
-    int hi = (scales[8 + (si & 3)] >> (2 * (si / 4))) & 3;
-    const float dl = cq_f16(b + 108) * (float)((lo | (hi << 4)) - 32);
-    uint8_t hm[8], qs[8];
-    cq_bytes8(b + (e % 32), hm);
-    cq_bytes8(b + 32 + (e / 128) * 32 + (e % 32), qs);
+    int slo = si < 8 ? scales[si] & 0xF : scales[si - 8] >> 4;
+    int shi = (scales[8 + (si & 3)] >> (2 * (si / 4))) & 3;
+    const float dl = cq_f16(b + 108) * (float)((slo | (shi << 4)) - 32);
+    uint32_t mlo, mhi;
+    cq_ld8<SMEM, AB>(row, o + (e % 32), mlo, mhi);
+    cq_ld8<SMEM, AB>(row, o + 32 + (e / 128) * 32 + (e % 32), lo, hi);
     const int j = (e % 128) / 32;
     const int sh = 2 * j, hb = (e / 128) * 4 + j;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      int q = ((qs[i] >> sh) & 3) - (((hm[i] >> hb) & 1) ? 0 : 4);
-      q8[i] = (float)q;
-    }
+    /* q + 4 = low 2 bits | (high-mask bit << 2) */
+    cq_u8x4_f32(((lo >> sh) & 0x03030303u) | (((mlo >> hb) & 0x01010101u) << 2), 4.0f, q8);
+    cq_u8x4_f32(((hi >> sh) & 0x03030303u) | (((mhi >> hb) & 0x01010101u) << 2), 4.0f, q8 + 4);
     a = dl;
     bo = 0.0f;
   } else if (QT == CQ_Q4_K || QT == CQ_Q5_K) {
@@ -187,32 +233,30 @@ __device__ __forceinline__ void cq_q8(const uint8_t *row, int64_t e0, float *q8,
     cq_scale_min_k4(s, b + 4, &sc, &mn);
     const float dl = cq_f16(b) * (float)sc, ml = cq_f16(b + 2) * (float)mn;
     const int qoff = QT == CQ_Q4_K ? 16 : 48;
-    uint8_t qs[8], qh[8];
-    cq_bytes8(b + qoff + (e / 64) * 32 + (e % 32), qs);
-    if (QT == CQ_Q5_K)
-      cq_bytes8(b + 16 + (e % 32), qh);
+    cq_ld8<SMEM, AB>(row, o + qoff + (e / 64) * 32 + (e % 32), lo, hi);
     const int sh = 4 * (s & 1);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      int q = (qs[i] >> sh) & 0xF;
-      if (QT == CQ_Q5_K)
-        q |= ((qh[i] >> s) & 1) << 4;
-      q8[i] = (float)q;
+    lo = (lo >> sh) & 0x0F0F0F0Fu;
+    hi = (hi >> sh) & 0x0F0F0F0Fu;
+    if (QT == CQ_Q5_K) {
+      uint32_t hlo, hhi;
+      cq_ld8<SMEM, AB>(row, o + 16 + (e % 32), hlo, hhi);
+      lo |= ((hlo >> s) & 0x01010101u) << 4;
+      hi |= ((hhi >> s) & 0x01010101u) << 4;
     }
+    cq_u8x4_f32(lo, 0.0f, q8);
+    cq_u8x4_f32(hi, 0.0f, q8 + 4);
     a = dl;
     bo = -ml;
   } else if (QT == CQ_Q6_K) {
     const int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
     const float dl = cq_f16(b + 208) * (float)((const int8_t *)(b + 192))[e / 16];
-    uint8_t ql[8], qh[8];
-    cq_bytes8(b + h * 64 + l + (quarter & 1) * 32, ql);
-    cq_bytes8(b + 128 + h * 32 + l, qh);
+    uint32_t hlo, hhi;
+    cq_ld8<SMEM, AB>(row, o + h * 64 + l + (quarter & 1) * 32, lo, hi);
+    cq_ld8<SMEM, AB>(row, o + 128 + h * 32 + l, hlo, hhi);
     const int lsh = 4 * (quarter >> 1), hsh = 2 * quarter;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      int q = (((ql[i] >> lsh) & 0xF) | (((qh[i] >> hsh) & 3) << 4)) - 32;
-      q8[i] = (float)q;
-    }
+    /* q + 32 = low nibble | (2 high bits << 4) */
+    cq_u8x4_f32(((lo >> lsh) & 0x0F0F0F0Fu) | (((hlo >> hsh) & 0x03030303u) << 4), 32.0f, q8);
+    cq_u8x4_f32(((hi >> lsh) & 0x0F0F0F0Fu) | (((hhi >> hsh) & 0x03030303u) << 4), 32.0f, q8 + 4);
     a = dl;
     bo = 0.0f;
   } else if (QT == CQ_IQ4_XS) {
@@ -220,19 +264,36 @@ __device__ __forceinline__ void cq_q8(const uint8_t *row, int64_t e0, float *q8,
     const int scales_h = b[2] | (b[3] << 8);
     const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
     const float dl = cq_f16(b) * (float)(ls - 32);
-    uint8_t qs[8];
-    cq_bytes8(b + 8 + ib * 16 + (j & 15), qs);
+    cq_ld8<SMEM, AB>(row, o + 8 + ib * 16 + (j & 15), lo, hi);
     const int sh = j >= 16 ? 4 : 0;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-      q8[i] = cq_iq4_value((qs[i] >> sh) & 0xF);
+    for (int i = 0; i < 4; i++) {
+      q8[i] = cq_iq4_value((lo >> (8 * i + sh)) & 0xF);
+      q8[i + 4] = cq_iq4_value((hi >> (8 * i + sh)) & 0xF);
+    }
     a = dl;
     bo = 0.0f;
   }
 }
 
+/* Types whose values carry an offset b (a * q + b with b != 0 in general). */
+template <int QT> struct cq_has_min {
+  static const bool V = QT == CQ_Q4_1 || QT == CQ_Q5_1 || QT == CQ_Q2_K || QT == CQ_Q4_K || QT == CQ_Q5_K;
+};
+
+/* bf16 x 8 (one 16-byte load) to f32: a bf16 is the top half of its f32. Shared by the bf16
+ * GEMV (cuda_gemv.cu) and the quantized one. */
+__device__ __forceinline__ void cq_bf16x8_f32(uint4 u, float *f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
 /* Invariant (see the top): the 8 dequantized values e0 .. e0 + 7 of a row, in f32. */
-template <int QT> __device__ __forceinline__ void cq_deq8(const uint8_t *row, int64_t e0, float *v) {
+template <int QT> __device__ __forceinline__ void cq_deq8(const uint8_t *row, int e0, float *v) {
   float q[8], a, b;
   cq_q8<QT>(row, e0, q, a, b);
 #pragma unroll
