@@ -7,7 +7,7 @@
  * - the KV element types: struct kv_bf16 and struct kv_f8 (FP8 E4M3 with one scale per layer for
  *   K and one for V, struct kv_layer), each loading 16 bytes of a cache row as f32 values;
  * - softcapping and warp reductions.
- * - struct attn_rows / attn_key_rows16: which dims of which key rows each thread of the
+ * - struct attn_rows: which dims of which key rows each thread of the
  *   register-fed tensor-core kernels (decode, per-warp prefill) loads, for every head_dim in
  *   attn_mma_hd (64, 80, 96, 128, 256);
  * Invariants: head_dim is a multiple of 8 (16 for an f8e4m3 cache in the grouped kernels and for
@@ -242,14 +242,44 @@ struct attn_rows {
     const unsigned *w = (const unsigned *)p;
     return make_uint4(__ldg(w), TB >= 8 ? __ldg(w + 1) : 0u, TB >= 12 ? __ldg(w + 2) : 0u, 0u);
   }
-  /* the pieces of the key rows at ROW[0], ROW[1] (offsets into C; OK false: zeros) */
-  __device__ static __forceinline__ void load_rows(uint4 r[2][NPT], const E *c, const size_t row[2], const bool ok[2],
-                                                   int t) {
+  /* The 16 keys of a warp step: thread (g, t) takes keys J0 + G and J0 + 8 + G (half hf = 0, 1) of
+   * one KV head (HEAD_OFF into a block) through block table BT. Loads their K pieces, and V's when
+   * WITH_V, interleaved (zeros for a key at or past K1); ROW gets their row offsets (NO_ROW past
+   * K1) for a later load_v16. */
+  static constexpr size_t NO_ROW = ~(size_t)0;
+  template <int BS, bool WITH_V>
+  __device__ static __forceinline__ void load_kv16(uint4 kr[2][NPT], uint4 vr[2][NPT], size_t row[2], const E *kc,
+                                                   const E *vc, const int32_t *bt, size_t block_stride,
+                                                   size_t head_off, int j0, int k1, int g, int t) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      const int j = j0 + hf * 8 + g;
+      if (j < k1) {
+        row[hf] = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+        for (int i = 0; i < NPT; i++) {
+          kr[hf][i] = load(kc + row[hf], i, t);
+          if (WITH_V)
+            vr[hf][i] = load(vc + row[hf], i, t);
+        }
+      } else {
+        row[hf] = NO_ROW;
+#pragma unroll
+        for (int i = 0; i < NPT; i++) {
+          kr[hf][i] = make_uint4(0u, 0u, 0u, 0u);
+          if (WITH_V)
+            vr[hf][i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+  }
+  /* V's pieces of the rows load_kv16 found */
+  __device__ static __forceinline__ void load_v16(uint4 vr[2][NPT], const size_t row[2], const E *vc, int t) {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++)
 #pragma unroll
       for (int i = 0; i < NPT; i++)
-        r[hf][i] = ok[hf] ? load(c + row[hf], i, t) : make_uint4(0u, 0u, 0u, 0u);
+        vr[hf][i] = row[hf] != NO_ROW ? load(vc + row[hf], i, t) : make_uint4(0u, 0u, 0u, 0u);
   }
   /* the loaded pieces as PAIRS mma pairs of type MT */
   template <class MT>
@@ -284,19 +314,6 @@ struct attn_rows {
       }
   }
 };
-
-/* Offsets (in elements) of the rows of keys J0 + G and J0 + 8 + G of one KV head (HEAD_OFF into
- * a block) through block table BT; OK: the key is below K1 (else no load). */
-template <int BS>
-__device__ __forceinline__ void attn_key_rows16(size_t row[2], bool ok[2], const int32_t *bt, size_t block_stride,
-                                                size_t head_off, int hd, int j0, int k1, int g) {
-#pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
-    const int j = j0 + hf * 8 + g;
-    ok[hf] = j < k1;
-    row[hf] = ok[hf] ? (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * hd : 0;
-  }
-}
 
 /* head_dim values the tensor-core kernels (decode, per-warp and tile prefill) are compiled for */
 static inline int attn_mma_hd(int hd) { return hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256; }

@@ -249,13 +249,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
   for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
-    size_t row[2];
-    bool ok[2];
-    attn_key_rows16<BS>(row, ok, bt, block_stride, head_off, HD, j0, k1, g);
     uint4 kr[2][L::NPT], vr[2][L::NPT];
-    L::load_rows(kr, kc, row, ok, t);
-    if (!LATE_V)
-      L::load_rows(vr, vc, row, ok, t);
+    size_t row[2];
+    L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
     float s[2][4];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -267,7 +263,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
         attn_mma(s[hf], qa[2 * c], qa[2 * c + 1], w[2 * c], w[2 * c + 1], MT());
     }
     if (LATE_V)
-      L::load_rows(vr, vc, row, ok, t);
+      L::load_v16(vr, row, vc, t);
     /* row g's scores: keys j0 + hf * 8 + 2t + e */
     float x[4], mx = -INFINITY;
 #pragma unroll

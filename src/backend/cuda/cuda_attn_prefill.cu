@@ -75,13 +75,9 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
   const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
   for (int j0 = kbeg; j0 < kend; j0 += 16) {
-    size_t row[2];
-    bool ok[2];
-    attn_key_rows16<BS>(row, ok, bt, block_stride, head_off, HD, j0, kend, g);
     uint4 kr[2][L::NPT], vr[2][L::NPT];
-    L::load_rows(kr, kc, row, ok, t);
-    if (!LATE_V)
-      L::load_rows(vr, vc, row, ok, t);
+    size_t row[2];
+    L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, kend, g, t);
     float s[2][4];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -93,7 +89,7 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
         attn_mma4(s[hf], qa[c], w[2 * c], w[2 * c + 1], MT());
     }
     if (LATE_V)
-      L::load_rows(vr, vc, row, ok, t);
+      L::load_v16(vr, row, vc, t);
     /* masks and the online softmax, per row k: C regs 2k, 2k + 1 of each half */
     uint32_t pa[4];
 #pragma unroll
