@@ -1,5 +1,6 @@
 /* cuda_attention.c - the CUDA paged-attention kernels on Llama-3.1-8B's attention shape (32 query
- * heads over 8 KV heads, head_dim 128), through the backend's attention op:
+ * heads over 8 KV heads, head_dim 128; or the head_dim and head counts given, e.g. 96 32 32 for
+ * Phi-3.5-mini, 256 16 8 for Gemma-2-9B), through the backend's attention op:
  * - decode: 64 sequences x 4096 context, one query each, bf16 and f8e4m3 caches, block sizes
  *   8, 16 and 32, blocks in shuffled physical order (a paged pool after churn) and in order;
  *   GB/s = K and V bytes read once / time, TFLOP/s = 4 x heads x context x head_dim per query;
@@ -9,7 +10,10 @@
  *   16, TFLOP/s = 4 x B x H x S^2 x D / 2;
  * next to the device copy bandwidth measured in the same run (cudaMemcpy device to device of
  * 512 MiB through copy_blocks; bytes read + written per second).
- * Usage: cuda_attention [samples]   Prints one line per case and a JSON object (last line). */
+ * Usage: cuda_attention [samples [head_dim [heads kv_heads]]]   Prints one line per case and a JSON
+ * object (last line). PAGODA_ATTN_DECODE=simd PAGODA_ATTN_PREFILL=simd in the environment give the
+ * CUDA-core kernels (the generic one for head_dims they are not compiled for) for comparison. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +23,7 @@
 #include "util/dtype.h"
 #include "util/log.h"
 
-#define H 32
-#define KVH 8
-#define HD 128
+static int H = 32, KVH = 8, HD = 128;
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint32_t rnd(void) {
@@ -189,7 +191,7 @@ static void run_case(const char *name, int B, int ctx, int qlen, int bs, enum dt
   b.query_start = upload(qs, sizeof(int32_t) * (B + 1));
   b.seq_lens = upload(lens, sizeof(int32_t) * B);
   b.block_tables = upload(tables, sizeof(int32_t) * B * mb);
-  struct attn_params ap = {.n_heads = H, .scale = 0.08838834764831845f};
+  struct attn_params ap = {.n_heads = H, .scale = 1.0f / sqrtf((float)HD)};
   double sec = time_attention(out, q, &kv, &b, &ap, reps);
   double keys = qlen == 1 ? (double)B * ctx : (double)B * ctx * (ctx + 1) / 2.0 / ctx * qlen; /* causal */
   double bytes = qlen == 1 ? 2.0 * B * ctx * KVH * HD * esz : 2.0 * B * ctx * KVH * HD * esz + 4.0 * T * H * HD;
@@ -205,6 +207,16 @@ int main(int argc, char **argv) {
     samples = atoi(argv[1]);
   if (samples < 1 || samples > 32)
     samples = 7;
+  if (argc > 2)
+    HD = atoi(argv[2]);
+  if (argc > 4)
+    H = atoi(argv[3]), KVH = atoi(argv[4]);
+  if (HD < 8 || HD > 256 || HD % 8 || KVH < 1 || H < KVH || H % KVH) {
+    fprintf(stderr, "cuda_attention: head_dim %d (a multiple of 8 up to 256) over %d / %d heads is not valid\n", HD, H,
+            KVH);
+    return 1;
+  }
+  printf("shape: %d query heads over %d KV heads, head_dim %d\n", H, KVH, HD);
   be = backend_create(&(struct backend_params){.device = "cuda"});
   if (!be)
     die("backend_create(cuda)");
@@ -224,7 +236,7 @@ int main(int argc, char **argv) {
   run_case("prefill_bf16_bs8", 4, 4096, 4096, 8, DTYPE_BF16, 1, 0, 1);
   run_case("prefill_bf16_bs32", 4, 4096, 4096, 32, DTYPE_BF16, 1, 0, 1);
   run_case("prefill_f8_bs16", 4, 4096, 4096, 16, DTYPE_F8E4M3, 1, 0, 1);
-  printf("{\"copy_GBps_rw\": %.1f", copy);
+  printf("{\"head_dim\": %d, \"heads\": %d, \"kv_heads\": %d, \"copy_GBps_rw\": %.1f", HD, H, KVH, copy);
   for (int i = 0; i < n_results; i++)
     printf(", \"%s_ms\": %.4f, \"%s_GBps\": %.1f, \"%s_TFLOPs\": %.2f", results[i].name, results[i].ms,
            results[i].name, results[i].gbps, results[i].name, results[i].tflops);

@@ -910,10 +910,10 @@ int main(void) {
         cases++;
       }
   /* other head dims: Llama-3.1-8B's 128 and stories260K's 8 (the grouped kernel); 3 query
-   * heads per KV head (the per-head kernel); head_dim 96 (the generic kernel) */
+   * heads per KV head (the per-head kernel); head_dim 40 (the generic kernel) */
   for (int s = 0; s < SHAPE_COUNT; s++) {
     struct kv_case a = {16, 8, 2, 128, (enum shape)s, 0, 0, 0, 0, 0}, b = {32, 8, 4, 8, (enum shape)s, 0, 0, 0, 0, 0},
-                   c = {8, 6, 2, 96, (enum shape)s, 0, 0, 0, 0, 0}, d = {16, 6, 2, 64, (enum shape)s, 0, 0, 0, 0, 0};
+                   c = {8, 6, 2, 40, (enum shape)s, 0, 0, 0, 0, 0}, d = {16, 6, 2, 64, (enum shape)s, 0, 0, 0, 0, 0};
     test_paged(&a);
     test_paged(&b);
     test_paged(&c);
@@ -924,7 +924,7 @@ int main(void) {
   for (int s = 0; s < SHAPE_COUNT; s++) {
     struct kv_case w[4] = {{16, 8, 2, 128, (enum shape)s, 37, 0, 0, 0, 0},
                            {8, 6, 2, 64, (enum shape)s, 20, 2.5f, 0, 0, 0},
-                           {32, 6, 2, 96, (enum shape)s, 50, 0, 0, 0, 0},
+                           {32, 6, 2, 40, (enum shape)s, 50, 0, 0, 0, 0},
                            {16, 8, 4, 64, (enum shape)s, 0, 1.5f, 0, 0, 0}};
     for (int k = 0; k < 4; k++, cases++)
       test_paged(&w[k]);
@@ -943,9 +943,33 @@ int main(void) {
         test_paged(&d[k]);
     }
   for (int s = 0; s < SHAPE_COUNT; s++, cases += 2) { /* f8e4m3: the per-head and generic kernels */
-    struct kv_case a = {16, 6, 2, 64, (enum shape)s, 0, 0, 1, 0, 0}, b = {8, 6, 2, 96, (enum shape)s, 20, 2.0f, 1, 0, 0};
+    struct kv_case a = {16, 6, 2, 64, (enum shape)s, 0, 0, 1, 0, 0}, b = {8, 6, 2, 40, (enum shape)s, 20, 2.0f, 1, 0, 0};
     test_paged(&a);
     test_paged(&b);
+  }
+  /* head_dim 80, 96 (Phi-3) and 256 (Gemma 2) through the tensor-core kernels (80: rows end in a
+   * shorter load; 80 and 96 take the padded shared-memory rows of the tile kernel, 256 its
+   * one-block-per-warp variant): every batch shape at each block size with GQA groups 4, 1
+   * (window) and 8 (softcap) and an f8e4m3 cache (window, softcap); then long decode contexts
+   * (several partitions and the reduction), loose bounds and a window, bf16 and f8e4m3 */
+  static const int hds[] = {80, 96, 256};
+  for (int hi = 0; hi < 3; hi++) {
+    for (int s = 0; s < SHAPE_COUNT; s++) {
+      enum shape sh = (enum shape)s;
+      struct kv_case c[4] = {{bss[s % 3], 8, 2, hds[hi], sh, 0, 0, 0, 0, 0},
+                             {bss[(s + 1) % 3], 4, 4, hds[hi], sh, 29, 0, 0, 0, 0},
+                             {bss[(s + 2) % 3], 8, 1, hds[hi], sh, 0, 2.5f, 0, 0, s == 1},
+                             {bss[s % 3], 6, 2, hds[hi], sh, s == 2 ? 25 : 0, s == 3 ? 1.5f : 0, 1, 0, 0}};
+      for (int k = 0; k < 4; k++, cases++)
+        test_paged(&c[k]);
+    }
+    for (int f8 = 0; f8 < 2; f8++) {
+      struct kv_case d[3] = {{bss[hi], 32, 32, hds[hi], SHAPE_DECODE, 0, 0, f8, 1, 0},
+                             {bss[(hi + 1) % 3], 16, 8, hds[hi], SHAPE_DECODE, 300, 0, f8, 1, 1},
+                             {bss[(hi + 2) % 3], 8, 1, hds[hi], SHAPE_DECODE, 0, 30.0f, f8, 1, 0}};
+      for (int k = 0; k < 3; k++, cases++)
+        test_paged(&d[k]);
+    }
   }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);

@@ -9,9 +9,9 @@
  * ctx - window; with softcapping each score s becomes softcap * tanh(s / softcap). The cache is
  * bf16 or f8e4m3 (per-layer scales; struct kv_bf16 / kv_f8 in cuda_attn_common.cuh).
  * Which kernel runs:
- * - a decode batch (max_query_len 1), head_dim 64 or 128, G <= 8: the split-context decode
- *   kernel on tensor cores (cuda_attn_decode.cu);
- * - any other batch with head_dim 64 or 128: the tensor-core prefill kernel
+ * - a decode batch (max_query_len 1), head_dim 64, 80, 96, 128 or 256 (attn_mma_hd), G <= 8:
+ *   the split-context decode kernel on tensor cores (cuda_attn_decode.cu);
+ * - any other batch with such a head_dim: the tensor-core prefill kernels
  *   (cuda_attn_prefill.cu; PAGODA_ATTN_PREFILL=simd sends it to the kernels below instead);
  * - otherwise the part-1 kernels here, chosen by shape:
  *   - paged_attention_group_kernel: one warp per (token, KV head) for all its query heads, for

@@ -1,12 +1,17 @@
 /* cuda_attn_common.cuh - what every paged-attention kernel shares (cuda_attention.cu: the
- * general varlen kernels; cuda_attn_decode.cu: the split-context decode kernel):
+ * general varlen kernels; cuda_attn_decode.cu: the split-context decode kernel;
+ * cuda_attn_prefill.cu: the tensor-core prefill kernels):
  * - attn_lookup: token -> sequence, its query range, the keys it sees (context length and the
  *   sliding window's first key), read from the batch's device arrays;
  * - attn_load_q8: 8 consecutive q elements, scaled, as f32;
  * - the KV element types: struct kv_bf16 and struct kv_f8 (FP8 E4M3 with one scale per layer for
  *   K and one for V, struct kv_layer), each loading 16 bytes of a cache row as f32 values;
  * - softcapping and warp reductions.
- * Invariants: head_dim is a multiple of 8 (16 for an f8e4m3 cache in the grouped kernels), rows
+ * - struct attn_rows: which dims of which key rows each thread of the
+ *   register-fed tensor-core kernels (decode, per-warp prefill) loads, for every head_dim in
+ *   attn_mma_hd (64, 80, 96, 128, 256);
+ * Invariants: head_dim is a multiple of 8 (16 for an f8e4m3 cache in the grouped kernels and for
+ * the tensor-core kernels), rows
  * are 16-byte aligned (the pool's allocation is, and a row is head_dim elements), block tables
  * hold valid block ids for every key a query sees (window blocks before the first key may be 0). */
 #ifndef PAGODA_CUDA_ATTN_COMMON_CUH
@@ -201,6 +206,118 @@ __device__ __forceinline__ void attn_mma4(float c[4], const uint32_t a[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* ---- the register-fed row layout of the mma kernels (decode, per-warp prefill) ----
+ * Thread (g = lane / 4, t = lane % 4) loads HD / 4 elements of each key row it takes: NP full
+ * pieces of 16 bytes (EPP elements each, dims (i * 4 + t) * EPP ..), then, when HD is not a
+ * multiple of 4 * EPP (head_dim 80 with a bf16 cache; 80 and 96 with e4m3), one tail piece of TE
+ * elements (dims NP * 4 * EPP + t * TE ..) read with one 4- or 8-byte load (12: three 4-byte
+ * loads). In 16-bit mma pairs (bf16 as stored, e4m3 -> f16), pair p of a row holds dims
+ * dim(p, t) and dim(p, t) + 1; pairs 2c and 2c + 1 are the B registers of QK^T chunk c (16 dims,
+ * permuted alike for Q and K, which a dot product allows), and pair p, transposed by movmatrix,
+ * is the B operand of PV n-tile p, whose C fragment then holds dims dim(p, t), dim(p, t) + 1.
+ * Requires HD % 16 == 0 (the tail is then a multiple of 4 elements). */
+template <int HD, class E>
+struct attn_rows {
+  static_assert(HD % 16 == 0 && HD >= 16, "head_dim must be a multiple of 16");
+  static constexpr int EPP = 16 / (int)sizeof(E);            /* elements per full piece */
+  static constexpr int NP = HD / (4 * EPP);                  /* full pieces per thread */
+  static constexpr int TE = (HD - NP * 4 * EPP) / 4;         /* tail elements per thread (0: none) */
+  static constexpr int NPT = NP + (TE > 0 ? 1 : 0);          /* pieces per thread */
+  static constexpr int R = EPP / 2;                          /* pairs per full piece */
+  static constexpr int PAIRS = HD / 8;                       /* pairs per thread (PV n-tiles) */
+  static constexpr int CHUNKS = HD / 16;                     /* QK^T k-chunks */
+  __host__ __device__ static constexpr int elems(int i) { return i < NP ? EPP : TE; }
+  __host__ __device__ static constexpr int dim0(int i, int t) { return i < NP ? (i * 4 + t) * EPP : NP * 4 * EPP + t * TE; }
+  __host__ __device__ static constexpr int dim(int p, int t) { return dim0(p / R, t) + 2 * (p % R); }
+  /* piece I of this thread (T) of the row at ROW (16-byte aligned), zero-extended to 16 bytes */
+  __device__ static __forceinline__ uint4 load(const E *row, int i, int t) {
+    const E *p = row + dim0(i, t);
+    constexpr int TB = TE * (int)sizeof(E); /* tail bytes */
+    if (i < NP)
+      return __ldg((const uint4 *)p);
+    if (TB == 8) {
+      uint2 u = __ldg((const uint2 *)p);
+      return make_uint4(u.x, u.y, 0u, 0u);
+    }
+    const unsigned *w = (const unsigned *)p;
+    return make_uint4(__ldg(w), TB >= 8 ? __ldg(w + 1) : 0u, TB >= 12 ? __ldg(w + 2) : 0u, 0u);
+  }
+  /* The 16 keys of a warp step: thread (g, t) takes keys J0 + G and J0 + 8 + G (half hf = 0, 1) of
+   * one KV head (HEAD_OFF into a block) through block table BT. Loads their K pieces, and V's when
+   * WITH_V, interleaved (zeros for a key at or past K1); ROW gets their row offsets (NO_ROW past
+   * K1) for a later load_v16. */
+  static constexpr size_t NO_ROW = ~(size_t)0;
+  template <int BS, bool WITH_V>
+  __device__ static __forceinline__ void load_kv16(uint4 kr[2][NPT], uint4 vr[2][NPT], size_t row[2], const E *kc,
+                                                   const E *vc, const int32_t *bt, size_t block_stride,
+                                                   size_t head_off, int j0, int k1, int g, int t) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      const int j = j0 + hf * 8 + g;
+      if (j < k1) {
+        row[hf] = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+        for (int i = 0; i < NPT; i++) {
+          kr[hf][i] = load(kc + row[hf], i, t);
+          if (WITH_V)
+            vr[hf][i] = load(vc + row[hf], i, t);
+        }
+      } else {
+        row[hf] = NO_ROW;
+#pragma unroll
+        for (int i = 0; i < NPT; i++) {
+          kr[hf][i] = make_uint4(0u, 0u, 0u, 0u);
+          if (WITH_V)
+            vr[hf][i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+  }
+  /* V's pieces of the rows load_kv16 found */
+  __device__ static __forceinline__ void load_v16(uint4 vr[2][NPT], const size_t row[2], const E *vc, int t) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+      for (int i = 0; i < NPT; i++)
+        vr[hf][i] = row[hf] != NO_ROW ? load(vc + row[hf], i, t) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  /* the loaded pieces as PAIRS mma pairs of type MT */
+  template <class MT>
+  __device__ static __forceinline__ void pairs(uint32_t w[PAIRS], const uint4 r[NPT]) {
+#pragma unroll
+    for (int i = 0; i < NPT; i++) {
+      uint32_t x[sizeof(E) == 1 ? 8 : 4];
+      attn_unpack(x, r[i], MT());
+#pragma unroll
+      for (int e = 0; e < elems(i) / 2; e++)
+        w[i * R + e] = x[e];
+    }
+  }
+  /* q's pairs in the same order from the bf16 row at Q (zeros when !LIVE), f16 for an e4m3 cache */
+  template <class MT>
+  __device__ static __forceinline__ void q_pairs(uint32_t w[PAIRS], const bf16 *q, int t, bool live) {
+#pragma unroll
+    for (int i = 0; i < NPT; i++)
+#pragma unroll
+      for (int c = 0; c < elems(i) / 4; c++) {
+        uint2 u = live ? *(const uint2 *)(q + dim0(i, t) + 4 * c) : make_uint2(0u, 0u);
+        const uint32_t x[2] = {u.x, u.y};
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+          if (sizeof(E) == 1) {
+            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
+            w[i * R + 2 * c + k] = attn_pack(f.x, f.y, MT());
+          } else {
+            w[i * R + 2 * c + k] = x[k];
+          }
+        }
+      }
+  }
+};
+
+/* head_dim values the tensor-core kernels (decode, per-warp and tile prefill) are compiled for */
+static inline int attn_mma_hd(int hd) { return hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256; }
+
 /* The split-context decode kernel (cuda_attn_decode.cu) for A when the batch is a decode batch
  * (MAX_QUERY_LEN 1) of a shape it is compiled for: 0 launched, -1 error (err_last() set), 1 not
  * applicable (the caller launches the general kernels). Fills A's split-K fields. */
@@ -217,7 +334,8 @@ struct kv_f8h {
   }
 };
 
-/* The tensor-core prefill kernel (cuda_attn_prefill.cu) for any other batch, head_dim 64 or 128:
+/* The tensor-core prefill kernels (cuda_attn_prefill.cu) for any other batch, head_dim in
+ * attn_mma_hd:
  * 0 launched, -1 error, 1 not applicable (the general kernels then run). */
 int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len);
 

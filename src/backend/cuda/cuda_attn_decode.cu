@@ -197,20 +197,20 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
  * Each warp takes 16 keys per step. QK: S[head][key] = Q (16 rows: the G <= 8 query heads of the
  * KV head, the rest zero) x K^T, one mma per 16 dims and 8 keys, K fed as the B operand straight
  * from 16-byte loads (thread (g, t) loads key g; the dims inside each 16-dim chunk are permuted
- * the same way for Q and K, which a dot product allows). The score fragment is the PV mma's
- * A operand as it stands (FlashAttention-2's register reuse); V is loaded as K was and turned
- * into the B operand by movmatrix.trans (8x8 transposes in registers). Online softmax per head
- * row: max over the 4 threads of a row group, partial sums per thread. */
+ * the same way for Q and K, which a dot product allows; head_dim 80 and 96 end a row with a
+ * shorter load: struct attn_rows). The score fragment is the PV mma's A operand as it stands
+ * (FlashAttention-2's register reuse); V is loaded as K was and turned into the B operand by
+ * movmatrix.trans (8x8 transposes in registers). Online softmax per head row: max over the 4
+ * threads of a row group, partial sums per thread. Head_dim 64, 80, 96, 128 and 256 (256: V is
+ * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
-  constexpr int EPP = 16 / (int)sizeof(E); /* cache elements per 16-byte piece */
-  constexpr int NP = HD / (4 * EPP);       /* pieces per thread per row */
-  constexpr int R = EPP / 2;               /* 16-bit pairs per piece */
-  constexpr int CPP = R / 2;               /* 16-dim chunks per piece */
-  constexpr int NT = HD / 8;               /* PV n-tiles */
+  typedef attn_rows<HD, E> L;  /* which dims each thread loads (cuda_attn_common.cuh) */
+  constexpr int NT = L::PAIRS; /* PV n-tiles */
+  constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
   __shared__ float sm_o[DEC_WARPS][8][HD];
   __shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
 
@@ -233,32 +233,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const int k0 = tk.first + p * a.part_len;
   const int k1 = min(k0 + a.part_len, tk.ctx);
 
-  /* Q as the A operand, row g (head kvh * G + g; zero past G), in the permuted dim order */
-  uint32_t qa[NP * CPP][2];
-  {
-    const bf16 *qrow = a.q + ((size_t)tok * a.n_heads + kvh * G + (g < G ? g : 0)) * HD;
-#pragma unroll
-    for (int i = 0; i < NP; i++) {
-      uint32_t w[R];
-#pragma unroll
-      for (int c = 0; c < EPP / 8; c++) {
-        uint4 u = g < G ? *(const uint4 *)(qrow + (i * 4 + t) * EPP + c * 8) : make_uint4(0, 0, 0, 0);
-        const uint32_t x[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          if (F8) { /* bf16 pair -> f16 pair */
-            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[k]);
-            w[c * 4 + k] = attn_pack(f.x, f.y, MT());
-          } else {
-            w[c * 4 + k] = x[k];
-          }
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < CPP; h++)
-        qa[i * CPP + h][0] = w[2 * h], qa[i * CPP + h][1] = w[2 * h + 1];
-    }
-  }
+  /* Q as the A operand, row g (head kvh * G + g; zero past G), in the permuted dim order:
+   * pairs 2c and 2c + 1 are chunk c's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9) */
+  uint32_t qa[L::PAIRS];
+  L::template q_pairs<MT>(qa, a.q + ((size_t)tok * a.n_heads + kvh * G + (g < G ? g : 0)) * HD, t, g < G);
   float o[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; i++)
@@ -271,36 +249,21 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
   for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
-    uint4 kr[2][NP], vr[2][NP];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      int j = j0 + hf * 8 + g;
-      if (j < k1) {
-        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-          kr[hf][i] = __ldg((const uint4 *)(kc + row + (i * 4 + t) * EPP));
-          vr[hf][i] = __ldg((const uint4 *)(vc + row + (i * 4 + t) * EPP));
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < NP; i++)
-          kr[hf][i] = vr[hf][i] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    uint4 kr[2][L::NPT], vr[2][L::NPT];
+    size_t row[2];
+    L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
     float s[2][4];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+      uint32_t w[L::PAIRS];
+      L::template pairs<MT>(w, kr[hf]);
 #pragma unroll
-      for (int i = 0; i < NP; i++) {
-        uint32_t w[R];
-        attn_unpack(w, kr[hf][i], MT());
-#pragma unroll
-        for (int h = 0; h < CPP; h++)
-          attn_mma(s[hf], qa[i * CPP + h][0], qa[i * CPP + h][1], w[2 * h], w[2 * h + 1], MT());
-      }
+      for (int c = 0; c < L::CHUNKS; c++)
+        attn_mma(s[hf], qa[2 * c], qa[2 * c + 1], w[2 * c], w[2 * c + 1], MT());
     }
+    if (LATE_V)
+      L::load_v16(vr, row, vc, t);
     /* row g's scores: keys j0 + hf * 8 + 2t + e */
     float x[4], mx = -INFINITY;
 #pragma unroll
@@ -324,27 +287,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     for (int i = 0; i < NT; i++)
       o[i][0] *= alpha, o[i][1] *= alpha;
     uint32_t pa0 = attn_pack(x[0], x[1], MT()), pa2 = attn_pack(x[2], x[3], MT());
+    uint32_t v0[L::PAIRS], v1[L::PAIRS];
+    L::template pairs<MT>(v0, vr[0]);
+    L::template pairs<MT>(v1, vr[1]);
 #pragma unroll
-    for (int i = 0; i < NP; i++) {
-      uint32_t v0[R], v1[R];
-      attn_unpack(v0, vr[0][i], MT());
-      attn_unpack(v1, vr[1][i], MT());
-#pragma unroll
-      for (int e = 0; e < R; e++)
-        attn_mma(o[i * R + e], pa0, pa2, attn_trans(v0[e]), attn_trans(v1[e]), MT());
-    }
+    for (int i = 0; i < NT; i++)
+      attn_mma(o[i], pa0, pa2, attn_trans(v0[i]), attn_trans(v1[i]), MT());
   }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   if (g < G) {
 #pragma unroll
-    for (int i = 0; i < NP; i++)
-#pragma unroll
-      for (int e = 0; e < R; e++) {
-        int d = (i * 4 + t) * EPP + 2 * e;
-        sm_o[warp][g][d] = o[i * R + e][0];
-        sm_o[warp][g][d + 1] = o[i * R + e][1];
-      }
+    for (int i = 0; i < NT; i++) {
+      const int d = L::dim(i, t);
+      sm_o[warp][g][d] = o[i][0];
+      sm_o[warp][g][d + 1] = o[i][1];
+    }
     if (t == 0)
       sm_m[warp][g] = m, sm_l[warp][g] = l;
   }
@@ -515,7 +473,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   struct cuda_backend *cb = cuda_be(be);
   int G = a->n_heads / a->n_kv;
   int mma = dec_use_mma();
-  if ((a->hd != 64 && a->hd != 128) || !(mma ? G <= 8 : (G == 1 || G == 2 || G == 4 || G == 8)))
+  if (!(mma ? attn_mma_hd(a->hd) && G <= 8 : (a->hd == 64 || a->hd == 128) && (G == 1 || G == 2 || G == 4 || G == 8)))
     return 1; /* a shape these kernels are not compiled for: the general kernels */
   int tile = dec_tile(a->hd, G, f8);
   int sms = dec_sms(cb);
@@ -562,8 +520,11 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
   cudaStream_t st = cb->stream;
 #define DEC_MMA(BS, KV)                                                                            \
-  (a->hd == 64 ? attn_decode_mma_kernel<BS, 64, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)              \
-               : attn_decode_mma_kernel<BS, 128, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a))
+  (a->hd == 64    ? attn_decode_mma_kernel<BS, 64, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
+   : a->hd == 80  ? attn_decode_mma_kernel<BS, 80, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
+   : a->hd == 96  ? attn_decode_mma_kernel<BS, 96, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
+   : a->hd == 128 ? attn_decode_mma_kernel<BS, 128, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)          \
+                  : attn_decode_mma_kernel<BS, 256, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a))
 #define DEC_BS(BS)                                                                                 \
   (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
        : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(*a, G, grid, st) : dec_launch<BS, kv_bf16, kv_bf16, 0>(*a, G, grid, st)))

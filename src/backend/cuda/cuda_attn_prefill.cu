@@ -1,5 +1,5 @@
 /* cuda_attn_prefill.cu - prefill and chunked-prefill attention over the paged cache on tensor
- * cores (any batch the decode kernel does not take, head_dim 64 or 128): causal, varlen, GQA,
+ * cores (any batch the decode kernel does not take, head_dim 64, 80, 96, 128 or 256): causal, varlen, GQA,
  * sliding window and softcap, decode rows mixed in. Two kernels: the shared-memory tile kernel
  * (attn_prefill_tile_kernel, below: a bf16 cache) and the per-warp kernel (an e4m3 cache, or
  * PAGODA_ATTN_PREFILL=warp).
@@ -8,9 +8,9 @@
  * (sequence b, query tile qt, head h) takes the queries qt * 64 .. qt * 64 + 63 of b, 16 per warp; tiles past the
  * sequence's queries exit at once (max_query_len is a host bound and may be loose). Each warp is
  * a FlashAttention-2 loop on its own: Q's 16 rows are the A operand of mma.sync m16n8k16 (f32
- * accumulators), K and V come from 16-byte loads as in the decode kernel (K as the B operand with
- * the dims inside each 16-dim chunk permuted alike for Q and K; V transposed in registers by
- * movmatrix), 16 keys per step from the first key any of its rows sees to the last, with the
+ * accumulators), K and V come from 16-byte loads as in the decode kernel (struct attn_rows: K as
+ * the B operand with the dims inside each 16-dim chunk permuted alike for Q and K; V transposed in
+ * registers by movmatrix; head_dim 256 loads V after the scores), 16 keys per step from the first key any of its rows sees to the last, with the
  * causal and window masks per row and an online softmax per row (max over the 4 threads of a
  * row group, partial sums per thread). */
 #include <type_traits>
@@ -25,11 +25,9 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
-  constexpr int EPP = 16 / (int)sizeof(E); /* cache elements per 16-byte piece */
-  constexpr int NP = HD / (4 * EPP);       /* pieces per thread per row */
-  constexpr int R = EPP / 2;               /* 16-bit pairs per piece */
-  constexpr int CPP = R / 2;               /* 16-dim chunks per piece */
-  constexpr int NT = HD / 8;               /* PV n-tiles */
+  typedef attn_rows<HD, E> L;  /* which dims each thread loads (cuda_attn_common.cuh) */
+  constexpr int NT = L::PAIRS; /* PV n-tiles */
+  constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
 
   const int b = blockIdx.x / n_qt, qt = blockIdx.x % n_qt, h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -54,32 +52,16 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
   const int last_row = min(row0 + 15, q_len - 1);
   const int kbeg = attn_first_key(past + row0 + 1, a.window), kend = past + last_row + 1;
 
-  uint32_t qa[NP * CPP][4];
+  /* Q as the A operand: chunk c is regs {row g, row g + 8} x {pair 2c, pair 2c + 1} */
+  uint32_t qa[L::CHUNKS][4];
 #pragma unroll
   for (int k = 0; k < 2; k++) {
     int r = live[k] ? row0 + g + 8 * k : q_len - 1;
-    const bf16 *qrow = a.q + ((size_t)(t0 + r) * a.n_heads + h) * HD;
+    uint32_t w[L::PAIRS];
+    L::template q_pairs<MT>(w, a.q + ((size_t)(t0 + r) * a.n_heads + h) * HD, t, true);
 #pragma unroll
-    for (int i = 0; i < NP; i++) {
-      uint32_t w[R];
-#pragma unroll
-      for (int c = 0; c < EPP / 8; c++) {
-        uint4 u = *(const uint4 *)(qrow + (i * 4 + t) * EPP + c * 8);
-        const uint32_t x[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          if (F8) {
-            float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&x[j]);
-            w[c * 4 + j] = attn_pack(f.x, f.y, MT());
-          } else {
-            w[c * 4 + j] = x[j];
-          }
-        }
-      }
-#pragma unroll
-      for (int hh = 0; hh < CPP; hh++) /* A: reg 0 / 2 = row g, reg 1 / 3 = row g + 8 */
-        qa[i * CPP + hh][k] = w[2 * hh], qa[i * CPP + hh][2 + k] = w[2 * hh + 1];
-    }
+    for (int c = 0; c < L::CHUNKS; c++) /* A: reg 0 / 2 = row g, reg 1 / 3 = row g + 8 */
+      qa[c][k] = w[2 * c], qa[c][2 + k] = w[2 * c + 1];
   }
   float o[NT][4];
 #pragma unroll
@@ -93,36 +75,21 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
   const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
   for (int j0 = kbeg; j0 < kend; j0 += 16) {
-    uint4 kr[2][NP], vr[2][NP];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      int j = j0 + hf * 8 + g;
-      if (j < kend) {
-        size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
-#pragma unroll
-        for (int i = 0; i < NP; i++) {
-          kr[hf][i] = __ldg((const uint4 *)(kc + row + (i * 4 + t) * EPP));
-          vr[hf][i] = __ldg((const uint4 *)(vc + row + (i * 4 + t) * EPP));
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < NP; i++)
-          kr[hf][i] = vr[hf][i] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    uint4 kr[2][L::NPT], vr[2][L::NPT];
+    size_t row[2];
+    L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, kend, g, t);
     float s[2][4];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+      uint32_t w[L::PAIRS];
+      L::template pairs<MT>(w, kr[hf]);
 #pragma unroll
-      for (int i = 0; i < NP; i++) {
-        uint32_t w[R];
-        attn_unpack(w, kr[hf][i], MT());
-#pragma unroll
-        for (int hh = 0; hh < CPP; hh++)
-          attn_mma4(s[hf], qa[i * CPP + hh], w[2 * hh], w[2 * hh + 1], MT());
-      }
+      for (int c = 0; c < L::CHUNKS; c++)
+        attn_mma4(s[hf], qa[c], w[2 * c], w[2 * c + 1], MT());
     }
+    if (LATE_V)
+      L::load_v16(vr, row, vc, t);
     /* masks and the online softmax, per row k: C regs 2k, 2k + 1 of each half */
     uint32_t pa[4];
 #pragma unroll
@@ -154,15 +121,12 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
       pa[k] = attn_pack(x[0], x[1], MT());     /* keys 2t, 2t + 1 of the first 8 */
       pa[2 + k] = attn_pack(x[2], x[3], MT()); /* keys 8 + 2t, 9 + 2t */
     }
+    uint32_t v0[L::PAIRS], v1[L::PAIRS];
+    L::template pairs<MT>(v0, vr[0]);
+    L::template pairs<MT>(v1, vr[1]);
 #pragma unroll
-    for (int i = 0; i < NP; i++) {
-      uint32_t v0[R], v1[R];
-      attn_unpack(v0, vr[0][i], MT());
-      attn_unpack(v1, vr[1][i], MT());
-#pragma unroll
-      for (int e = 0; e < R; e++)
-        attn_mma4(o[i * R + e], pa, attn_trans(v0[e]), attn_trans(v1[e]), MT());
-    }
+    for (int i = 0; i < NT; i++)
+      attn_mma4(o[i], pa, attn_trans(v0[i]), attn_trans(v1[i]), MT());
   }
   const float vs = F8 ? a.v_scale : 1.0f;
 #pragma unroll
@@ -174,25 +138,23 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
     float inv = l[k] > 0.0f ? vs / l[k] : 0.0f;
     bf16 *orow = a.out + ((size_t)(t0 + row0 + g + 8 * k) * a.n_heads + h) * HD;
 #pragma unroll
-    for (int i = 0; i < NP; i++)
-#pragma unroll
-      for (int e = 0; e < R; e++) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(o[i * R + e][2 * k] * inv, o[i * R + e][2 * k + 1] * inv);
-        *(__nv_bfloat162 *)(orow + (i * 4 + t) * EPP + 2 * e) = v;
-      }
+    for (int i = 0; i < NT; i++)
+      *(__nv_bfloat162 *)(orow + L::dim(i, t)) = __floats2bfloat162_rn(o[i][2 * k] * inv, o[i][2 * k + 1] * inv);
   }
 }
 
-/* ---- the shared-memory tile kernel (bf16 cache, head_dim 64 or 128) ----
+/* ---- the shared-memory tile kernel (bf16 cache, head_dim 64, 80, 96, 128, 256) ----
  * Grid (n_heads, ceil(max_query_len / (64 MI)), num_seqs), query tiles in reverse order so the
  * long causal rows start first, heads of one KV group side by side (their K/V tiles meet in L2).
  * A thread block of 4 warps takes 64 MI queries of one sequence and head, 16 MI per warp (MI
  * 16-row mma blocks, so each K/V fragment read from shared memory feeds MI mma; launched with
- * MI = 2), and walks the keys they see in tiles of TK (64): every thread copies 16-byte pieces
+ * MI = 2, or 1 for head_dim 256), and walks the keys they see in tiles of TK (64; 32 for head_dim
+ * 256): every thread copies 16-byte pieces
  * of Q (once) and of the tile's K and V rows (gathered through the block table) into shared
  * memory with cp.async, two stages so tile
  * i + 1 is in flight while tile i is computed. Rows are stored with their 16-byte chunks
- * XOR-swizzled by (row % 8), so the ldmatrix reads (K as the QK^T B operand, V transposed by
+ * XOR-swizzled by (row % 8), or padded to an odd number of chunks where a row is not a multiple
+ * of 8 chunks (tile_off), so the ldmatrix reads (K as the QK^T B operand, V transposed by
  * ldmatrix.trans as the PV B operand) hit 8 different bank groups. The running max is kept
  * on the raw scores and exp2(s * scale * log2(e) - m) is one FMA and one ex2 (softcap: the
  * capped score times log2(e)); masks are applied only on tiles that cross a
@@ -214,14 +176,28 @@ __device__ __forceinline__ void tile_ldsm4t(uint32_t r[4], uint32_t addr) {
                : "r"(addr));
 }
 
+/* Shared-memory row layout of the tile kernel: a row of NC 16-byte chunks. When NC is a multiple
+ * of 8 (head_dim 64, 128, 256) rows are packed and chunk c of row r sits at c ^ (r % 8); otherwise
+ * (80, 96) rows are padded by one chunk to an odd stride (11, 13), so the 8 rows of one ldmatrix
+ * phase also land in 8 different bank groups. Offset in bytes of chunk C of row R: */
+template <int NC>
+__device__ __forceinline__ uint32_t tile_off(int r, int c) {
+  constexpr bool SW = NC % 8 == 0;
+  constexpr int RS = SW ? NC : NC + 1;
+  return (uint32_t)(r * RS + (SW ? c ^ (r & 7) : c)) * 16u;
+}
+template <int HD>
+__host__ __device__ constexpr int tile_row_chunks() { return HD / 8 % 8 == 0 ? HD / 8 : HD / 8 + 1; }
+
 template <int BS, int HD, int MI, int TK>
 __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args a) {
   constexpr int NC = HD / 8;            /* 16-byte chunks per row */
-  constexpr int TILE = TK * HD;         /* elements of one K (or V) tile */
+  constexpr int TILE = TK * tile_row_chunks<HD>() * 8; /* elements of one K (or V) tile (padded rows) */
   constexpr int NT = HD / 8;            /* PV n-tiles */
   constexpr int KC = HD / 16;           /* QK^T k-chunks */
   constexpr int WR = 16 * MI;           /* query rows per warp */
   constexpr int BQ = 4 * WR;            /* query rows per thread block */
+  static_assert(HD % 16 == 0 && BQ * NC % 128 == 0 && TK * NC % 128 == 0 && TK % 16 == 0, "tile shape");
   extern __shared__ __align__(128) bf16 tile_smem[]; /* [stage][K, V][TK][HD], then Q [BQ][HD]; swizzled */
 
   const int h = blockIdx.x, b = blockIdx.z;
@@ -271,7 +247,7 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
     const int idx = tid + i * 128, r = idx / NC, c = idx % NC;
     const bool valid = crow0 + r < q_len;
     const bf16 *src = valid ? a.q + ((size_t)(t0 + crow0 + r) * a.n_heads + h) * HD + c * 8 : a.q;
-    tile_cp16(qs + (uint32_t)(r * NC + (c ^ (r & 7))) * 16u, src, valid);
+    tile_cp16(qs + tile_off<NC>(r, c), src, valid);
   }
 
   /* copy tile IT's K and V rows into stage IT & 1 */
@@ -285,7 +261,7 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
       size_t off = 0;
       if (valid)
         off = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD + c * 8;
-      const uint32_t so = (uint32_t)(r * NC + (c ^ (r & 7))) * 16u;
+      const uint32_t so = tile_off<NC>(r, c);
       tile_cp16(ks + so, kc + off, valid);
       tile_cp16(vs + so, vc + off, valid);
     }
@@ -319,13 +295,13 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
           const int r = warp * WR + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = c16 * 2 + (lane >> 4);
-          tile_ldsm4(qa[mi], qs + (uint32_t)(r * NC + (c ^ (r & 7))) * 16u);
+          tile_ldsm4(qa[mi], qs + tile_off<NC>(r, c));
         }
 #pragma unroll
         for (int np = 0; np < TK / 16; np++) { /* keys np * 16 .. + 15: two n-tiles */
           uint32_t kb[4]; /* b0, b1 of n-tile 2np, then of 2np + 1 */
           const int r = np * 16 + (lane & 7) + (lane >> 4) * 8, c = c16 * 2 + ((lane >> 3) & 1);
-          tile_ldsm4(kb, ks + (uint32_t)(r * NC + (c ^ (r & 7))) * 16u);
+          tile_ldsm4(kb, ks + tile_off<NC>(r, c));
 #pragma unroll
           for (int mi = 0; mi < MI; mi++) {
             attn_mma4(s[mi][2 * np], qa[mi], kb[0], kb[1], bf16());
@@ -381,7 +357,7 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
         for (int dp = 0; dp < NT / 2; dp++) {
           uint32_t vb[4];
           const int c = dp * 2 + (lane >> 4);
-          tile_ldsm4t(vb, vs + (uint32_t)(r * NC + (c ^ (r & 7))) * 16u);
+          tile_ldsm4t(vb, vs + tile_off<NC>(r, c));
 #pragma unroll
           for (int mi = 0; mi < MI; mi++) {
             attn_mma4(o[mi][2 * dp], pa[mi][kc2], vb[0], vb[1], bf16());
@@ -419,7 +395,7 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
  * on every launch). */
 template <int BS, int HD, int MI, int TK>
 static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, int device, cudaStream_t st) {
-  const int smem = (4 * TK + 4 * 16 * MI) * HD * (int)sizeof(bf16);
+  const int smem = (4 * TK + 4 * 16 * MI) * tile_row_chunks<HD>() * 16;
   const int n_qt = (max_query_len + 64 * MI - 1) / (64 * MI);
   static unsigned long long opted = 0; /* bit d: device d has the attribute */
   if (n_qt > 65535)
@@ -447,16 +423,21 @@ int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f
     const char *e = getenv("PAGODA_ATTN_PREFILL");
     mode = e && !strcmp(e, "simd") ? 1 : e && !strcmp(e, "warp") ? 2 : 0;
   }
-  if (mode == 1 || (a->hd != 64 && a->hd != 128) || max_query_len <= 0)
+  if (mode == 1 || !attn_mma_hd(a->hd) || max_query_len <= 0)
     return 1;
   cudaStream_t st = cuda_be(be)->stream;
   if (!f8 && mode == 0 && a->B <= 65535 && a->n_heads <= 65535) {
     int dev = -1; /* the current device: the one cudaFuncSetAttribute sets */
     if (cudaGetDevice(&dev) != cudaSuccess)
       dev = -1, (void)cudaGetLastError();
+/* head_dim 256: one 16-row block per warp (MI 1: the accumulators of 32 rows would not fit the
+ * registers) and 32-key tiles (98 KiB of shared memory, two thread blocks per SM) */
 #define TILE_HD(BS)                                                                                \
-  (a->hd == 64 ? attn_prefill_tile_launch<BS, 64, 2, 64>(a, max_query_len, dev, st)                      \
-               : attn_prefill_tile_launch<BS, 128, 2, 64>(a, max_query_len, dev, st))
+  (a->hd == 64    ? attn_prefill_tile_launch<BS, 64, 2, 64>(a, max_query_len, dev, st)                 \
+   : a->hd == 80  ? attn_prefill_tile_launch<BS, 80, 2, 64>(a, max_query_len, dev, st)                 \
+   : a->hd == 96  ? attn_prefill_tile_launch<BS, 96, 2, 64>(a, max_query_len, dev, st)                 \
+   : a->hd == 128 ? attn_prefill_tile_launch<BS, 128, 2, 64>(a, max_query_len, dev, st)                \
+                  : attn_prefill_tile_launch<BS, 256, 1, 32>(a, max_query_len, dev, st))
     int r = bs == 8 ? TILE_HD(8) : bs == 16 ? TILE_HD(16) : TILE_HD(32);
 #undef TILE_HD
     if (r == 0) {
@@ -469,8 +450,11 @@ int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f
     return 1;
   dim3 grid((unsigned)(a->B * n_qt), (unsigned)a->n_heads), thr(PRE_WARPS * 32);
 #define PRE_HD(BS, KV)                                                                             \
-  (a->hd == 64 ? attn_prefill_mma_kernel<BS, 64, KV><<<grid, thr, 0, st>>>(*a, n_qt)                \
-               : attn_prefill_mma_kernel<BS, 128, KV><<<grid, thr, 0, st>>>(*a, n_qt))
+  (a->hd == 64    ? attn_prefill_mma_kernel<BS, 64, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
+   : a->hd == 80  ? attn_prefill_mma_kernel<BS, 80, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
+   : a->hd == 96  ? attn_prefill_mma_kernel<BS, 96, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
+   : a->hd == 128 ? attn_prefill_mma_kernel<BS, 128, KV><<<grid, thr, 0, st>>>(*a, n_qt)            \
+                  : attn_prefill_mma_kernel<BS, 256, KV><<<grid, thr, 0, st>>>(*a, n_qt))
 #define PRE_BS(BS) (f8 ? PRE_HD(BS, kv_f8) : PRE_HD(BS, kv_bf16))
   if (bs == 8)
     PRE_BS(8);
