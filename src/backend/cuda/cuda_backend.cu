@@ -59,6 +59,7 @@ static void cuda_free_host(struct backend *be, void *p) {
 static int cuda_upload(struct backend *be, void *dst, const void *host_src, size_t bytes) {
   /* From pageable memory the call returns once the source is staged, so the caller may reuse
    * host_src at once; the copy itself stays ordered on the stream. */
+  cuda_step_timing_start(cuda_be(be)); /* (PAGODA_STEP_TIMING only: a step begins with its batch) */
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->stream));
   return 0;
 }
@@ -290,6 +291,7 @@ static void cuda_destroy(struct backend *be) {
   cuda_comm_free(cb);
   if (cb->stream)
     cudaStreamSynchronize(cb->stream);
+  cuda_step_timing_report(cb);
   if (cb->blas)
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);

@@ -7,6 +7,8 @@
  * together. Unnormalised probabilities w = exp((logit - max) / temperature) lie in (0, 1]. */
 #include "backend/cuda/cuda_backend.h"
 
+#include <stdlib.h>
+
 #define SAMPLE_THREADS 1024
 
 /* Monotonic map of a float to uint32: a < b  <=>  key(a) < key(b) (NaN aside). */
@@ -235,6 +237,25 @@ int cuda_op_sample_rows(struct backend *be, int32_t *tokens, const float *logits
 
 /* ---- Asynchronous steps: sample_async / sample_wait / resolve_ids (backend.h) ---- */
 
+void cuda_step_timing_start(struct cuda_backend *cb) {
+  if (cb->step_timing && cudaEventRecord(cb->st_start[cb->st_steps % 4], cb->stream) == cudaSuccess)
+    cb->st_have_start = 1;
+}
+
+void cuda_step_timing_report(struct cuda_backend *cb) {
+  if (!cb->step_timing)
+    return;
+  if (cb->st_n > 0)
+    log_info("cuda step timing: %lld asynchronous steps after the first 16: GPU busy %.4f ms, idle %.4f ms per "
+             "step on average (idle at most %.4f ms; busy = batch copy up to ids copy down)",
+             cb->st_n, cb->st_busy_ms / (double)cb->st_n, cb->st_idle_ms / (double)cb->st_n, cb->st_idle_max_ms);
+  for (int i = 0; i < 4; i++) {
+    cudaEventDestroy(cb->st_start[i]);
+    cudaEventDestroy(cb->st_end[i]);
+  }
+  cb->step_timing = 0;
+}
+
 void cuda_async_free(struct cuda_backend *cb) {
   for (int i = 0; i < 2; i++) {
     struct cuda_async_slot *a = &cb->async[i];
@@ -260,6 +281,14 @@ int cuda_async_alloc(struct cuda_backend *cb, int rows) {
     CUDA_CHECK(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming));
     CUDA_CHECK(cudaMemset(a->tokens_dev, 0, sizeof(int32_t) * rows));
   }
+  const char *st = getenv("PAGODA_STEP_TIMING");
+  if (st && !strcmp(st, "1") && !cb->step_timing) {
+    for (int i = 0; i < 4; i++) {
+      CUDA_CHECK(cudaEventCreate(&cb->st_start[i]));
+      CUDA_CHECK(cudaEventCreate(&cb->st_end[i]));
+    }
+    cb->step_timing = 1;
+  }
   return 0;
 }
 
@@ -282,6 +311,14 @@ int cuda_op_sample_async(struct backend *be, int slot, const float *logits, cons
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpyAsync(a->tokens_host, a->tokens_dev, rb, cudaMemcpyDeviceToHost, cb->stream));
   }
+  if (cb->step_timing) {
+    int k = (int)(cb->st_steps % 4);
+    if (!cb->st_have_start)
+      CUDA_CHECK(cudaEventRecord(cb->st_start[k], cb->stream));
+    CUDA_CHECK(cudaEventRecord(cb->st_end[k], cb->stream));
+    cb->st_slot_step[slot] = cb->st_steps++;
+    cb->st_have_start = 0;
+  }
   CUDA_CHECK(cudaEventRecord(a->done, cb->stream));
   return 0;
 }
@@ -291,6 +328,16 @@ int cuda_op_sample_wait(struct backend *be, int slot, int32_t *tokens, int n) {
   if (slot < 0 || slot > 1 || n < 0 || n > cb->sample_cap)
     return ERR("cuda sample_wait: slot %d, %d entries (at most %d)", slot, n, cb->sample_cap);
   CUDA_CHECK(cudaEventSynchronize(cb->async[slot].done));
+  long long st = cb->st_slot_step[slot];
+  if (cb->step_timing && st >= 16 && cb->st_steps - st <= 2) { /* its events (and the step before's) intact */
+    float busy = 0, idle = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&busy, cb->st_start[st % 4], cb->st_end[st % 4]));
+    CUDA_CHECK(cudaEventElapsedTime(&idle, cb->st_end[(st - 1) % 4], cb->st_start[st % 4]));
+    cb->st_busy_ms += busy;
+    cb->st_idle_ms += idle > 0 ? idle : 0;
+    cb->st_idle_max_ms = idle > cb->st_idle_max_ms ? idle : cb->st_idle_max_ms;
+    cb->st_n++;
+  }
   if (n)
     memcpy(tokens, cb->async[slot].tokens_host, sizeof(int32_t) * (size_t)n);
   return 0;
