@@ -225,9 +225,11 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n_ids,
                               const struct pagoda_sampling_params *sp, uint64_t *id);
 
 /* Runs one step (scheduling, forward, sampling). *OUTS / *N_OUTS: this step's outputs (may be
- * none). Returns PAGODA_OK, or a status when the forward pass failed. */
+ * none); with asynchronous steps (docs/cuda.md; PAGODA_ASYNC_STEPS=0 turns them off) a call
+ * launches the next step and reports the one the previous call launched, so the first call's
+ * tokens come with the second. Returns PAGODA_OK, or a status when the forward pass failed. */
 int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, int *n_outs);
-/* 1 while any request is waiting or running. */
+/* 1 while any request is waiting or running, an output is unreported or a launched step unread. */
 int pagoda_engine_has_work(const pagoda_engine_t *e);
 /* Ends request ID now: its blocks return to the pool; the next step reports it finished with
  * PAGODA_FINISH_ABORT. PAGODA_ERR_NOT_FOUND for an unknown or finished id. */

@@ -59,6 +59,10 @@ struct batch {
   int num_logits;               /* rows of logits wanted, usually B */
   const int32_t *logits_idx;    /* (num_logits) token indices (into T) whose logits are wanted */
 };
+/* Asynchronous steps: on a backend with ops->resolve_ids an input id may be < 0, standing for an
+ * id the previous step sampled that is still on the device: -1 - (slot * max_seqs + i) is entry i
+ * of what the last sample_async into SLOT wrote (max_seqs as given to reserve). The model
+ * resolves them on the device right after the batch goes up. */
 
 /* How attention scores are formed and which keys a query sees. The kernels take this from the
  * model, one per layer, so architectures differ only in these values:
@@ -252,6 +256,24 @@ struct backend_ops {
    * ids and values per entry come back. Synchronises. */
   int (*topk_rows)(struct backend *be, int32_t *ids, float *lps, float *tlp, const float *logits, int vocab,
                    const int32_t *rows, const int32_t *targets, int n, int k);
+  /* ---- Asynchronous steps (optional; caps.async_steps on a device backend needs all three): the
+   * engine launches step N + 1 before it reads step N's ids (docs/cuda.md, Asynchronous steps).
+   * SLOT is 0 or 1 (the step's parity): each has its own device ids, pinned host copy and event,
+   * so the ids of step N stay readable while step N + 1 samples into the other slot. ---- */
+  /* As sample_rows, without the sync: the N ids land in SLOT's device buffer (what resolve_ids
+   * reads) and go down to SLOT's pinned host buffer behind SLOT's event. N <= the max_seqs given
+   * to reserve. The staging of PARAMS and ROWS is SLOT's own, so it may be rewritten while the
+   * other slot's step is still in flight. */
+  int (*sample_async)(struct backend *be, int slot, const float *logits, const int32_t *rows, int n, int vocab,
+                      const struct backend_sample_params *params);
+  /* Waits for SLOT's event (the ids of its last sample_async are down) and copies the N ids into
+   * TOKENS (host). */
+  int (*sample_wait)(struct backend *be, int slot, int32_t *tokens, int n);
+  /* IDS(T) int32 in backend memory, in place: each id < 0, k = -1 - id, becomes entry k % STRIDE
+   * of slot k / STRIDE's device ids (STRIDE: the max_seqs given to reserve; see struct batch).
+   * Enqueued; no sync. */
+  int (*resolve_ids)(struct backend *be, int32_t *ids, int T, int stride);
+
   /* ---- Tensor parallelism (src/dist/tp.c, docs/distributed.md). Optional: NULL when the build
    * has no collective library (cuda without NCCL); then --tp > 1 is refused. ---- */
   /* Makes BE's device the calling thread's current one (each rank's host thread calls it before
@@ -303,6 +325,10 @@ struct backend_caps {
   int graphs;             /* 1: decode steps may be replayed as captured graphs (ops->graph_run); the
                            * engine then pads decode batches to graph sizes (model_forward_graph),
                            * whether replay is on or off, so both give the same tokens */
+  int async_steps;        /* 1: the engine may launch step N + 1 before it reads step N's ids: on
+                           * a device backend through sample_async / sample_wait / resolve_ids; on
+                           * a host backend (synchronous ops) the engine samples at launch and
+                           * fills the ids itself, so the same bookkeeping runs (and is tested) */
 };
 
 struct backend {
@@ -345,7 +371,7 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 3 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops */
+#define BACKEND_ABI_VERSION 4 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops; 4: async steps */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

@@ -113,6 +113,8 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
   if (!r)
     return PAGODA_ERR_OUT_OF_MEMORY;
   r->t_arrival = now_s();
+  r->sync_steps = engine_request_sync_steps(r);
+  e->n_sync_reqs += r->sync_steps;
   r->seqs[0].started = 1;
   r->seqs[0].s.no_prefix_hit = r->prompt_lp != NULL;
   scheduler_add(&e->sched, &r->seqs[0].s);
@@ -151,6 +153,10 @@ void engine_mark_dirty(struct pagoda_engine *e, struct sequence *s) {
 }
 
 void engine_finish_seq(struct pagoda_engine *e, struct sequence *s) {
+  if (s->pend) { /* (an abort) the placeholder of a launched step's token goes, unreported */
+    s->pend = 0;
+    s->s.num_tokens--;
+  }
   if (s->s.state != SCHED_NONE)
     scheduler_remove(&e->sched, &s->s);
   s->req->n_live--;
@@ -173,7 +179,9 @@ int pagoda_abort(pagoda_engine_t *e, uint64_t id) {
   return ERR("no running request with id %llu", (unsigned long long)id), PAGODA_ERR_NOT_FOUND;
 }
 
-int pagoda_engine_has_work(const pagoda_engine_t *e) { return scheduler_has_work(&e->sched) || e->n_dirty > 0; }
+int pagoda_engine_has_work(const pagoda_engine_t *e) {
+  return scheduler_has_work(&e->sched) || e->n_dirty > 0 || e->flight[0].active || e->flight[1].active;
+}
 
 
 int pagoda_tokenize(const pagoda_engine_t *e, const char *text, size_t len, int add_special, int parse_special,

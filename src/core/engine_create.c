@@ -449,6 +449,8 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   const char *ds = getenv("PAGODA_DEVICE_SAMPLING"); /* 0: host sampling on every backend */
   e->device_sampling = e->be->caps.device_sampling && e->be->ops->sample && e->be->ops->process &&
                        !(ds && !strcmp(ds, "0"));
+  if (engine_async_init(e))
+    goto fail;
   int tv = tokenizer_vocab_size(e->tok);
   if (tv > e->vocab)
     tv = e->vocab;
@@ -481,6 +483,7 @@ fail:
 void pagoda_engine_free(pagoda_engine_t *e) {
   if (!e)
     return;
+  engine_async_free(e);
   for (struct request *r = e->live, *n; r; r = n) {
     n = r->next;
     for (int i = 0; i < r->n_seqs; i++)

@@ -92,6 +92,24 @@ struct pagoda_engine {
   struct backend_proc_entry *proc;          /* (proc_cap) processor entries of the step */
   float *proc_bias;                         /* (bias_cap) their logit_bias values */
   size_t proc_cap, bias_cap;
+  /* Asynchronous steps (engine_step.c, docs/cuda.md "Asynchronous steps"): a step is launched
+   * (forward and sampling) before the previous one is post-processed. Its sampling entries go to
+   * flight[slot] (slot = the step's parity); each sequence that samples gets a placeholder token
+   * (sequence.pend) whose id the next step's batch takes from the device (ids < 0, struct batch)
+   * or, on a host backend, from flight_tok; when the ids are read, placeholders are filled and
+   * the stop conditions run. A sequence that finished meanwhile has its entry discarded. */
+  int async_on;            /* caps.async_steps, PAGODA_ASYNC_STEPS not 0, no tensor parallelism,
+                            * and on a device backend device sampling with sample_async / sample_wait
+                            * / resolve_ids */
+  int async_dev;           /* 1: sampling through ops->sample_async; 0: the host sampler at launch */
+  int n_sync_reqs;         /* live requests with sync_steps: while > 0 every step is synchronous */
+  int next_slot;           /* the slot the next launched step uses */
+  struct engine_flight {
+    int active;            /* launched, ids not read yet */
+    int n;                 /* its entries */
+    struct sequence **seq; /* (max_num_seqs) entry i's sequence; NULL: discarded */
+  } flight[2];
+  int32_t *flight_tok;     /* (2 * max_num_seqs) the ids of entry slot * max_num_seqs + i, once read */
   struct request *live;    /* doubly linked list of unfinished (or unreported) requests */
   struct request *dead;    /* reported finished: freed at the start of the next step */
   uint64_t next_id;
@@ -108,6 +126,15 @@ struct pagoda_engine {
 void engine_mark_dirty(struct pagoda_engine *e, struct sequence *s);
 /* SEQ ended (finish set): leaves the scheduler, its blocks go back to the pool. */
 void engine_finish_seq(struct pagoda_engine *e, struct sequence *s);
+
+/* engine_step.c */
+/* Sets up asynchronous steps after the backend, device sampling and max_num_seqs are known;
+ * 0, or -1 with err_last() set. engine_async_free waits for a launched step and frees them. */
+int engine_async_init(struct pagoda_engine *e);
+void engine_async_free(struct pagoda_engine *e);
+/* 1 when R's steps need every token on the host before the next step is launched: penalties
+ * (their counts are built from the tokens), logprobs, n > 1, beams, prompt logprobs. */
+int engine_request_sync_steps(const struct request *r);
 
 /* engine_output.c */
 /* log softmax of each prompt-logprob row at its next prompt token, into the request's array;

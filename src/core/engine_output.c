@@ -64,7 +64,7 @@ void engine_collect_outputs(struct pagoda_engine *e, int *n_outs) {
     struct sequence *s = e->dirty[i];
     struct request *r = s->req;
     struct pagoda_output *o = &e->outs[n++];
-    int n_out = sequence_num_output(s);
+    int n_out = sequence_num_output(s) - s->pend; /* a placeholder is not a token yet */
     size_t end = sequence_reportable_text(s);
     o->request_id = r->id;
     o->index = s->index;
@@ -76,7 +76,7 @@ void engine_collect_outputs(struct pagoda_engine *e, int *n_outs) {
     o->usage.prompt_tokens = r->num_prompt;
     o->usage.completion_tokens = 0;
     for (int k = 0; k < r->n_seqs; k++)
-      o->usage.completion_tokens += sequence_num_output(&r->seqs[k]);
+      o->usage.completion_tokens += sequence_num_output(&r->seqs[k]) - r->seqs[k].pend;
     o->usage.cached_prompt_tokens = r->seqs[0].s.num_cached_prompt;
     o->prompt_logprobs = NULL;
     o->num_prompt_logprobs = 0;

@@ -109,9 +109,12 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     const struct sched_seq *s = o->items[b].seq;
     int n = o->items[b].num_new, start = s->num_computed;
     e->query_start[b] = t;
+    const struct sequence *sq = (const struct sequence *)s;
     for (int j = 0; j < n; j++, t++) {
       int pos = start + j;
       e->input_ids[t] = s->tokens[pos];
+      if (sq->pend && pos == s->num_tokens - 1) /* sampled by the step in flight: its id is on the device */
+        e->input_ids[t] = e->async_dev ? -1 - sq->pend_entry : e->flight_tok[sq->pend_entry];
       e->positions[t] = pos;
       e->slots[t] = s->kv.blocks[pos / bs] * bs + pos % bs;
     }
@@ -447,20 +450,23 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
 /* 1. Schedule: frees the requests whose final outputs were read after the last step, then asks
  * the scheduler for this step's items (admissions, chunks, preemptions, block copies). */
 static int engine_schedule(struct pagoda_engine *e, const struct scheduler_output **o) {
+  struct request **keep = &e->dead; /* a launched step may still name its sequences */
   for (struct request *r = e->dead, *n; r; r = n) {
     n = r->next;
+    if (r->n_inflight > 0) {
+      *keep = r;
+      keep = &r->next;
+      continue;
+    }
+    e->n_sync_reqs -= r->sync_steps;
     request_free(r);
   }
-  e->dead = NULL;
+  *keep = NULL;
   return scheduler_schedule(&e->sched, o) ? PAGODA_ERR_OUT_OF_MEMORY : PAGODA_OK;
 }
 
-/* 2. Run: the batch to the backend and one forward pass. When the device fails the batch, its
- * requests end (reported as aborted, blocks freed) and the engine keeps serving the others. */
-static int engine_run(struct pagoda_engine *e, const struct scheduler_output *o) {
-  if (run_batch(e, o) == 0)
-    return PAGODA_OK;
-  log_error("forward pass failed: %s", err_last_where());
+/* The requests of the step's items end, reported as aborted (their blocks freed). */
+static void abort_items(struct pagoda_engine *e, const struct scheduler_output *o) {
   for (int b = 0; b < o->num_items; b++) {
     struct request *r = ((struct sequence *)o->items[b].seq)->req;
     for (int k = 0; k < r->n_seqs; k++)
@@ -469,6 +475,15 @@ static int engine_run(struct pagoda_engine *e, const struct scheduler_output *o)
         engine_finish_seq(e, &r->seqs[k]);
       }
   }
+}
+
+/* 2. Run: the batch to the backend and one forward pass. When the device fails the batch, its
+ * requests end (reported as aborted, blocks freed) and the engine keeps serving the others. */
+static int engine_run(struct pagoda_engine *e, const struct scheduler_output *o) {
+  if (run_batch(e, o) == 0)
+    return PAGODA_OK;
+  log_error("forward pass failed: %s", err_last_where());
+  abort_items(e, o);
   return PAGODA_ERR_BACKEND;
 }
 
@@ -550,11 +565,242 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
   return PAGODA_OK;
 }
 
+/* ---- Asynchronous steps ----------------------------------------------------------------------
+ * A step S is launched: its batch goes up (the ids of sequences whose last token the previous
+ * step P sampled are read on the device from P's slot), the forward pass and the sampling of
+ * every logits row are enqueued (ops->process, ops->sample_async into S's slot; on a host backend
+ * the host sampler picks at once), each row's uniform draw taken from the sequence's generator
+ * exactly where the synchronous step takes it. Then P's ids are read (sample_wait: the GPU is
+ * busy with S meanwhile) and P is post-processed: placeholders filled, stop conditions, finished
+ * sequences leave. Then S's bookkeeping: the scheduler's update (its full blocks hashed, their
+ * tokens all known now) and a placeholder for every S entry whose sequence is still running;
+ * the entries of sequences that finished at P are discarded (their extra KV slot went back with
+ * their blocks; what S wrote there is never read). Each call reports P's tokens. */
+
+int engine_request_sync_steps(const struct request *r) {
+  const struct sampler_params *p = &r->sampler;
+  return r->beam || r->n_seqs > 1 || r->sp.logprobs || r->prompt_lp || r->sp.prompt_logprobs ||
+         p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
+int engine_async_init(struct pagoda_engine *e) {
+  const struct backend_ops *op = e->be->ops;
+  const char *env = getenv("PAGODA_ASYNC_STEPS"); /* 0: every step synchronous */
+  int dev = !e->be->caps.host_memory;
+  e->async_dev = dev;
+  e->async_on = e->be->caps.async_steps && !(env && !strcmp(env, "0")) && !e->tp && e->p.tp <= 1 &&
+                (!dev || (e->device_sampling && op->sample_async && op->sample_wait && op->resolve_ids));
+  if (!e->async_on)
+    return 0;
+  int n = e->p.max_num_seqs;
+  e->flight_tok = calloc((size_t)2 * n, sizeof *e->flight_tok);
+  e->flight[0].seq = calloc((size_t)n, sizeof(struct sequence *));
+  e->flight[1].seq = calloc((size_t)n, sizeof(struct sequence *));
+  if (!e->flight_tok || !e->flight[0].seq || !e->flight[1].seq)
+    return ERR("out of memory for the asynchronous steps of %d sequences", n);
+  return 0;
+}
+
+void engine_async_free(struct pagoda_engine *e) {
+  for (int k = 0; k < 2; k++) {
+    if (e->flight[k].active && e->async_dev) /* nothing may still write into what is freed next */
+      e->be->ops->sample_wait(e->be, k, e->flight_tok + (size_t)k * e->p.max_num_seqs, e->flight[k].n);
+    e->flight[k].active = 0;
+    free(e->flight[k].seq);
+    e->flight[k].seq = NULL;
+  }
+  free(e->flight_tok);
+  e->flight_tok = NULL;
+}
+
+/* Launches step O into slot e->next_slot: forward, then sampling (see above). 0, or -1 with
+ * err_last() set (the caller aborts the items). */
+static int async_launch(struct pagoda_engine *e, const struct scheduler_output *o) {
+  int slot = e->next_slot;
+  struct engine_flight *f = &e->flight[slot];
+  if (run_batch(e, o))
+    return -1;
+  e->steps++;
+  if (ds_reserve(e, 0))
+    return -1;
+  size_t need = 0, need_bias = 0;
+  for (int b = 0; b < o->num_items; b++)
+    if (e->logit_row[b] >= 0) {
+      const struct sequence *s = (const struct sequence *)o->items[b].seq;
+      need += (size_t)s->req->sampler.n_bias + (size_t)s->req->n_suppress;
+      need_bias += (size_t)s->req->sampler.n_bias;
+    }
+  if (grow_proc(e, need, need_bias))
+    return -1;
+  int n = 0, ne = 0, nb = 0;
+  for (int b = 0; b < o->num_items; b++) {
+    if (e->logit_row[b] < 0)
+      continue;
+    struct sequence *s = (struct sequence *)o->items[b].seq;
+    f->seq[n] = s;
+    e->ds_item[b] = n;
+    e->ds_rows[n] = e->logit_row[b];
+    s->req->n_inflight++;
+    if (e->async_dev) { /* no penalties here (sync_steps), so the entries read no token history */
+      struct sampler_params sp;
+      sequence_sampler_params(s, &sp);
+      ne += sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                                 sequence_num_output(s), e->logit_row[b], e->proc + ne, e->proc_bias, nb);
+      nb += sp.n_bias;
+      e->ds_params[n] = draw_params(&sp, s);
+    }
+    n++;
+  }
+  f->n = n;
+  f->active = 1;
+  e->next_slot ^= 1;
+  int32_t *tok = e->flight_tok + (size_t)slot * e->p.max_num_seqs;
+  if (e->async_dev) {
+    struct backend *be = e->be;
+    float *logits = model_logits_device(e->model);
+    if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
+      return -1;
+    return be->ops->sample_async(be, slot, logits, e->ds_rows, n, e->vocab, e->ds_params);
+  }
+  /* A host backend: the logits are in e->logits; the host sampler picks now, in parallel over
+   * rows as the synchronous postprocess does. */
+  int nt = (long)n * e->vocab >= (1L << 17) ? e->n_samplers : 1;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+  for (int i = 0; i < n; i++) {
+    struct sequence *s = f->seq[i];
+    struct sampler *smp = &e->samplers[omp_get_thread_num()];
+    float *lg = e->logits + (size_t)e->ds_rows[i] * e->vocab;
+    struct sampler_params sp;
+    sequence_sampler_params(s, &sp);
+    sampler_apply_processors(smp, &sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
+                             sequence_num_output(s));
+    tok[i] = sampler_pick(smp, &sp, lg, &s->rng);
+  }
+  return 0;
+}
+
+/* Reads the ids of the launched step in SLOT and post-processes it: each live entry's placeholder
+ * becomes its token (text, stop conditions, max_tokens); entries of sequences that finished
+ * meanwhile are dropped. PAGODA_OK, or an error status (the sequences of a failed read end as
+ * aborted). */
+static int async_finish(struct pagoda_engine *e, int slot) {
+  struct engine_flight *f = &e->flight[slot];
+  if (!f->active)
+    return PAGODA_OK;
+  f->active = 0;
+  int32_t *tok = e->flight_tok + (size_t)slot * e->p.max_num_seqs;
+  int rc = PAGODA_OK;
+  if (e->async_dev && e->be->ops->sample_wait(e->be, slot, tok, f->n)) {
+    log_error("sampling on the device failed: %s", err_last_where());
+    rc = PAGODA_ERR_BACKEND;
+  }
+  for (int i = 0; i < f->n; i++) {
+    struct sequence *s = f->seq[i];
+    if (!s)
+      continue;
+    s->req->n_inflight--;
+    if (s->finish)
+      continue; /* aborted meanwhile: its placeholder went with it */
+    if (s->pend) { /* (none for a token that ends the sequence by length: see async_update) */
+      s->pend = 0;
+      s->s.num_tokens--;
+    }
+    if (rc != PAGODA_OK) {
+      s->finish = PAGODA_FINISH_ABORT;
+      engine_finish_seq(e, s);
+      continue;
+    }
+    if (sequence_push_token(s, tok[i], e->tok, e->max_model_len))
+      rc = PAGODA_ERR_OUT_OF_MEMORY;
+    e->generated++;
+    engine_mark_dirty(e, s);
+    if (s->finish)
+      engine_finish_seq(e, s);
+  }
+  return rc;
+}
+
+/* After the previous step was post-processed: the scheduler's update of launched step O (in
+ * SLOT) and a placeholder for each of its entries whose sequence still runs, unless the token
+ * ends it by length (max_tokens, the context): then the scheduler sees nothing left to compute
+ * and the batches stay those of synchronous steps. */
+static void async_update(struct pagoda_engine *e, const struct scheduler_output *o, int slot) {
+  for (int b = 0; b < o->num_items; b++) { /* scheduler_update, less the sequences that ended */
+    struct sched_seq *q = o->items[b].seq;
+    if (((struct sequence *)q)->finish || q->state == SCHED_NONE)
+      continue;
+    q->num_computed += o->items[b].num_new;
+    kv_manager_cache_full_blocks(&e->kv, &q->kv, q->tokens, q->num_computed);
+  }
+  struct engine_flight *f = &e->flight[slot];
+  for (int i = 0; i < f->n; i++) {
+    struct sequence *s = f->seq[i];
+    if (s->finish) { /* ended at the previous step: this result is dropped */
+      f->seq[i] = NULL;
+      s->req->n_inflight--;
+      continue;
+    }
+    if (sequence_num_output(s) + 1 >= s->req->max_tokens || s->s.num_tokens + 1 >= e->max_model_len)
+      continue; /* its last token, whatever it is: no placeholder, so the next steps leave it out
+                 * (as a synchronous step would, after it finished) */
+    s->tokens[s->s.num_tokens++] = 0; /* never read: run_batch takes the id from the device */
+    s->pend = 1;
+    s->pend_entry = slot * e->p.max_num_seqs + i;
+  }
+  account_waste(e);
+}
+
+/* One asynchronous call: launch the next step, then report the previous one. */
+static int async_step(struct pagoda_engine *e, int *n_outs) {
+  int prev = e->next_slot ^ 1, had_prev = e->flight[prev].active, slot = e->next_slot;
+  const struct scheduler_output *o;
+  int rc = engine_schedule(e, &o);
+  if (rc != PAGODA_OK)
+    return rc;
+  int launched = 0;
+  if (o->num_items) {
+    if (async_launch(e, o) == 0) {
+      launched = 1;
+    } else {
+      log_error("forward pass failed: %s", err_last_where());
+      if (e->flight[slot].active && e->async_dev) /* whatever was enqueued is done before anything is reused */
+        e->be->ops->sync(e->be);
+      struct engine_flight *f = &e->flight[slot];
+      for (int i = 0; f->active && i < f->n; i++)
+        f->seq[i]->req->n_inflight--;
+      f->active = 0;
+      e->next_slot = slot;
+      abort_items(e, o);
+      rc = PAGODA_ERR_BACKEND;
+    }
+  }
+  int rc2 = async_finish(e, prev);
+  if (rc == PAGODA_OK)
+    rc = rc2;
+  if (launched)
+    async_update(e, o, slot);
+  else if (rc == PAGODA_OK && !had_prev && scheduler_has_work(&e->sched) && e->n_dirty == 0 &&
+           o->num_preempted == 0) {
+    ERR("no request can make progress: the KV pool is too small for the running requests (raise --pa-memory-mb)");
+    rc = PAGODA_ERR_OUT_OF_MEMORY;
+  }
+  engine_collect_outputs(e, n_outs);
+  return rc;
+}
+
 int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, int *n_outs) {
   *outs = e->outs;
   *n_outs = 0;
+  if (e->async_on && e->n_sync_reqs == 0)
+    return async_step(e, n_outs);
+  /* A synchronous step: a launched step is read and post-processed first. */
+  int rc = async_finish(e, e->next_slot ^ 1);
+  if (rc != PAGODA_OK) {
+    engine_collect_outputs(e, n_outs);
+    return rc;
+  }
   const struct scheduler_output *o;
-  int rc = engine_schedule(e, &o);
+  rc = engine_schedule(e, &o);
   if (rc != PAGODA_OK)
     return rc;
   if (o->num_items) {

@@ -31,6 +31,10 @@ struct sequence {
   enum pagoda_finish_reason finish;
   int dirty;               /* 1 while it sits in the engine's to-report list */
   int started;             /* 0 for samples 1..n-1 until they fork from sample 0 */
+  /* Asynchronous steps: 1 while tokens[s.num_tokens - 1] is a placeholder for the id a launched
+   * step sampled and the engine has not read yet; it is entry pend_entry (slot * max_num_seqs +
+   * entry) of that step. Never reported: outputs count num_tokens - pend. */
+  int pend, pend_entry;
   /* sp.logprobs only: per output token, its raw logprob and the top sp.top_logprobs. */
   float *lp;               /* (max_tokens) */
   int32_t *top_ids;        /* (max_tokens x top_logprobs) */
@@ -55,6 +59,9 @@ struct request {
   int prompt_lp_done, prompt_lp_sent; /* all computed / reported */
   struct sequence *seqs;            /* (n_seqs) */
   int n_seqs, n_live;
+  int sync_steps;                   /* 1: its steps need the host to know each token first (engine.c) */
+  int n_inflight;                   /* entries of launched, unread steps naming its sequences: the
+                                     * request is freed only once this is 0 */
   double t_arrival;
   struct request *prev, *next;      /* the engine's list of live requests */
 };

@@ -62,7 +62,10 @@ struct model {
   void *arch_ws;      /* MoE models: the MoE block's scratch (moe_scratch_bytes), else NULL */
   float *logits_dev;      /* (max_seqs, vocab) f32; only when !host_mem */
   int32_t *meta;          /* backend copy of the batch's int arrays (see meta_layout); !host_mem */
-  int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step */
+  int32_t *meta_host;     /* its staging in pinned host memory (ops->alloc_host): one copy up per step;
+                           * two halves of ml.total, used in turn (asynchronous steps stage step
+                           * N + 1 while step N's copy may still wait on the stream) */
+  int meta_half;          /* the half the next stage_batch fills */
   int n_hidden_rows;      /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
   struct meta_layout ml;
 
@@ -659,7 +662,7 @@ static int local_alloc_workspace(struct model *m, int max_tokens, int max_seqs, 
     if (!(m->meta = alloc0(m, meta_b, "batch metadata")) ||
         (logits_b && !(m->logits_dev = alloc0(m, logits_b, "logits buffer"))))
       goto fail;
-    m->meta_host = be->ops->alloc_host ? be->ops->alloc_host(be, meta_b) : malloc(meta_b);
+    m->meta_host = be->ops->alloc_host ? be->ops->alloc_host(be, 2 * meta_b) : malloc(2 * meta_b);
     if (!m->meta_host) {
       if (!be->ops->alloc_host)
         ERR("out of memory for the batch metadata staging (%.1f MiB)", (double)meta_b / 1048576.0);
@@ -836,7 +839,8 @@ static int check_batch(const struct model *m, const struct batch *b) {
         return ERR("token %d at position %d outside its sequence of %d", t, b->positions[t], len);
       if (b->slot_mapping[t] >= n_slots)
         return ERR("token %d: slot %d beyond the pool of %lld", t, b->slot_mapping[t], (long long)n_slots);
-      if (b->input_ids[t] < 0 || b->input_ids[t] >= m->config.vocab_size)
+      if ((b->input_ids[t] < 0 && !(m->be->ops->resolve_ids && !m->host_mem && b->input_ids[t] >= -2 * m->max_seqs)) ||
+          b->input_ids[t] >= m->config.vocab_size)
         return ERR("token id %d out of range (vocabulary of %d)", b->input_ids[t], m->config.vocab_size);
     }
   }
@@ -844,8 +848,10 @@ static int check_batch(const struct model *m, const struct batch *b) {
 }
 
 /* The batch in backend memory: the host arrays themselves when the backend's memory is host
- * memory, else packed into the pinned staging m->meta_host (room for m->ml.total) and sent up in one
- * copy into m->meta. The staging is rewritten only after the previous step's final sync. */
+ * memory, else packed into one half of the pinned staging m->meta_host (room for m->ml.total
+ * each) and sent up in one copy into m->meta; the halves alternate, so a half is rewritten only
+ * after the step before the previous one was read back (its copy long done). Ids the previous
+ * step sampled on the device (ids < 0, see struct batch) are resolved there after the copy. */
 static int stage_batch(struct model *m, const struct batch *hb, struct batch *db) {
   *db = *hb;
   if (m->host_mem)
@@ -866,13 +872,20 @@ static int stage_batch(struct model *m, const struct batch *hb, struct batch *db
       {hb->logits_idx, (size_t)hb->num_logits, &db->logits_idx},
   };
   size_t end = 0; /* packed back to back (never more than ml->total), so only what is used goes up */
+  int32_t *host = m->meta_host + (size_t)m->meta_half * m->ml.total;
+  m->meta_half ^= 1;
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
     if (parts[i].n)
-      memcpy(m->meta_host + end, parts[i].src, parts[i].n * sizeof(int32_t));
+      memcpy(host + end, parts[i].src, parts[i].n * sizeof(int32_t));
     *parts[i].dst = m->meta + end;
     end += parts[i].n;
   }
-  return be->ops->upload(be, m->meta, m->meta_host, end * sizeof(int32_t));
+  if (be->ops->upload(be, m->meta, host, end * sizeof(int32_t)))
+    return -1;
+  for (int t = 0; t < T; t++)
+    if (hb->input_ids[t] < 0) /* (check_batch allowed them: the backend resolves them) */
+      return be->ops->resolve_ids(be, (int32_t *)db->input_ids, T, m->max_seqs);
+  return 0;
 }
 
 /* The ops of one step on a staged batch, from the embedding to the final norm (into m->xb); for

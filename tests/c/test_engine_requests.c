@@ -150,16 +150,21 @@ int main(void) {
   pagoda_add_request(e, "The little dog", &sp, &ids[1]);
   const struct pagoda_output *outs;
   int n;
-  for (int k = 0; k < 3; k++)
+  int seen = 0; /* tokens of request 0 reported by these calls (one fewer with asynchronous steps) */
+  for (int k = 0; k < 3; k++) {
     pagoda_engine_step(e, &outs, &n);
+    for (int i = 0; i < n; i++)
+      seen += outs[i].request_id == ids[0] ? outs[i].num_token_ids : 0;
+  }
+  CHECK(seen == 2 || seen == 3, "3 steps report 2 (asynchronous) or 3 tokens: %d", seen);
   CHECK(pagoda_abort(e, ids[1]) == PAGODA_OK, "abort");
   pagoda_engine_stats(e, &st);
   CHECK(st.running == 1, "aborted sequence left the scheduler (%d running)", st.running);
   CHECK(pagoda_abort(e, 999999) == PAGODA_ERR_NOT_FOUND, "unknown id");
   drain(ids, 2, o);
   CHECK(o[1][0].finish == PAGODA_FINISH_ABORT, "reported as aborted");
-  CHECK(o[0][0].n == 61 && !memcmp(o[0][0].tok, base.tok + 3, 61 * 4), "the other request unaffected (%d)",
-        o[0][0].n);
+  CHECK(o[0][0].n == 64 - seen && !memcmp(o[0][0].tok, base.tok + seen, (size_t)(64 - seen) * 4),
+        "the other request unaffected (%d)", o[0][0].n);
   pagoda_engine_stats(e, &st);
   CHECK(st.free_blocks == st.num_blocks, "every block back");
 

@@ -17,13 +17,16 @@
  *    sampling of downloaded logits from the same forward passes), and with CUDA graphs on and
  *    off (PAGODA_CUDA_GRAPHS=0) at 32 and 6 sequences per step (at 6, the prompt-logprob rows are
  *    scored on the device in chunks): identical token ids, logprobs within 1e-4. Also
- *    ops->logprob_rows against sampler_logprob.
+ *    ops->logprob_rows against sampler_logprob. Asynchronous steps (the step N + 1 launched
+ *    before step N's ids are read) against PAGODA_ASYNC_STEPS=0 on the kinds that run them,
+ *    at 32 and 6 sequences per step, and against host sampling.
  * 3. The ops that put every kind on the device: ops->sample_rows with several entries per row
  *    (the first step of n > 1: each sample its own seed) against sampler_pick per entry;
  *    ops->topk_rows (top logprobs, beam candidates: k = 0, 1, 5, 20, 2 x 64) against
  *    beam_candidates / sampler_logprob on rows with many ties (equal ids, values within 1e-4),
  *    straight and from the stash (ops->stash_rows before ops->process changes the rows). With
- *    these the engine-level runs above take logprobs, n = 3 and beams on the device too. */
+ *    these the engine-level runs above take logprobs, n = 3 and beams on the device too.
+ * 4. ops->sample_async into both slots against sample_rows, and ops->resolve_ids. */
 #include <math.h>
 
 #include "gpu_pair.h"
@@ -372,8 +375,35 @@ struct result {
   int n_prompt_lp[MAX_REQ * 3 + 8];
 };
 
+/* ASYNC_MIX: only the kinds that run asynchronous steps (no penalties, logprobs, n > 1, beams or
+ * prompt logprobs), lengths from 3 to 32, so sequences finish at many different steps while the
+ * next one is already launched. EOS is ignored: a sequence that stops on a token stays in the
+ * next (already launched) step, which changes that batch's padded size and with it the bf16
+ * rounding of the other rows, as any other change of batch composition would; the CPU test
+ * (test_engine_async) covers those finishes. */
+static int async_mix;
+
 static void request_params(int i, struct pagoda_sampling_params *sp) {
   pagoda_sampling_params_default(sp);
+  if (async_mix) {
+    static const int32_t ab_ids[2] = {10, 20};
+    static const float ab_values[2] = {2.5f, -100.0f};
+    static const float temps[6] = {0, 1, 0.7f, 1, 1, 0.8f};
+    sp->seed = 2000 + i;
+    sp->max_tokens = 3 + (i * 7) % 30;
+    sp->ignore_eos = 1;
+    sp->temperature = temps[i % 6];
+    sp->top_k = i % 6 == 2 ? 20 : 0;
+    sp->top_p = i % 6 == 3 ? 0.85f : 1;
+    sp->min_p = i % 6 == 4 ? 0.1f : 0;
+    if (i % 6 == 5) {
+      sp->logit_bias_ids = ab_ids;
+      sp->logit_bias_values = ab_values;
+      sp->n_logit_bias = 2;
+    }
+    sp->min_tokens = i % 4 == 1 ? 2 : 0;
+    return;
+  }
   static const int32_t bias_ids[3] = {10, 20, 10};
   static const float bias_values[3] = {2.5f, -100.0f, 1.0f};
   sp->max_tokens = 24 + i % 5;
@@ -398,6 +428,8 @@ static void request_params(int i, struct pagoda_sampling_params *sp) {
 static int run_engine(const char *model, int device_sampling, int graphs, int max_seqs, struct result *res) {
   setenv("PAGODA_DEVICE_SAMPLING", device_sampling ? "1" : "0", 1);
   setenv("PAGODA_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+  if (!getenv("PAGODA_ASYNC_STEPS"))
+    setenv("PAGODA_ASYNC_STEPS", "1", 1);
   struct pagoda_engine_params ep;
   pagoda_engine_params_default(&ep);
   ep.model = model;
@@ -501,6 +533,80 @@ static void test_engine(void) {
   failures += compare("device vs host sampling, 6 sequences (prompt logprobs in chunks)", &dev6, &host6);
   failures += compare("graphs on vs off (32 sequences)", &dev, &nograph);
   failures += compare("graphs on vs off (6 sequences, the rest waiting)", &dev6, &nograph6);
+
+  /* Asynchronous steps against synchronous ones (PAGODA_ASYNC_STEPS=0) on the kinds that run
+   * them, device sampling and graphs on, at 32 sequences per step and at 6 (requests admitted
+   * as others finish); and the full mix above with them on (its synchronous requests make
+   * those steps synchronous until they leave) against host sampling. */
+  static struct result as, sy, as6, sy6;
+  async_mix = 1;
+  setenv("PAGODA_ASYNC_STEPS", "1", 1);
+  int bad = run_engine(model, 1, 1, 32, &as) || run_engine(model, 1, 1, 6, &as6);
+  setenv("PAGODA_ASYNC_STEPS", "0", 1);
+  bad = bad || run_engine(model, 1, 1, 32, &sy) || run_engine(model, 1, 1, 6, &sy6) ||
+        run_engine(model, 0, 1, 32, &host);
+  setenv("PAGODA_ASYNC_STEPS", "1", 1);
+  async_mix = 0;
+  if (bad) {
+    failures++;
+    return;
+  }
+  failures += compare("asynchronous vs synchronous steps (32 sequences)", &as, &sy);
+  failures += compare("asynchronous vs synchronous steps (6 sequences)", &as6, &sy6);
+  failures += compare("asynchronous steps vs host sampling", &as, &host);
+}
+
+/* ops->sample_async into both slots (read back in the other order) against sample_rows, and
+ * ops->resolve_ids: ids < 0 become the ids each slot sampled. */
+static void test_async_ops(int vocab) {
+  struct backend *g = pair_be[1];
+  if (!g->ops->sample_async || !g->ops->sample_wait || !g->ops->resolve_ids || !g->caps.async_steps) {
+    printf("FAIL: the cuda backend does not declare asynchronous steps\n");
+    failures++;
+    return;
+  }
+  enum { N = 12, STRIDE = 32, T = 40 };
+  if (g->ops->reserve(g, 64, STRIDE, 8))
+    pair_die("reserve");
+  size_t sz = (size_t)N * vocab;
+  float *x = malloc(sz * sizeof(float));
+  for (size_t i = 0; i < sz; i++)
+    x[i] = test_randf(&pair_rng) * 4.0f;
+  int32_t rows[2][N], want[2][N], got[2][N], ids[T], res[T], expect[T];
+  struct backend_sample_params params[2][N];
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < N; i++) {
+      rows[k][i] = k ? N - 1 - i : i;
+      params[k][i] = (struct backend_sample_params){i % 3 ? 0.8f : 0.0f, i % 4 == 1 ? 20 : 0, 1.0f, 0.0f,
+                                                   (float)(test_rand(&pair_rng) % 1000) / 1000.0f};
+    }
+  float *d = g->ops->alloc(g, sz * sizeof(float));
+  int32_t *dids = g->ops->alloc(g, sizeof ids);
+  if (!d || !dids || g->ops->upload(g, d, x, sz * sizeof(float)))
+    pair_die("alloc");
+  for (int k = 0; k < 2; k++)
+    if (g->ops->sample_rows(g, want[k], d, rows[k], N, vocab, params[k]))
+      pair_die("sample_rows");
+  if (g->ops->sample_async(g, 0, d, rows[0], N, vocab, params[0]) ||
+      g->ops->sample_async(g, 1, d, rows[1], N, vocab, params[1]) || g->ops->sample_wait(g, 1, got[1], N) ||
+      g->ops->sample_wait(g, 0, got[0], N))
+    pair_die("sample_async");
+  int bad = memcmp(want, got, sizeof want) != 0;
+  for (int t = 0; t < T; t++) {
+    int kind = t % 3, i = (t * 5) % N;
+    ids[t] = kind == 0 ? t * 3 : kind == 1 ? -1 - i : -1 - (STRIDE + i);
+    expect[t] = kind == 0 ? t * 3 : got[kind - 1][i];
+  }
+  if (g->ops->upload(g, dids, ids, sizeof ids) || g->ops->resolve_ids(g, dids, T, STRIDE) ||
+      g->ops->download(g, res, dids, sizeof res))
+    pair_die("resolve_ids");
+  int bad_ids = memcmp(res, expect, sizeof res) != 0;
+  printf("sample_async vocab %6d: %d entries in each slot %s sample_rows; resolve_ids %s\n", vocab, N,
+         bad ? "DIFFER from" : "equal to", bad_ids ? "WRONG" : "right");
+  failures += bad + bad_ids;
+  g->ops->free(g, d);
+  g->ops->free(g, dids);
+  free(x);
 }
 
 int main(void) {
@@ -531,6 +637,8 @@ int main(void) {
     test_topk_rows(32000, 9, 20, 1);
     test_topk_rows(128256, 40, 4, 1);
   }
+  test_async_ops(1000);
+  test_async_ops(128256);
   test_engine();
   pair_close();
   printf(failures ? "FAILED: %d\n" : "all passed\n", failures);

@@ -1,7 +1,7 @@
 """test_cuda_graphs_cli.py - on a GPU: `pagoda run` and `pagoda bench` give the same tokens with
 CUDA graph replay on (PAGODA_CUDA_GRAPHS=1) and off (=0), greedy and seeded sampling, and the
-same with host sampling (PAGODA_DEVICE_SAMPLING=0). Skips without a usable GPU (the cuda module
-or the device missing)."""
+same with host sampling (PAGODA_DEVICE_SAMPLING=0) and with asynchronous steps off
+(PAGODA_ASYNC_STEPS=0). Skips without a usable GPU (the cuda module or the device missing)."""
 import json
 import os
 import subprocess
@@ -39,10 +39,12 @@ def test_run_same_text_graphs_on_off(temp):
     on = pagoda(args, {"PAGODA_CUDA_GRAPHS": "1"})
     off = pagoda(args, {"PAGODA_CUDA_GRAPHS": "0"})
     host = pagoda(args, {"PAGODA_CUDA_GRAPHS": "1", "PAGODA_DEVICE_SAMPLING": "0"})
-    assert on.returncode == off.returncode == host.returncode == 0, (on.stderr + off.stderr).decode()
+    sync = pagoda(args, {"PAGODA_CUDA_GRAPHS": "1", "PAGODA_ASYNC_STEPS": "0"})
+    assert on.returncode == off.returncode == host.returncode == sync.returncode == 0, (on.stderr + off.stderr).decode()
     assert len(on.stdout) > 40
     assert on.stdout == off.stdout
     assert on.stdout == host.stdout
+    assert on.stdout == sync.stdout
 
 
 @needs_gpu
@@ -52,6 +54,20 @@ def test_bench_same_tokens_graphs_on_off(temp):
     args = ["bench", "-m", str(MODEL), "--device", "cuda", "--num-prompts", "40", "--input-len", "24",
             "--output-len", "40", "--temperature", temp, "--seed", "3", "--json"]
     runs = [pagoda(args, {"PAGODA_CUDA_GRAPHS": g}) for g in ("1", "0")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr.decode()
+    on, off = (json.loads(r.stdout) for r in runs)
+    assert on["output_tokens"] == off["output_tokens"] == 40 * 40
+    assert on["output_digest"] == off["output_digest"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("temp", ["0", "1.0"])
+def test_bench_same_tokens_async_steps_on_off(temp):
+    # every request ends by length, so the batches are those of synchronous steps (docs/cuda.md)
+    args = ["bench", "-m", str(MODEL), "--device", "cuda", "--num-prompts", "40", "--input-len", "24",
+            "--output-len", "40", "--temperature", temp, "--seed", "3", "--json"]
+    runs = [pagoda(args, {"PAGODA_ASYNC_STEPS": a}) for a in ("1", "0")]
     for r in runs:
         assert r.returncode == 0, r.stderr.decode()
     on, off = (json.loads(r.stdout) for r in runs)

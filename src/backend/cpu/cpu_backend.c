@@ -208,13 +208,15 @@ struct backend *backend_cpu_create(int n_threads) {
   cb->base.act_dtype = DTYPE_F32;
   /* Host memory; f32 and f16 caches (cpu_attention.c); nothing allocated lazily inside a step
    * (the workspace was zeroed, so its pages already count against MemAvailable); sampling is
-   * the host sampler's (sampling/sampler.c, the reference for every other backend). */
+   * the host sampler's (sampling/sampler.c, the reference for every other backend); asynchronous
+   * steps run the engine's bookkeeping with the host sampler picking at launch. */
   cb->base.caps = (struct backend_caps){.host_memory = 1,
                                         .kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_F16 | 1u << DTYPE_F8E4M3,
                                         .kv_auto = DTYPE_F32,
                                         .kv_auto_gguf = DTYPE_F16,
                                         .needs_profile = 0,
-                                        .device_sampling = 0};
+                                        .device_sampling = 0,
+                                        .async_steps = 1};
   cb->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
   /* All cores by default, but no more threads than the cores other processes leave idle: on a
    * busy machine a team larger than that waits on its descheduled members at every barrier. An

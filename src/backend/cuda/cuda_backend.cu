@@ -59,6 +59,7 @@ static void cuda_free_host(struct backend *be, void *p) {
 static int cuda_upload(struct backend *be, void *dst, const void *host_src, size_t bytes) {
   /* From pageable memory the call returns once the source is staged, so the caller may reuse
    * host_src at once; the copy itself stays ordered on the stream. */
+  cuda_step_timing_start(cuda_be(be)); /* (PAGODA_STEP_TIMING only: a step begins with its batch) */
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda_be(be)->stream));
   return 0;
 }
@@ -244,6 +245,7 @@ static void cuda_free_sample_staging(struct cuda_backend *cb) {
   cb->sample_params_host = NULL;
   cb->sample_tokens_host = NULL;
   cb->sample_cap = 0;
+  cuda_async_free(cb);
 }
 
 /* The sampling staging for ROWS rows: parameters and tokens on the device, their pinned host
@@ -258,6 +260,8 @@ static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
   CUDA_CHECK(cudaMallocHost(&cb->lp_out_host, sizeof(float) * rows));
   CUDA_CHECK(cudaMalloc(&cb->sample_rows_dev, sizeof(int32_t) * rows));
   CUDA_CHECK(cudaMallocHost(&cb->sample_rows_host, sizeof(int32_t) * rows));
+  if (cuda_async_alloc(cb, rows))
+    return -1;
   cb->sample_cap = rows;
   return 0;
 }
@@ -287,6 +291,7 @@ static void cuda_destroy(struct backend *be) {
   cuda_comm_free(cb);
   if (cb->stream)
     cudaStreamSynchronize(cb->stream);
+  cuda_step_timing_report(cb);
   if (cb->blas)
     cublasDestroy(cb->blas);
   cudaFree(cb->blas_ws);
@@ -343,6 +348,9 @@ static const struct backend_ops cuda_ops = {
     /* .sample_rows = */ cuda_op_sample_rows,
     /* .stash_rows = */ cuda_op_stash_rows,
     /* .topk_rows = */ cuda_op_topk_rows,
+    /* .sample_async = */ cuda_op_sample_async,
+    /* .sample_wait = */ cuda_op_sample_wait,
+    /* .resolve_ids = */ cuda_op_resolve_ids,
     /* .bind = */ cuda_bind,
 #ifdef PAGODA_HAVE_NCCL
     /* .comm_id = */ cuda_comm_id,
@@ -454,6 +462,7 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   cb->base.caps.needs_profile = 1;
   cb->base.caps.device_sampling = 1;
   cb->base.caps.graphs = 1;
+  cb->base.caps.async_steps = 1;
   const char *g = getenv("PAGODA_CUDA_GRAPHS"); /* 0: replay off (the batches are padded still) */
   cb->graphs_on = !(g && !strcmp(g, "0"));
   if (cuda_init(cb, p ? p->device_index : 0) != 0) {

@@ -38,6 +38,13 @@ extern "C" {
 
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+/* One slot of the asynchronous steps (see cuda_backend.async). */
+struct cuda_async_slot {
+  int32_t *tokens_dev, *tokens_host;
+  void *stage_dev, *stage_host;
+  cudaEvent_t done;
+};
+
 struct cuda_backend {
   struct backend base;
   int device;
@@ -64,6 +71,22 @@ struct cuda_backend {
    * largest step seen (doubling); pinned host side so the copy up is one async transfer */
   void *proc_dev, *proc_host;
   size_t proc_bytes;
+  /* asynchronous steps (cuda_sample.cu; backend_ops.sample_async): per slot (the step's parity)
+   * the device ids that resolve_ids reads, their pinned copy, the staging of parameters and rows
+   * (params then rows, one copy up), and the event behind the copy down; sample_cap entries each,
+   * allocated with the sampling staging. proc_half: which half of proc_host the next process call
+   * fills (the halves alternate, so step N + 1 never rewrites what step N's copy may still read). */
+  struct cuda_async_slot async[2];
+  int proc_half;
+  /* PAGODA_STEP_TIMING=1 (diagnostics, cuda_sample.cu): GPU timestamps of each asynchronous step,
+   * from its batch copy up (cuda_upload) to its ids' copy down (sample_async), in a ring of 4;
+   * sample_wait adds up the busy time of each step and the idle time before it (the GPU waiting
+   * for the host), logged when the backend is destroyed. The first 16 steps (warm-up, graph
+   * capture) are left out. */
+  int step_timing, st_have_start;
+  cudaEvent_t st_start[4], st_end[4];
+  long long st_steps, st_slot_step[2], st_n;
+  double st_busy_ms, st_idle_ms, st_idle_max_ms;
   /* CUDA graphs (cuda_graph.cu): one per key, captured on the key's second run */
   int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0 */
   struct cuda_graph_entry *graphs;
@@ -145,6 +168,18 @@ int cuda_op_topk_rows(struct backend *be, int32_t *ids, float *lps, float *tlp, 
                       const int32_t *rows, const int32_t *targets, int n, int k);
 /* Frees the topk staging and the stash (cuda_sample.cu). */
 void cuda_sample_free(struct cuda_backend *cb);
+/* Asynchronous steps (cuda_sample.cu): the two slots for ROWS entries each (freed first), and
+ * their release; and the three ops of the same names in backend.h. */
+int cuda_async_alloc(struct cuda_backend *cb, int rows);
+void cuda_async_free(struct cuda_backend *cb);
+int cuda_op_sample_async(struct backend *be, int slot, const float *logits, const int32_t *rows, int n, int vocab,
+                         const struct backend_sample_params *params);
+int cuda_op_sample_wait(struct backend *be, int slot, int32_t *tokens, int n);
+int cuda_op_resolve_ids(struct backend *be, int32_t *ids, int T, int stride);
+/* PAGODA_STEP_TIMING: marks the start of a step's GPU work (before its batch copy up); logs the
+ * totals (cuda_destroy). */
+void cuda_step_timing_start(struct cuda_backend *cb);
+void cuda_step_timing_report(struct cuda_backend *cb);
 
 /* bf16 GEMV for decode-sized T (cuda_gemv.cu): T <= gemv_max_t (CUDA_GEMV_MAX_T unless
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */

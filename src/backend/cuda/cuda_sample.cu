@@ -7,6 +7,8 @@
  * together. Unnormalised probabilities w = exp((logit - max) / temperature) lie in (0, 1]. */
 #include "backend/cuda/cuda_backend.h"
 
+#include <stdlib.h>
+
 #define SAMPLE_THREADS 1024
 
 /* Monotonic map of a float to uint32: a < b  <=>  key(a) < key(b) (NaN aside). */
@@ -233,6 +235,134 @@ int cuda_op_sample_rows(struct backend *be, int32_t *tokens, const float *logits
   return sample_launch(cuda_be(be), tokens, logits, rows, n, vocab, params);
 }
 
+/* ---- Asynchronous steps: sample_async / sample_wait / resolve_ids (backend.h) ---- */
+
+void cuda_step_timing_start(struct cuda_backend *cb) {
+  if (cb->step_timing && cudaEventRecord(cb->st_start[cb->st_steps % 4], cb->stream) == cudaSuccess)
+    cb->st_have_start = 1;
+}
+
+void cuda_step_timing_report(struct cuda_backend *cb) {
+  if (!cb->step_timing)
+    return;
+  if (cb->st_n > 0)
+    log_info("cuda step timing: %lld asynchronous steps after the first 16: GPU busy %.4f ms, idle %.4f ms per "
+             "step on average (idle at most %.4f ms; busy = batch copy up to ids copy down)",
+             cb->st_n, cb->st_busy_ms / (double)cb->st_n, cb->st_idle_ms / (double)cb->st_n, cb->st_idle_max_ms);
+  for (int i = 0; i < 4; i++) {
+    cudaEventDestroy(cb->st_start[i]);
+    cudaEventDestroy(cb->st_end[i]);
+  }
+  cb->step_timing = 0;
+}
+
+void cuda_async_free(struct cuda_backend *cb) {
+  for (int i = 0; i < 2; i++) {
+    struct cuda_async_slot *a = &cb->async[i];
+    cudaFree(a->tokens_dev);
+    cudaFree(a->stage_dev);
+    cudaFreeHost(a->tokens_host);
+    cudaFreeHost(a->stage_host);
+    if (a->done)
+      cudaEventDestroy(a->done);
+    memset(a, 0, sizeof *a);
+  }
+}
+
+int cuda_async_alloc(struct cuda_backend *cb, int rows) {
+  cuda_async_free(cb);
+  size_t stage = (sizeof(struct backend_sample_params) + sizeof(int32_t)) * (size_t)rows;
+  for (int i = 0; i < 2; i++) {
+    struct cuda_async_slot *a = &cb->async[i];
+    CUDA_CHECK(cudaMalloc(&a->tokens_dev, sizeof(int32_t) * rows));
+    CUDA_CHECK(cudaMallocHost(&a->tokens_host, sizeof(int32_t) * rows));
+    CUDA_CHECK(cudaMalloc(&a->stage_dev, stage));
+    CUDA_CHECK(cudaMallocHost(&a->stage_host, stage));
+    CUDA_CHECK(cudaEventCreateWithFlags(&a->done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMemset(a->tokens_dev, 0, sizeof(int32_t) * rows));
+  }
+  const char *st = getenv("PAGODA_STEP_TIMING");
+  if (st && !strcmp(st, "1") && !cb->step_timing) {
+    for (int i = 0; i < 4; i++) {
+      CUDA_CHECK(cudaEventCreate(&cb->st_start[i]));
+      CUDA_CHECK(cudaEventCreate(&cb->st_end[i]));
+    }
+    cb->step_timing = 1;
+  }
+  return 0;
+}
+
+/* Parameters and rows up in one copy from the slot's pinned staging, one launch, the ids down to
+ * the slot's pinned buffer, the slot's event. No sync. */
+int cuda_op_sample_async(struct backend *be, int slot, const float *logits, const int32_t *rows, int n, int vocab,
+                         const struct backend_sample_params *params) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (slot < 0 || slot > 1 || n < 0 || n > cb->sample_cap || vocab <= 0 || !rows)
+    return ERR("cuda sample_async: slot %d, %d entries (at most %d), vocab %d", slot, n, cb->sample_cap, vocab);
+  struct cuda_async_slot *a = &cb->async[slot];
+  if (n) {
+    size_t pb = sizeof *params * (size_t)n, rb = sizeof(int32_t) * (size_t)n;
+    memcpy(a->stage_host, params, pb);
+    memcpy((char *)a->stage_host + pb, rows, rb);
+    CUDA_CHECK(cudaMemcpyAsync(a->stage_dev, a->stage_host, pb + rb, cudaMemcpyHostToDevice, cb->stream));
+    sample_kernel<<<n, SAMPLE_THREADS, 0, cb->stream>>>(a->tokens_dev, logits,
+                                                       (const struct backend_sample_params *)a->stage_dev,
+                                                       (const int32_t *)((char *)a->stage_dev + pb), vocab);
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(a->tokens_host, a->tokens_dev, rb, cudaMemcpyDeviceToHost, cb->stream));
+  }
+  if (cb->step_timing) {
+    int k = (int)(cb->st_steps % 4);
+    if (!cb->st_have_start)
+      CUDA_CHECK(cudaEventRecord(cb->st_start[k], cb->stream));
+    CUDA_CHECK(cudaEventRecord(cb->st_end[k], cb->stream));
+    cb->st_slot_step[slot] = cb->st_steps++;
+    cb->st_have_start = 0;
+  }
+  CUDA_CHECK(cudaEventRecord(a->done, cb->stream));
+  return 0;
+}
+
+int cuda_op_sample_wait(struct backend *be, int slot, int32_t *tokens, int n) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (slot < 0 || slot > 1 || n < 0 || n > cb->sample_cap)
+    return ERR("cuda sample_wait: slot %d, %d entries (at most %d)", slot, n, cb->sample_cap);
+  CUDA_CHECK(cudaEventSynchronize(cb->async[slot].done));
+  long long st = cb->st_slot_step[slot];
+  if (cb->step_timing && st >= 16 && cb->st_steps - st <= 2) { /* its events (and the step before's) intact */
+    float busy = 0, idle = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&busy, cb->st_start[st % 4], cb->st_end[st % 4]));
+    CUDA_CHECK(cudaEventElapsedTime(&idle, cb->st_end[(st - 1) % 4], cb->st_start[st % 4]));
+    cb->st_busy_ms += busy;
+    cb->st_idle_ms += idle > 0 ? idle : 0;
+    cb->st_idle_max_ms = idle > cb->st_idle_max_ms ? idle : cb->st_idle_max_ms;
+    cb->st_n++;
+  }
+  if (n)
+    memcpy(tokens, cb->async[slot].tokens_host, sizeof(int32_t) * (size_t)n);
+  return 0;
+}
+
+__global__ void resolve_ids_kernel(int32_t *ids, int T, const int32_t *slot0, const int32_t *slot1, int stride) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < T && ids[t] < 0) {
+    int k = -1 - ids[t];
+    ids[t] = (k < stride ? slot0 : slot1)[k % stride];
+  }
+}
+
+int cuda_op_resolve_ids(struct backend *be, int32_t *ids, int T, int stride) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (T < 0 || stride < 1 || stride > cb->sample_cap || !cb->async[0].tokens_dev)
+    return ERR("cuda resolve_ids: %d ids, stride %d (at most %d)", T, stride, cb->sample_cap);
+  if (T == 0)
+    return 0;
+  resolve_ids_kernel<<<(T + 255) / 256, 256, 0, cb->stream>>>(ids, T, cb->async[0].tokens_dev,
+                                                               cb->async[1].tokens_dev, stride);
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
 /* One thread per entry (distinct tokens per row, so no two threads touch one logit). Every
  * operation is rounded as the host's (--use_fast_math would otherwise turn the division into an
  * approximation), so the result is bitwise sampler_apply_processors'. */
@@ -261,7 +391,7 @@ int cuda_op_process(struct backend *be, float *logits, int vocab, const struct b
   if (n <= 0)
     return n == 0 ? 0 : ERR("cuda process: %d entries", n);
   size_t eb = sizeof *entries * (size_t)n, bb = sizeof(float) * (size_t)n_bias, need = eb + bb;
-  if (need > cb->proc_bytes) { /* grows to the largest step seen; the stream is idle past the last sync */
+  if (need > cb->proc_bytes) { /* grows to the largest step seen (a sync: rare, never per token) */
     size_t cap = cb->proc_bytes ? cb->proc_bytes : (size_t)1 << 16;
     while (cap < need)
       cap *= 2;
@@ -271,14 +401,17 @@ int cuda_op_process(struct backend *be, float *logits, int vocab, const struct b
     cb->proc_dev = cb->proc_host = NULL;
     cb->proc_bytes = 0;
     CUDA_CHECK(cudaMalloc(&cb->proc_dev, cap));
-    CUDA_CHECK(cudaMallocHost(&cb->proc_host, cap));
+    CUDA_CHECK(cudaMallocHost(&cb->proc_host, 2 * cap));
     cb->proc_bytes = cap;
   }
-  /* The previous use of the pinned staging ended at the last sync (sample synchronises). */
-  memcpy(cb->proc_host, entries, eb);
+  /* Two pinned halves used in turn: one call per step, and the step before the previous one
+   * has been read back (its copy up long done) before the engine stages the next. */
+  char *host = (char *)cb->proc_host + (size_t)cb->proc_half * cb->proc_bytes;
+  cb->proc_half ^= 1;
+  memcpy(host, entries, eb);
   if (bb)
-    memcpy((char *)cb->proc_host + eb, bias, bb);
-  CUDA_CHECK(cudaMemcpyAsync(cb->proc_dev, cb->proc_host, need, cudaMemcpyHostToDevice, cb->stream));
+    memcpy(host + eb, bias, bb);
+  CUDA_CHECK(cudaMemcpyAsync(cb->proc_dev, host, need, cudaMemcpyHostToDevice, cb->stream));
   process_kernel<<<(n + 255) / 256, 256, 0, cb->stream>>>(logits, vocab, (const struct backend_proc_entry *)cb->proc_dev,
                                                           n, (const float *)((char *)cb->proc_dev + eb));
   CUDA_LAUNCH_CHECK();
