@@ -146,7 +146,8 @@ struct attn_args {
   /* split-context decode (cuda_attn_decode.cu) */
   float *part_acc; /* (B, n_heads, n_parts, hd) unnormalized partial outputs */
   float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum) */
-  int n_parts, part_len;
+  int n_parts;  /* the grid's partitions per (sequence, KV head) */
+  int part_len; /* the granule of a partition's length (keys); see dec_part_len */
 };
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a

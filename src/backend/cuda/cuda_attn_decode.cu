@@ -3,7 +3,8 @@
  *
  * Grid (num_seqs * n_kv_heads, n_parts). The thread block of (sequence b, KV head kvh,
  * partition p) serves the G = n_heads / n_kv_heads query heads of kvh over the keys
- * first + p * part_len .. first + (p + 1) * part_len - 1 (clipped to the context), so each K/V
+ * first + p * L .. first + (p + 1) * L - 1 (clipped to the context; L = dec_part_len of the
+ * sequence's own key count), so each K/V
  * row is read once per group. A row is split over LPR = head_dim / N lanes, each loading 16 bytes
  * (N = 8 bf16 or 16 e4m3 values), so a warp's load covers KPW = 32 / LPR consecutive rows of one
  * block; each lane group issues the loads of U keys before using any of them, and keeps its own
@@ -31,6 +32,17 @@
 #define DEC_CTAS_PER_SM_BF16 6
 #define DEC_CTAS_PER_SM_F8 8
 
+/* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
+ * partitions, rounded up to the granule a.part_len (a whole number of warp steps, at least
+ * DEC_MIN_PART keys). Worked out on the device from the sequence's own length, so a launch sized
+ * by a loose host bound (a CUDA graph's max_model_len) still splits a short context over many
+ * thread blocks; at most n_parts partitions are used. */
+__device__ __forceinline__ int dec_part_len(const attn_args &a, int nkeys) {
+  int per = (nkeys + a.n_parts - 1) / a.n_parts;
+  per = (per + a.part_len - 1) / a.part_len * a.part_len;
+  return per > a.part_len ? per : a.part_len;
+}
+
 template <int BS, int HD, int G, class KV, int U>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_args a) {
   typedef typename KV::elem E;
@@ -48,7 +60,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
   if (tk.q_len <= 0)
     return; /* a padded sequence without a query: nothing to write */
   const int nkeys = tk.ctx - tk.first;
-  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  const int plen = dec_part_len(a, nkeys);
+  const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
   if (p >= (nparts > 0 ? nparts : 1))
     return; /* past this sequence's end (the grid is sized by the host bound) */
   if (nparts == 0) { /* no keys: zeros, as the general kernels */
@@ -56,8 +69,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
       a.out[((size_t)t * a.n_heads + kvh * G) * HD + i] = __float2bfloat16(0.0f);
     return;
   }
-  const int k0 = tk.first + p * a.part_len;
-  const int k1 = min(k0 + a.part_len, tk.ctx);
+  const int k0 = tk.first + p * plen;
+  const int k1 = min(k0 + plen, tk.ctx);
 
   /* q of the group's heads: this lane's N dims, scaled */
   float qv[G][N];
@@ -222,7 +235,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   if (tk.q_len <= 0)
     return;
   const int nkeys = tk.ctx - tk.first;
-  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  const int plen = dec_part_len(a, nkeys);
+  const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
   if (p >= (nparts > 0 ? nparts : 1))
     return;
   if (nparts == 0) {
@@ -230,8 +244,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
       a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] = __float2bfloat16(0.0f);
     return;
   }
-  const int k0 = tk.first + p * a.part_len;
-  const int k1 = min(k0 + a.part_len, tk.ctx);
+  const int k0 = tk.first + p * plen;
+  const int k1 = min(k0 + plen, tk.ctx);
 
   /* Q as the A operand, row g (head kvh * G + g; zero past G), in the permuted dim order:
    * pairs 2c and 2c + 1 are chunk c's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9) */
@@ -341,7 +355,8 @@ __global__ void attn_decode_reduce_kernel(const attn_args a) {
   const int t = a.query_start[b];
   attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, t, b, a.window);
   const int nkeys = tk.ctx - tk.first;
-  const int nparts = nkeys > 0 ? (nkeys + a.part_len - 1) / a.part_len : 0;
+  const int plen = dec_part_len(a, nkeys);
+  const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
   if (tk.q_len <= 0 || nparts <= 1)
     return; /* written by the main kernel */
   const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
@@ -506,12 +521,9 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile, f8);
   while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes)
     P--; /* capturing with too small a scratch: fewer, longer partitions */
-  int part_len = (max_keys + P - 1) / P;
-  int step = DEC_WARPS * tile;
-  part_len = (part_len + step - 1) / step * step;
-  P = (max_keys + part_len - 1) / part_len;
+  int step = DEC_WARPS * tile; /* the granule: whole warp steps, at least DEC_MIN_PART keys */
   a->n_parts = P;
-  a->part_len = part_len;
+  a->part_len = (DEC_MIN_PART + step - 1) / step * step;
   size_t nml = (size_t)a->B * a->n_heads * P;
   a->part_ml = (float2 *)cb->attn_scratch;
   a->part_acc = (float *)((char *)cb->attn_scratch + nml * sizeof(float2));
