@@ -132,6 +132,17 @@ static inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+/* The exact totals of NT (1..4) vectors of 8 int32 lanes: for 4, one reduction. */
+static inline void hsum4_i32(const __m256i *v, int nt, int32_t *tot) {
+  if (nt == 4) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_storeu_si128((__m128i *)tot, _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    return;
+  }
+  for (int j = 0; j < nt; j++)
+    tot[j] = hsum_i32(v[j]);
+}
+
 /* Signed levels times activations, 32 values: the exact integer dot product. */
 static inline int32_t idot_s_total(__m256i w, const int8_t *qa) {
   __m256i x = _mm256_loadu_si256((const __m256i *)qa);
@@ -360,10 +371,10 @@ QD_INLINE void dot_q4_K_n(const void *vw, const struct block_q8_K *const *a, int
         for (int p = 0; p < 4; p++)
           s2[p] = _mm256_add_epi32(scaled_pairs(lv[2 * p], b->qs + 64 * p, _mm256_set1_epi16(sc[2 * p])),
                                    scaled_pairs(lv[2 * p + 1], b->qs + 64 * p + 32, _mm256_set1_epi16(sc[2 * p + 1])));
-        /* the 4 exact totals from one reduction, then the fmas in order */
-        __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s2[0], s2[1]), _mm256_hadd_epi32(s2[2], s2[3]));
+        int32_t tot[4]; /* the 4 exact totals from one reduction, then the fmas in order */
+        hsum4_i32(s2, 4, tot);
         float tf[4];
-        _mm_storeu_ps(tf, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))));
+        _mm_storeu_ps(tf, _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)tot)));
         for (int p = 0; p < 4; p++) {
           int32_t imin = m[2 * p] * (b->bsums[4 * p] + b->bsums[4 * p + 1]) +
                          m[2 * p + 1] * (b->bsums[4 * p + 2] + b->bsums[4 * p + 3]);
@@ -414,22 +425,27 @@ QD_INLINE void dot_q5_K_n(const void *vw, const struct block_q8_K *const *a, int
         lv[c] = _mm256_or_si256(u, _mm256_slli_epi16(hb, 4));
       }
     }
+    __m256i sumi[QD_NT];
+    int32_t msum[QD_NT];
     for (int j = 0; j < nt; j++) {
       const struct block_q8_K *b = a[j] + i;
-      int32_t msum = 0;
+      msum[j] = 0;
       for (int c = 0; c < 8; c++)
-        msum += m[c] * (b->bsums[2 * c] + b->bsums[2 * c + 1]);
-      __m256i sumi = _mm256_setzero_si256();
+        msum[j] += m[c] * (b->bsums[2 * c] + b->bsums[2 * c + 1]);
+      sumi[j] = _mm256_setzero_si256();
       for (int c = 0; c < 8; c++)
-        sumi = _mm256_add_epi32(sumi, scaled_pairs(lv[c], b->qs + 32 * c, _mm256_set1_epi16(sc[c])));
-      if (prefill) {
-        float r = fmaf(-dmw, (float)msum, dw * (float)hsum_i32(sumi));
-        summs[j] = fmaf(r, b->d, summs[j]);
+        sumi[j] = _mm256_add_epi32(sumi[j], scaled_pairs(lv[c], b->qs + 32 * c, _mm256_set1_epi16(sc[c])));
+      if (prefill)
         continue;
-      }
       /* llama.cpp's C is compiled with FP contraction: this is one fma there */
-      summs[j] = fmaf(-b->d * dmw, (float)msum, summs[j]);
-      acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi), acc[j]);
+      summs[j] = fmaf(-b->d * dmw, (float)msum[j], summs[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+    }
+    if (prefill) {
+      int32_t tot[QD_NT];
+      hsum4_i32(sumi, nt, tot);
+      for (int j = 0; j < nt; j++)
+        summs[j] = fmaf(fmaf(-dmw, (float)msum[j], dw * (float)tot[j]), a[j][i].d, summs[j]);
     }
   }
   for (int j = 0; j < nt; j++)
@@ -461,19 +477,24 @@ QD_INLINE void dot_q6_K_n(const void *vw, const struct block_q8_K *const *a, int
         sc[c] = _mm256_setr_m128i(_mm_set1_epi16(scs[2 * c]), _mm_set1_epi16(scs[2 * c + 1]));
       }
     }
+    __m256i sumi[QD_NT];
     for (int j = 0; j < nt; j++) {
       const struct block_q8_K *b = a[j] + i;
       /* the offset of 32: 32 * (S16[2l] * sc[2l] + S16[2l+1] * sc[2l+1]) in lane l */
       __m256i bs = _mm256_loadu_si256((const __m256i *)b->bsums);
       __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16), 5);
-      __m256i sumi = _mm256_setzero_si256();
+      sumi[j] = _mm256_setzero_si256();
       for (int c = 0; c < 8; c++)
-        sumi = _mm256_add_epi32(sumi, scaled_pairs(lv[c], b->qs + 32 * c, sc[c]));
-      sumi = _mm256_sub_epi32(sumi, off);
-      if (prefill)
-        accs[j] = fmaf(dw * (float)hsum_i32(sumi), b->d, accs[j]);
-      else
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi), acc[j]);
+        sumi[j] = _mm256_add_epi32(sumi[j], scaled_pairs(lv[c], b->qs + 32 * c, sc[c]));
+      sumi[j] = _mm256_sub_epi32(sumi[j], off);
+      if (!prefill)
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+    }
+    if (prefill) {
+      int32_t tot[QD_NT];
+      hsum4_i32(sumi, nt, tot);
+      for (int j = 0; j < nt; j++)
+        accs[j] = fmaf(dw * (float)tot[j], a[j][i].d, accs[j]);
     }
   }
   for (int j = 0; j < nt; j++)
