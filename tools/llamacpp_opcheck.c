@@ -174,8 +174,8 @@ int main(int argc, char **argv) {
         float *got = malloc(sizeof(float) * nq);
         snprintf(a, sizeof a, "kqv_out-%d", L);
         float *want = load(a, 0, NULL);
-        if (want && be->ops->kv_write(be, &kv, kr, v, &bt) == 0 &&
-            be->ops->attention(be, got, qr, &kv, &bt, nh, 1.0f / sqrtf((float)hd)) == 0)
+        struct attn_params ap = {nh, 1.0f / sqrtf((float)hd), 0.0f, 0};
+        if (want && be->ops->kv_write(be, &kv, kr, v, &bt) == 0 && be->ops->attention(be, got, qr, &kv, &bt, &ap) == 0)
           compare("attention", got, want, nq);
         free(got), free(want), free(table), free(kv.k), free(kv.v);
       }

@@ -325,52 +325,75 @@ void quantize_row_q8_K(const float *x, struct block_q8_K *y, int64_t k) {
   }
 }
 
-/* Asymmetric fit of N values to levels [0, nmax]: x ~ scale * q - min with min >= 0 (zero
- * always representable, as ggml does). Starts from the range and refines (scale, min) by least
- * squares over the chosen levels, keeping whichever fit has the lower squared error. */
-static void fit_scale_min(const float *x, int n, int nmax, float *scale, float *min) {
-  float mn, mx;
-  minmax(x, n, &mn, &mx);
-  if (mn > 0.0f)
-    mn = 0.0f;
-  float s = (mx - mn) / (float)nmax, m = -mn;
-  if (s == 0.0f) {
-    *scale = 0.0f;
-    *min = m;
-    return;
+/* The K-quant quantizers are llama.cpp's reference ones (ggml-quants.c: quantize_row_q4_K_ref,
+ * q5_K_ref, q6_K_ref, what llama-quantize runs without an importance matrix), so --isq gives
+ * llama-quantize's bytes (tests/c/test_quant_llamacpp.c). ggml-base is compiled without FMA, and
+ * this file with -std=c11 (no contraction): each float operation below is one rounding in the
+ * same order as there. Rounding to the nearest level is lrintf (ggml's nearest_int: the same for
+ * |v| < 2^22, the only range these reach). */
+
+/* Levels L[i] in [0, nmax] for x ~ scale * L + min over N values (min <= 0), weighted least
+ * squares over NSTEP + 1 trial inverse scales (nmax + rmin + rdelta * is) / (max - min); returns
+ * the scale and -min in *NEG_MIN (ggml's make_qkx2_quants, squared error). */
+static float fit_asym_levels(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
+                             float rmin, float rdelta, int nstep) {
+  float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+  for (int i = 1; i < n; i++) {
+    if (x[i] < min)
+      min = x[i];
+    if (x[i] > max)
+      max = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
   }
-  float best_err = FLT_MAX, best_s = s, best_m = m;
-  for (int it = 0; it < 3; it++) {
-    float is = 1.0f / s, err = 0.0f;
-    double sq = 0, sqq = 0, sx = 0, sxq = 0;
-    for (int j = 0; j < n; j++) {
-      int q = clampi((int)lrintf((x[j] + m) * is), 0, nmax);
-      float e = s * (float)q - m - x[j];
-      err += e * e;
-      sq += q;
-      sqq += (double)q * q;
-      sx += x[j];
-      sxq += (double)x[j] * q;
-    }
-    if (err < best_err) {
-      best_err = err;
-      best_s = s;
-      best_m = m;
-    }
-    /* x ~ a q + b: a = (n sxq - sx sq) / (n sqq - sq^2), b = (sx - a sq) / n. */
-    double den = n * sqq - sq * sq;
-    if (den <= 0)
-      break;
-    double a = (n * sxq - sx * sq) / den, b = (sx - a * sq) / n;
-    if (a <= 0)
-      break;
-    if (b > 0) /* min must stay >= 0: refit the scale alone through zero */
-      b = 0, a = sxq / sqq;
-    s = (float)a;
-    m = (float)-b;
+  if (min > 0.0f)
+    min = 0.0f;
+  if (max == min) {
+    memset(L, 0, (size_t)n);
+    *neg_min = -min;
+    return 0.0f;
   }
-  *scale = best_s;
-  *min = best_m;
+  float iscale = (float)nmax / (max - min), scale = 1.0f / iscale, best_error = 0.0f;
+  for (int i = 0; i < n; i++) {
+    L[i] = (uint8_t)clampi((int)lrintf(iscale * (x[i] - min)), 0, nmax);
+    float diff = scale * (float)L[i] + min - x[i];
+    best_error += w[i] * (diff * diff);
+  }
+  uint8_t Laux[32];
+  for (int is = 0; is <= nstep; is++) {
+    iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+    float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+    for (int i = 0; i < n; i++) {
+      int l = clampi((int)lrintf(iscale * (x[i] - min)), 0, nmax);
+      Laux[i] = (uint8_t)l;
+      float wl = w[i] * (float)l;
+      sum_l += wl;
+      sum_l2 += wl * (float)l;
+      sum_xl += wl * x[i];
+    }
+    float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (D > 0.0f) {
+      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+      if (this_min > 0.0f) {
+        this_min = 0.0f;
+        this_scale = sum_xl / sum_l2;
+      }
+      float cur_error = 0.0f;
+      for (int i = 0; i < n; i++) {
+        float diff = this_scale * (float)Laux[i] + this_min - x[i];
+        cur_error += w[i] * (diff * diff);
+      }
+      if (cur_error < best_error) {
+        memcpy(L, Laux, (size_t)n);
+        best_error = cur_error;
+        scale = this_scale;
+        min = this_min;
+      }
+    }
+  }
+  *neg_min = -min;
+  return scale;
 }
 
 /* Packs 6-bit scales SC and mins M of 8 sub-blocks into the 12 bytes of Q4_K / Q5_K (the inverse
@@ -389,37 +412,53 @@ static void pack_scale_min_k4(const uint8_t *sc, const uint8_t *m, uint8_t *q) {
   }
 }
 
-/* Shared by Q4_K (NMAX 15) and Q5_K (NMAX 31): fills d, dmin, the packed scales and the levels
- * L[256] of one super-block. */
-static void quantize_k_asym(const float *x, int nmax, qhalf *dh, qhalf *dminh, uint8_t *scales, uint8_t *L) {
-  float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+/* Shared by Q4_K (NMAX 15: rmin -1, 20 steps) and Q5_K (NMAX 31: rmin -0.5, 15 steps): d, dmin,
+ * the packed scales and the levels L[256] of one super-block. Each 32-value sub-block is fitted
+ * with weights rms(x) + |x_i|; the scales and mins are rounded to 6 bits of the largest; the
+ * levels are then recomputed with the rounded ones (a sub-block whose rounded scale is 0 keeps
+ * its fitted levels). */
+static void quantize_k_asym(const float *x, int nmax, float rmin, int nstep, qhalf *dh, qhalf *dminh,
+                            uint8_t *scales, uint8_t *L) {
+  float sc[8], mn[8], w[32], max_sc = 0.0f, max_mn = 0.0f;
   for (int s = 0; s < 8; s++) {
-    fit_scale_min(x + 32 * s, 32, nmax, &sc[s], &mn[s]);
-    max_sc = fmaxf(max_sc, sc[s]);
-    max_mn = fmaxf(max_mn, mn[s]);
+    const float *xs = x + 32 * s;
+    float sum_x2 = 0.0f;
+    for (int l = 0; l < 32; l++)
+      sum_x2 += xs[l] * xs[l];
+    float av_x = sqrtf(sum_x2 / 32.0f);
+    for (int l = 0; l < 32; l++)
+      w[l] = av_x + fabsf(xs[l]);
+    sc[s] = fit_asym_levels(32, nmax, xs, w, L + 32 * s, &mn[s], rmin, 0.1f, nstep);
+    if (sc[s] > max_sc)
+      max_sc = sc[s];
+    if (mn[s] > max_mn)
+      max_mn = mn[s];
   }
-  float d = max_sc / 63.0f, dmin = max_mn / 63.0f;
-  *dh = F2H(d);
-  *dminh = F2H(dmin);
-  d = H2F(*dh);
-  dmin = H2F(*dminh);
+  float inv_sc = max_sc > 0.0f ? 63.0f / max_sc : 0.0f, inv_mn = max_mn > 0.0f ? 63.0f / max_mn : 0.0f;
   uint8_t qs[8], qm[8];
-  for (int s = 0; s < 8; s++) {
-    qs[s] = (uint8_t)(d > 0.0f ? clampi((int)lrintf(sc[s] / d), 0, 63) : 0);
-    qm[s] = (uint8_t)(dmin > 0.0f ? clampi((int)lrintf(mn[s] / dmin), 0, 63) : 0);
+  for (int s = 0; s < 8; s++) { /* as uint8_t, then at most 63 (a negative scale wraps to 63, as in ggml) */
+    qs[s] = (uint8_t)lrintf(inv_sc * sc[s]);
+    qm[s] = (uint8_t)lrintf(inv_mn * mn[s]);
+    qs[s] = qs[s] < 63 ? qs[s] : 63;
+    qm[s] = qm[s] < 63 ? qm[s] : 63;
   }
   pack_scale_min_k4(qs, qm, scales);
+  *dh = F2H(max_sc / 63.0f);
+  *dminh = F2H(max_mn / 63.0f);
   for (int s = 0; s < 8; s++) {
-    float ds = d * (float)qs[s], dm = dmin * (float)qm[s];
+    float ds = H2F(*dh) * (float)qs[s];
+    if (ds == 0.0f)
+      continue;
+    float dm = H2F(*dminh) * (float)qm[s];
     for (int l = 0; l < 32; l++)
-      L[32 * s + l] = (uint8_t)(ds > 0.0f ? clampi((int)lrintf((x[32 * s + l] + dm) / ds), 0, nmax) : 0);
+      L[32 * s + l] = (uint8_t)clampi((int)lrintf((x[32 * s + l] + dm) / ds), 0, nmax);
   }
 }
 
 void quantize_row_q4_K(const float *x, struct block_q4_K *y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
     uint8_t L[QK_K];
-    quantize_k_asym(x, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+    quantize_k_asym(x, 15, -1.0f, 20, &y[i].d, &y[i].dmin, y[i].scales, L);
     for (int s = 0; s < 8; s += 2)
       for (int l = 0; l < 32; l++)
         y[i].qs[16 * s + l] = (uint8_t)(L[32 * s + l] | (L[32 * (s + 1) + l] << 4));
@@ -429,7 +468,7 @@ void quantize_row_q4_K(const float *x, struct block_q4_K *y, int64_t k) {
 void quantize_row_q5_K(const float *x, struct block_q5_K *y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
     uint8_t L[QK_K];
-    quantize_k_asym(x, 31, &y[i].d, &y[i].dmin, y[i].scales, L);
+    quantize_k_asym(x, 31, -0.5f, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
     memset(y[i].qh, 0, sizeof y[i].qh);
     for (int s = 0; s < 8; s++)
       for (int l = 0; l < 32; l++)
@@ -440,48 +479,78 @@ void quantize_row_q5_K(const float *x, struct block_q5_K *y, int64_t k) {
   }
 }
 
-/* Q6_K sub-block scale: the largest magnitude v mapped to -32 + delta for delta in 0..3 in
- * quarter steps, keeping the scale with the lowest squared error over the 16 values. */
-static float q6_scale(const float *x) {
-  float v = signed_absmax(x, 16), best = v / -32.0f, best_err = FLT_MAX;
-  if (v == 0.0f)
-    return 0.0f;
-  for (int i = 0; i <= 12; i++) {
-    float s = v / (-32.0f + 0.25f * (float)i), is = 1.0f / s, err = 0.0f;
-    for (int j = 0; j < 16; j++) {
-      float e = s * (float)clampi((int)lrintf(x[j] * is), -32, 31) - x[j];
-      err += e * e;
+/* Q6_K sub-block scale (ggml's make_qx_quants with weights x^2): the largest magnitude v at
+ * level -nmax, then the inverse scales -(nmax + 0.1 is) / v for is = -9..9, keeping the best
+ * weighted least-squares fit; L[i] = level + nmax. */
+static float fit_sym_levels(int n, int nmax, const float *x, int8_t *L) {
+  float max = 0.0f, amax = 0.0f;
+  for (int i = 0; i < n; i++)
+    if (fabsf(x[i]) > amax) {
+      amax = fabsf(x[i]);
+      max = x[i];
     }
-    if (err < best_err)
-      best_err = err, best = s;
+  if (amax < 1e-15f) {
+    memset(L, 0, (size_t)n);
+    return 0.0f;
   }
-  return best;
+  float iscale = (float)-nmax / max, sumlx = 0.0f, suml2 = 0.0f;
+  for (int i = 0; i < n; i++) {
+    int l = clampi((int)lrintf(iscale * x[i]), -nmax, nmax - 1);
+    L[i] = (int8_t)(l + nmax);
+    float w = x[i] * x[i];
+    sumlx += w * x[i] * (float)l;
+    suml2 += w * (float)l * (float)l;
+  }
+  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+  for (int is = -9; is <= 9; is++) {
+    if (is == 0)
+      continue;
+    iscale = -((float)nmax + 0.1f * (float)is) / max;
+    sumlx = suml2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+      float l = (float)clampi((int)lrintf(iscale * x[i]), -nmax, nmax - 1), w = x[i] * x[i];
+      sumlx += w * x[i] * l;
+      suml2 += w * l * l;
+    }
+    if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; i++)
+        L[i] = (int8_t)(nmax + clampi((int)lrintf(iscale * x[i]), -nmax, nmax - 1));
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
 }
 
 void quantize_row_q6_K(const float *x, struct block_q6_K *y, int64_t k) {
   for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
     float sc[16], max_sc = 0.0f, amax_sc = 0.0f;
+    int8_t L[QK_K];
     for (int s = 0; s < 16; s++) {
-      sc[s] = q6_scale(x + 16 * s); /* the largest magnitude near level -32 */
+      sc[s] = fit_sym_levels(16, 32, x + 16 * s, L + 16 * s);
       if (fabsf(sc[s]) > amax_sc) {
         amax_sc = fabsf(sc[s]);
         max_sc = sc[s];
       }
     }
-    float d = max_sc / -128.0f;
-    y[i].d = F2H(d);
-    d = H2F(y[i].d);
-    uint8_t L[QK_K];
+    if (amax_sc < 1e-15f) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    float iscale = -128.0f / max_sc;
+    y[i].d = F2H(1.0f / iscale);
     for (int s = 0; s < 16; s++) {
-      int q = d != 0.0f ? clampi((int)lrintf(sc[s] / d), -128, 127) : 0;
-      y[i].scales[s] = (int8_t)q;
-      float ds = d * (float)q;
+      int q = (int)lrintf(iscale * sc[s]);
+      y[i].scales[s] = (int8_t)(q < 127 ? q : 127);
+      float ds = H2F(y[i].d) * (float)y[i].scales[s];
+      if (ds == 0.0f)
+        continue;
       for (int l = 0; l < 16; l++)
-        L[16 * s + l] = (uint8_t)(ds != 0.0f ? clampi((int)lrintf(x[16 * s + l] / ds), -32, 31) + 32 : 32);
+        L[16 * s + l] = (int8_t)(clampi((int)lrintf(x[16 * s + l] / ds), -32, 31) + 32);
     }
     for (int h = 0; h < 2; h++)
       for (int l = 0; l < 32; l++) {
-        const uint8_t *q = L + 128 * h + l; /* q[0], q[32], q[64], q[96]: quarters 0..3 */
+        const uint8_t *q = (const uint8_t *)L + 128 * h + l; /* q[0], q[32], q[64], q[96]: quarters 0..3 */
         y[i].ql[64 * h + l] = (uint8_t)((q[0] & 0xF) | ((q[64] & 0xF) << 4));
         y[i].ql[64 * h + 32 + l] = (uint8_t)((q[32] & 0xF) | ((q[96] & 0xF) << 4));
         y[i].qh[32 * h + l] = (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));

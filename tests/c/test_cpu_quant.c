@@ -12,7 +12,11 @@
  *    quantized per 32 values with step amax/127, an error of at most 1/254 of the block maximum
  *    (about 0.4% relative RMS); dot products average it down further, so 1e-2 relative L2
  *    bounds it with margin while a wrong level, scale or layout gives errors of order 1.
- * Also: a token alone gives bit-for-bit the rows of the batched call.
+ * Also the batch rule (cpu_quant.h): in a call of T tokens, those past
+ * cpu_quant_prefill_tokens(t, T) give bit-for-bit the rows they give alone (T = 1), the others
+ * exactly cpu_quant_vec_dot_prefill of their activations and the same bits in the smallest call
+ * that takes the prefill order (4 tokens for Q4_K, 8 for Q5_K/Q6_K); the prefill order is as
+ * accurate as the decode order (1e-5 against the dequantized operands).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -115,11 +119,15 @@ static void test_type(struct backend *be, enum dtype t) {
    * (sanitizer builds: no -march) within that error (6e-5 seen) */
   double tol = t == DTYPE_Q4_1 || t == DTYPE_Q5_1 ? 2e-4 : 1e-5;
   CHECK(e < tol, "%s vec_dot vs dequantized operands: rel L2 %g", name, e);
+  for (int n = 0; n < N; n++)
+    got[n] = cpu_quant_vec_dot_prefill(t, (const char *)wdata + (size_t)n * rb, act, K);
+  double ep = test_rel_l2(got, want, N);
+  CHECK(ep < tol, "%s vec_dot, prefill order, vs dequantized operands: rel L2 %g", name, ep);
   free(x);
 
   /* Backend matmul vs f32 activations, several batch sizes. */
-  const int Ts[] = {1, 3, 17};
-  for (int i = 0; i < 3; i++) {
+  const int Ts[] = {1, 3, 17, 8, 6};
+  for (int i = 0; i < 5; i++) {
     int T = Ts[i];
     float *xs = rand_floats((size_t)T * K), *out = malloc(sizeof(float) * T * N);
     float *ref = malloc(sizeof(float) * T * N);
@@ -137,14 +145,39 @@ static void test_type(struct backend *be, enum dtype t) {
       CHECK(e2 < 1e-2, "%s matmul T=%d vs f32: rel L2 %g", name, T, e2);
       if (T == 17)
         printf("  %-7s vec_dot rel L2 %.2g, matmul (8-bit activations) vs f32 rel L2 %.2g\n", name, e, e2);
-      float row[64];
+      /* the batch rule: decode-order tokens as alone; prefill-order tokens as the prefill
+       * vec_dot and as in the smallest prefill call holding them. Without AVX2 (sanitizer
+       * builds) the matmul dequantizes tiles to f32 instead: every token as alone. */
+      const int tmin = t == DTYPE_Q4_K ? 4 : 8;
+      const int np = cpu_quant_supported(t) ? cpu_quant_prefill_tokens(t, T) : 0;
+      float row[64 * 8];
       for (int tt = 0; tt < T; tt++) {
-        be->ops->matmul(be, row, xs + (size_t)tt * K, &w, &bw, 1, 0);
-        if (memcmp(row, out + (size_t)tt * N, sizeof(float) * N) != 0) {
-          CHECK(0, "%s: token %d alone differs from inside T=%d", name, tt, T);
+        if (tt >= np) {
+          be->ops->matmul(be, row, xs + (size_t)tt * K, &w, &bw, 1, 0);
+          if (memcmp(row, out + (size_t)tt * N, sizeof(float) * N) != 0) {
+            CHECK(0, "%s: token %d alone differs from inside T=%d", name, tt, T);
+            break;
+          }
+          continue;
+        }
+        cpu_quantize_act_for(t, xs + (size_t)tt * K, act, K);
+        int bad = 0;
+        for (int n = 0; n < N; n++)
+          bad |= out[(size_t)tt * N + n] != bias[n] + cpu_quant_vec_dot_prefill(t, (const char *)wdata + (size_t)n * rb, act, K);
+        int ws = tt - tt % tmin; /* a window of tmin tokens holding tt */
+        ws = ws + tmin > T ? T - tmin : ws;
+        be->ops->matmul(be, row, xs + (size_t)ws * K, &w, &bw, tmin, 0);
+        bad |= memcmp(row + (size_t)(tt - ws) * N, out + (size_t)tt * N, sizeof(float) * N) != 0;
+        if (bad) {
+          CHECK(0, "%s: prefill-order token %d inside T=%d differs from its prefill vec_dot or a %d-token call", name,
+                tt, T, tmin);
           break;
         }
       }
+      const int npr = cpu_quant_prefill_tokens(t, T);
+      CHECK(npr == 0 || t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K, "%s: only K-quants have a prefill order", name);
+      if (t == DTYPE_Q4_K || t == DTYPE_Q5_K || t == DTYPE_Q6_K)
+        CHECK(npr == (T < tmin ? 0 : t == DTYPE_Q4_K ? T - T % 4 : T), "%s: %d of T=%d tokens in the prefill order", name, npr, T);
     }
     free(xs);
     free(out);

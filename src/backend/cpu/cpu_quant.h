@@ -10,8 +10,20 @@
  *   dot = sum over blocks b of  d_a * (d_w * sum(lv * qa) + m_w * sum(qa))
  * where a weight w = d_w * lv + m_w, and activation x = d_a * qa.
  * Up to 4 tokens share each decoded weight block (prefill), each with its own accumulators and
- * the same operations in the same order: a token's result depends only on its own row, never on
- * the batch (T) it runs in.
+ * the same operations in the same order as alone.
+ *
+ * Batch rule (the K-quants): llama.cpp's CPU build sums Q4_K, Q5_K and Q6_K rows in one order for
+ * few tokens (its decode kernels) and another for more (Q4_K: its repacked gemm, from 4 tokens,
+ * on whole groups of 4; Q5_K, Q6_K: its tiled matmul, from 8 tokens), results one f32 rounding
+ * apart. pagoda follows it by the number T of tokens in the matmul (cpu_quant_prefill_tokens):
+ *   Q4_K:        the first T - T % 4 tokens take the prefill order when T >= 4, the rest decode;
+ *   Q5_K, Q6_K:  every token takes the prefill order when T >= 8, else decode;
+ *   other types: one order for every T (their results never depend on the batch).
+ * So a K-quant token's bits depend on T (and, for Q4_K, on its index mod the group), as
+ * llama.cpp's do on its ubatch: in one step the matmul sees all sequences' tokens, and no op
+ * below the model knows where a sequence starts. A token gives the same bits in any batch that
+ * puts it on the same side of the rule (tests/c/test_cpu_quant.c); a prompt run alone matches
+ * llama.cpp's prompt pass, and each generated token (T = 1) its decode step.
  */
 #ifndef PAGODA_CPU_QUANT_H
 #define PAGODA_CPU_QUANT_H
@@ -47,6 +59,14 @@ int cpu_quant_supported(enum dtype t);
 /* dot(weight row W of type T, activations A quantized for T) over K values (K a multiple of
  * T's block size). */
 float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k);
+
+/* The same in the prefill order of type T (see cpu_quant_prefill_tokens; the decode order for a
+ * type without one). */
+float cpu_quant_vec_dot_prefill(enum dtype t, const void *w, const void *a, int64_t k);
+
+/* How many of the T tokens of a matmul with weights of type T take the prefill order: the first
+ * cpu_quant_prefill_tokens(t, T), the others the decode order. */
+int cpu_quant_prefill_tokens(enum dtype t, int T);
 
 /* out(T, w->rows) = x(T, w->cols) @ w^T (+ bias) with 8-bit activations; w of a supported type. */
 int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struct weight *w,

@@ -132,6 +132,17 @@ static inline int32_t hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+/* The exact totals of NT (1..4) vectors of 8 int32 lanes: for 4, one reduction. */
+static inline void hsum4_i32(const __m256i *v, int nt, int32_t *tot) {
+  if (nt == 4) {
+    __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_storeu_si128((__m128i *)tot, _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    return;
+  }
+  for (int j = 0; j < nt; j++)
+    tot[j] = hsum_i32(v[j]);
+}
+
 /* Signed levels times activations, 32 values: the exact integer dot product. */
 static inline int32_t idot_s_total(__m256i w, const int8_t *qa) {
   __m256i x = _mm256_loadu_si256((const __m256i *)qa);
@@ -329,10 +340,13 @@ static float dot_q3_K(const void *vw, const void *va, int64_t k) {
 }
 
 /* Q4_K: llama.cpp repacks these weights too (ggml_gemv/gemm_q4_K_8x8_q8_K, AVX2), one f32 lane
- * per row: per super-block the exact integer sums of scale x level x activation and of
- * min x activation sums, each converted to f32 and fused-multiply-added with
- * f16(d_w) * d_a and f16(dmin_w) * d_a into two accumulators; the result is their difference. */
-QD_INLINE void dot_q4_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out) {
+ * per row. Decode (its gemv): per super-block the exact integer sums of scale x level x
+ * activation and of min x activation sums, each converted to f32 and fused-multiply-added with
+ * f16(d_w) * d_a and f16(dmin_w) * d_a into two accumulators; the result is their difference.
+ * Prefill (its gemm; PREFILL set): the same with one pair of fmas per 64 values (sub-blocks 2p and
+ * 2p + 1 summed in integers), four per super-block. */
+QD_INLINE void dot_q4_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out,
+                          int prefill) {
   const struct block_q4_K *w = vw;
   float acc[QD_NT], acc_m[QD_NT];
   for (int j = 0; j < nt; j++)
@@ -351,21 +365,45 @@ QD_INLINE void dot_q4_K_n(const void *vw, const struct block_q8_K *const *a, int
     }
     for (int j = 0; j < nt; j++) {
       const struct block_q8_K *b = a[j] + i;
+      const float da = dw * b->d, dma = dmw * b->d;
+      if (prefill) {
+        __m256i s2[4];
+        for (int p = 0; p < 4; p++)
+          s2[p] = _mm256_add_epi32(scaled_pairs(lv[2 * p], b->qs + 64 * p, _mm256_set1_epi16(sc[2 * p])),
+                                   scaled_pairs(lv[2 * p + 1], b->qs + 64 * p + 32, _mm256_set1_epi16(sc[2 * p + 1])));
+        int32_t tot[4]; /* the 4 exact totals from one reduction, then the fmas in order */
+        hsum4_i32(s2, 4, tot);
+        float tf[4];
+        _mm_storeu_ps(tf, _mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)tot)));
+        for (int p = 0; p < 4; p++) {
+          int32_t imin = m[2 * p] * (b->bsums[4 * p] + b->bsums[4 * p + 1]) +
+                         m[2 * p + 1] * (b->bsums[4 * p + 2] + b->bsums[4 * p + 3]);
+          acc[j] = fmaf(tf[p], da, acc[j]);
+          acc_m[j] = fmaf((float)imin, dma, acc_m[j]);
+        }
+        continue;
+      }
       int32_t imin = 0;
       for (int c = 0; c < 8; c++)
         imin += m[c] * (b->bsums[2 * c] + b->bsums[2 * c + 1]);
       __m256i sumi = _mm256_setzero_si256();
       for (int c = 0; c < 8; c++)
         sumi = _mm256_add_epi32(sumi, scaled_pairs(lv[c], b->qs + 32 * c, _mm256_set1_epi16(sc[c])));
-      acc[j] = fmaf((float)hsum_i32(sumi), dw * b->d, acc[j]);
-      acc_m[j] = fmaf((float)imin, dmw * b->d, acc_m[j]);
+      acc[j] = fmaf((float)hsum_i32(sumi), da, acc[j]);
+      acc_m[j] = fmaf((float)imin, dma, acc_m[j]);
     }
   }
   for (int j = 0; j < nt; j++)
     out[j] = acc[j] - acc_m[j];
 }
 
-QD_INLINE void dot_q5_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out) {
+/* Q5_K and Q6_K, prefill (PREFILL set; decode as above): llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, its
+ * AVX512-VNNI microkernel) sums each row in one f32 scalar, super-block by super-block: the exact
+ * integer sum S of scale x level x activation (Q6_K's offset of 32 included) and, for Q5_K, M of
+ * min x activation sums, r = f16(d_w) * S (rounded), r = fma(-f16(dmin_w), M, r), then
+ * acc = fma(r, d_a, acc). */
+QD_INLINE void dot_q5_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out,
+                          int prefill) {
   const struct block_q5_K *w = vw;
   __m256 acc[QD_NT];
   float summs[QD_NT];
@@ -387,28 +425,40 @@ QD_INLINE void dot_q5_K_n(const void *vw, const struct block_q8_K *const *a, int
         lv[c] = _mm256_or_si256(u, _mm256_slli_epi16(hb, 4));
       }
     }
+    __m256i sumi[QD_NT];
+    int32_t msum[QD_NT];
     for (int j = 0; j < nt; j++) {
       const struct block_q8_K *b = a[j] + i;
-      int32_t msum = 0;
+      msum[j] = 0;
       for (int c = 0; c < 8; c++)
-        msum += m[c] * (b->bsums[2 * c] + b->bsums[2 * c + 1]);
+        msum[j] += m[c] * (b->bsums[2 * c] + b->bsums[2 * c + 1]);
+      sumi[j] = _mm256_setzero_si256();
+      for (int c = 0; c < 8; c++)
+        sumi[j] = _mm256_add_epi32(sumi[j], scaled_pairs(lv[c], b->qs + 32 * c, _mm256_set1_epi16(sc[c])));
+      if (prefill)
+        continue;
       /* llama.cpp's C is compiled with FP contraction: this is one fma there */
-      summs[j] = fmaf(-b->d * dmw, (float)msum, summs[j]);
-      __m256i sumi = _mm256_setzero_si256();
-      for (int c = 0; c < 8; c++)
-        sumi = _mm256_add_epi32(sumi, scaled_pairs(lv[c], b->qs + 32 * c, _mm256_set1_epi16(sc[c])));
-      acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi), acc[j]);
+      summs[j] = fmaf(-b->d * dmw, (float)msum[j], summs[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+    }
+    if (prefill) {
+      int32_t tot[QD_NT];
+      hsum4_i32(sumi, nt, tot);
+      for (int j = 0; j < nt; j++)
+        summs[j] = fmaf(fmaf(-dmw, (float)msum[j], dw * (float)tot[j]), a[j][i].d, summs[j]);
     }
   }
   for (int j = 0; j < nt; j++)
-    out[j] = hsum(acc[j]) + summs[j];
+    out[j] = prefill ? summs[j] : hsum(acc[j]) + summs[j];
 }
 
-QD_INLINE void dot_q6_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out) {
+QD_INLINE void dot_q6_K_n(const void *vw, const struct block_q8_K *const *a, int nt, int64_t k, float *out,
+                          int prefill) {
   const struct block_q6_K *w = vw;
   __m256 acc[QD_NT];
+  float accs[QD_NT];
   for (int j = 0; j < nt; j++)
-    acc[j] = _mm256_setzero_ps();
+    acc[j] = _mm256_setzero_ps(), accs[j] = 0.0f;
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < k / QK_K; i++) {
     float dw = h2f(w[i].d);
@@ -427,31 +477,48 @@ QD_INLINE void dot_q6_K_n(const void *vw, const struct block_q8_K *const *a, int
         sc[c] = _mm256_setr_m128i(_mm_set1_epi16(scs[2 * c]), _mm_set1_epi16(scs[2 * c + 1]));
       }
     }
+    __m256i sumi[QD_NT];
     for (int j = 0; j < nt; j++) {
       const struct block_q8_K *b = a[j] + i;
       /* the offset of 32: 32 * (S16[2l] * sc[2l] + S16[2l+1] * sc[2l+1]) in lane l */
       __m256i bs = _mm256_loadu_si256((const __m256i *)b->bsums);
       __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16), 5);
-      __m256i sumi = _mm256_setzero_si256();
+      sumi[j] = _mm256_setzero_si256();
       for (int c = 0; c < 8; c++)
-        sumi = _mm256_add_epi32(sumi, scaled_pairs(lv[c], b->qs + 32 * c, sc[c]));
-      sumi = _mm256_sub_epi32(sumi, off);
-      acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi), acc[j]);
+        sumi[j] = _mm256_add_epi32(sumi[j], scaled_pairs(lv[c], b->qs + 32 * c, sc[c]));
+      sumi[j] = _mm256_sub_epi32(sumi[j], off);
+      if (!prefill)
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(b->d * dw), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+    }
+    if (prefill) {
+      int32_t tot[QD_NT];
+      hsum4_i32(sumi, nt, tot);
+      for (int j = 0; j < nt; j++)
+        accs[j] = fmaf(dw * (float)tot[j], a[j][i].d, accs[j]);
     }
   }
   for (int j = 0; j < nt; j++)
-    out[j] = hsum(acc[j]);
+    out[j] = prefill ? accs[j] : hsum(acc[j]);
 }
 
-#define DOTK(NAME)                                                                      \
-  static float dot_##NAME(const void *w, const void *a, int64_t k) {                     \
-    float r;                                                                            \
-    const struct block_q8_K *as = a;                                                    \
-    dot_##NAME##_n(w, &as, 1, k, &r);                                                   \
-    return r;                                                                           \
-  }                                                                                     \
-  static void dot4_##NAME(const void *w, const void *const *a, int64_t k, float *out) { \
-    dot_##NAME##_n(w, (const struct block_q8_K *const *)a, QD_NT, k, out);              \
+#define DOTK(NAME)                                                                       \
+  static float dot_##NAME(const void *w, const void *a, int64_t k) {                      \
+    float r;                                                                             \
+    const struct block_q8_K *as = a;                                                     \
+    dot_##NAME##_n(w, &as, 1, k, &r, 0);                                                 \
+    return r;                                                                            \
+  }                                                                                      \
+  static void dot4_##NAME(const void *w, const void *const *a, int64_t k, float *out) {  \
+    dot_##NAME##_n(w, (const struct block_q8_K *const *)a, QD_NT, k, out, 0);            \
+  }                                                                                      \
+  static float dotp_##NAME(const void *w, const void *a, int64_t k) {                     \
+    float r;                                                                             \
+    const struct block_q8_K *as = a;                                                     \
+    dot_##NAME##_n(w, &as, 1, k, &r, 1);                                                 \
+    return r;                                                                            \
+  }                                                                                      \
+  static void dot4p_##NAME(const void *w, const void *const *a, int64_t k, float *out) { \
+    dot_##NAME##_n(w, (const struct block_q8_K *const *)a, QD_NT, k, out, 1);            \
   }
 DOTK(q4_K)
 DOTK(q5_K)
@@ -509,11 +576,35 @@ static dot4_fn dot4_for(enum dtype t) {
   }
 }
 
+/* The prefill order (cpu_quant_prefill_tokens), for the types that have one. */
+static dot_fn dotp_for(enum dtype t) {
+  switch (t) {
+  case DTYPE_Q4_K: return dotp_q4_K;
+  case DTYPE_Q5_K: return dotp_q5_K;
+  case DTYPE_Q6_K: return dotp_q6_K;
+  default: return NULL;
+  }
+}
+
+static dot4_fn dot4p_for(enum dtype t) {
+  switch (t) {
+  case DTYPE_Q4_K: return dot4p_q4_K;
+  case DTYPE_Q5_K: return dot4p_q5_K;
+  case DTYPE_Q6_K: return dot4p_q6_K;
+  default: return NULL;
+  }
+}
+
 int cpu_quant_supported(enum dtype t) { return dot_for(t) != NULL; }
 
 float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k) {
   dot_fn f = dot_for(t);
   return f ? f(w, a, k) : NAN;
+}
+
+float cpu_quant_vec_dot_prefill(enum dtype t, const void *w, const void *a, int64_t k) {
+  dot_fn f = dotp_for(t);
+  return f ? f(w, a, k) : cpu_quant_vec_dot(t, w, a, k);
 }
 #else
 int cpu_quant_supported(enum dtype t) {
@@ -534,7 +625,19 @@ float cpu_quant_vec_dot(enum dtype t, const void *w, const void *a, int64_t k) {
   }
   return (float)s;
 }
+
+float cpu_quant_vec_dot_prefill(enum dtype t, const void *w, const void *a, int64_t k) {
+  return cpu_quant_vec_dot(t, w, a, k);
+}
 #endif
+
+int cpu_quant_prefill_tokens(enum dtype t, int T) {
+  switch (t) {
+  case DTYPE_Q4_K: return T >= 4 ? T - T % 4 : 0;
+  case DTYPE_Q5_K: case DTYPE_Q6_K: return T >= 8 ? T : 0;
+  default: return 0;
+  }
+}
 
 int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struct weight *w,
                      const struct weight *bias, int T) {
@@ -550,11 +653,12 @@ int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struc
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (T > 8)
   for (int t = 0; t < T; t++)
     cpu_quantize_act_for(dt, x + (size_t)t * K, act + (size_t)t * act_row, K);
+  const int np = cpu_quant_prefill_tokens(dt, T); /* the first np tokens take the prefill order */
   const size_t row_bytes = dtype_row_bytes(dt, K);
   const int64_t n_tasks = (N + QROWS - 1) / QROWS;
   const char *wd = w->data;
 #if QD_SIMD
-  dot4_fn dot4 = dot4_for(dt);
+  dot4_fn dot4 = dot4_for(dt), dot4p = dot4p_for(dt);
 #endif
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_tasks > 1)
   for (int64_t task = 0; task < n_tasks; task++) {
@@ -564,19 +668,21 @@ int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struc
       float b = bias ? cpu_weight_elem(bias, r) : 0.0f;
       int t = 0;
 #if QD_SIMD
-      /* 4 tokens share each decoded block; each gets the bits it would get alone */
+      /* 4 tokens share each decoded block; each gets the bits it would get alone in the same
+       * order (np is a multiple of 4 or T) */
       for (; dot4 && t + QD_NT <= T; t += QD_NT) {
         const void *a4[QD_NT];
         float o4[QD_NT];
         for (int j = 0; j < QD_NT; j++)
           a4[j] = act + (size_t)(t + j) * act_row;
-        dot4(wr, a4, K, o4);
+        (t < np ? dot4p : dot4)(wr, a4, K, o4);
         for (int j = 0; j < QD_NT; j++)
           out[(size_t)(t + j) * N + r] = b + o4[j];
       }
 #endif
       for (; t < T; t++)
-        out[(size_t)t * N + r] = b + cpu_quant_vec_dot(dt, wr, act + (size_t)t * act_row, K);
+        out[(size_t)t * N + r] = b + (t < np ? cpu_quant_vec_dot_prefill : cpu_quant_vec_dot)(
+                                         dt, wr, act + (size_t)t * act_row, K);
     }
   }
   free(act);
