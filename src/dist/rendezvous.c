@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 
 struct rdv {
   int rank, world;
+  atomic_int lost; /* rdv_abort_lost's rank, else -1: what a call that the abort broke names */
   int *fds; /* rank 0: fds[r] for r = 1 .. world-1; other ranks: fds[0] = the socket to rank 0 */
   char master[300];
 };
@@ -358,6 +360,7 @@ int rdv_join(const char *master, int rank, int world, uint64_t config_hash, void
     r->fds[i] = -1;
   r->rank = rank;
   r->world = world;
+  atomic_init(&r->lost, -1);
   snprintf(r->master, sizeof r->master, "%s", master);
   double deadline = now_s() + timeout_s;
   int rc = world == 1 ? 0
@@ -388,6 +391,14 @@ int rdv_barrier(struct rdv *r, double timeout_s) {
     if (write_full(r->fds[i], &b, 1))
       return ERR("barrier: cannot release rank %d: %s", i, strerror(errno));
   return 0;
+}
+
+/* The rank a failed transfer with rank K names: the rank whose loss made someone abort the group
+ * (rdv_abort_lost), when that is known, since the abort breaks the transfers with the live ranks
+ * too; else K. */
+static int culprit(struct rdv *r, int k) {
+  int lost = atomic_load(&r->lost);
+  return lost >= 0 ? lost : k;
 }
 
 int rdv_dead_peer(struct rdv *r, int wait_ms) {
@@ -435,7 +446,7 @@ int rdv_all_reduce_sum(struct rdv *r, float *x, size_t n, double timeout_s) {
     size_t m = n - lo < RDV_CHUNK_FLOATS ? n - lo : RDV_CHUNK_FLOATS;
     for (int k = 1; k < r->world; k++) { /* rank order: x = ((x0 + x1) + x2) + ... as cpu_comm.c */
       if (read_full(r->fds[k], tmp, m * sizeof(float), deadline)) {
-        rc = ERR("all-reduce: tensor-parallel rank %d lost: %s (did it exit?)", k, io_reason());
+        rc = ERR("all-reduce: tensor-parallel rank %d lost: %s (did it exit?)", culprit(r, k), io_reason());
         break;
       }
       for (size_t i = 0; i < m; i++)
@@ -459,7 +470,7 @@ int rdv_broadcast(struct rdv *r, void *buf, size_t n, double timeout_s) {
   }
   for (int k = 1; k < r->world; k++)
     if (write_full(r->fds[k], buf, n))
-      return ERR("broadcast: tensor-parallel rank %d lost: %s (did it exit?)", k, strerror(errno));
+      return ERR("broadcast: tensor-parallel rank %d lost: %s (did it exit?)", culprit(r, k), strerror(errno));
   return 0;
 }
 
@@ -476,7 +487,7 @@ int rdv_gather(struct rdv *r, const void *mine, void *all, size_t n, double time
   }
   for (int k = 1; k < r->world; k++)
     if (read_full(r->fds[k], (char *)all + (size_t)k * n, n, deadline))
-      return ERR("tensor-parallel rank %d lost: %s (did it exit?)", k, io_reason());
+      return ERR("tensor-parallel rank %d lost: %s (did it exit?)", culprit(r, k), io_reason());
   return 0;
 }
 
@@ -502,9 +513,15 @@ int rdv_wait_message(struct rdv *r, int wait_ms) {
 int rdv_rank(const struct rdv *r) { return r->rank; }
 int rdv_world(const struct rdv *r) { return r->world; }
 
-void rdv_abort(struct rdv *r) {
+void rdv_abort(struct rdv *r) { rdv_abort_lost(r, -1); }
+
+void rdv_abort_lost(struct rdv *r, int lost_rank) {
   if (!r)
     return;
+  if (lost_rank >= 0) {
+    int none = -1;
+    atomic_compare_exchange_strong(&r->lost, &none, lost_rank);
+  }
   int n = r->rank == 0 ? r->world : 1;
   for (int i = 0; i < n; i++)
     if (r->fds[i] >= 0)

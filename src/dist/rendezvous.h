@@ -75,6 +75,9 @@ int rdv_world(const struct rdv *r);
 /* Shuts down every socket of R (safe from another thread, e.g. the watchdog): calls blocked in
  * R return -1 at once, and the peers see end-of-file. R must still be closed with rdv_close. */
 void rdv_abort(struct rdv *r);
+/* rdv_abort after LOST_RANK was found lost (the watchdog): calls that the abort breaks then name
+ * LOST_RANK, not the live peer whose socket they were using. */
+void rdv_abort_lost(struct rdv *r, int lost_rank);
 
 void rdv_close(struct rdv *r);
 

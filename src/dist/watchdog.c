@@ -53,7 +53,7 @@ static void *watchdog_main(void *arg) {
     }
     if (w->on_lost)
       w->on_lost(dead, w->user);
-    rdv_abort(w->r);
+    rdv_abort_lost(w->r, dead); /* dead: a rank, or -2 for a failed communicator */
     atomic_store(&w->lost, dead);
     break;
   }
