@@ -825,12 +825,16 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
   s = get_act_copy(1, q2, nq);
   pair_expect(what, g, c, nq, TOL_BF16_OUT);
   CHECK(memcmp(g, s, nq * 4) == 0, "%s: q differs from cuda rope", what);
-  free(c), free(g), free(s);
+  free(c);
+  free(g);
+  free(s);
   pair_get_both(dk, nk, &c, &g);
   s = get_act_copy(1, k2, nk);
   pair_expect(what, g, c, nk, TOL_BF16_OUT);
   CHECK(memcmp(g, s, nk * 4) == 0, "%s: k differs from cuda rope", what);
-  free(c), free(g), free(s);
+  free(c);
+  free(g);
+  free(s);
   void *caches[2][2] = {{dkc.p[1], kc2}, {dvc.p[1], vc2}};
   for (int kvi = 0; kvi < 2; kvi++) {
     uint8_t *a = malloc(cache_bytes), *b2 = malloc(cache_bytes);
@@ -842,7 +846,8 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
     if (!f8) {
       pair_get_both(kvi ? dvc : dkc, cache_n, &c, &g);
       pair_expect(what, g, c, cache_n, TOL_BF16_OUT);
-      free(c), free(g);
+      free(c);
+      free(g);
     }
   }
   for (int i = 0; i < 2; i++)
@@ -857,7 +862,13 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
   pair_free(dinv);
   pair_free(dkc);
   pair_free(dvc);
-  free(q), free(k), free(v), free(kh), free(vh), free(k8), free(v8);
+  free(q);
+  free(k);
+  free(v);
+  free(kh);
+  free(vh);
+  free(k8);
+  free(v8);
   free_batch(&hb);
 }
 

@@ -146,6 +146,14 @@ __device__ __forceinline__ void rope_sincos(float pos, float freq, float mscale,
   }
 }
 
+/* One pair in place: (a, b) -> (a cos - b sin, b cos + a sin), with explicit roundings (one
+ * product, then a fused multiply-add) so that every kernel rotating pairs gets the same bits. */
+__device__ __forceinline__ void rope_rotate(bf16 *pa, bf16 *pb, float cf, float sf) {
+  float a = __bfloat162float(*pa), b = __bfloat162float(*pb);
+  *pa = __float2bfloat16(__fmaf_rn(a, cf, -__fmul_rn(b, sf)));
+  *pb = __float2bfloat16(__fmaf_rn(b, cf, __fmul_rn(a, sf)));
+}
+
 __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             bf16 *k,                  /* (T, n_kv, hd) */
                             const int32_t *positions, /* (T) */
@@ -165,9 +173,7 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
     int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads + n_kv; h++) {
       bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
-      float a = __bfloat162float(p[i0]), b = __bfloat162float(p[i1]);
-      p[i0] = __float2bfloat16(a * cf - b * sf);
-      p[i1] = __float2bfloat16(b * cf + a * sf);
+      rope_rotate(p + i0, p + i1, cf, sf);
     }
   }
 }
@@ -304,14 +310,11 @@ __global__ void rope_kv_write_kernel(bf16 *q,                  /* (T, n_heads, h
     const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     const float sf = s_sin[i], cf = s_cos[i];
     bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
-    float a = __bfloat162float(p[i0]), b = __bfloat162float(p[i1]);
-    bf16 ra = __float2bfloat16(a * cf - b * sf), rb = __float2bfloat16(b * cf + a * sf);
-    p[i0] = ra;
-    p[i1] = rb;
+    rope_rotate(p + i0, p + i1, cf, sf);
     if (h >= n_heads && store) {
       size_t dst = (((size_t)blk * n_kv + (h - n_heads)) * bs + off) * hd;
-      kv_store(kc, dst + i0, ra, k_scale);
-      kv_store(kc, dst + i1, rb, k_scale);
+      kv_store(kc, dst + i0, p[i0], k_scale);
+      kv_store(kc, dst + i1, p[i1], k_scale);
     }
   }
   if (!store)
