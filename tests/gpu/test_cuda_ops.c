@@ -640,18 +640,18 @@ static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int 
   struct weight w[3][2], b[3][2];
   struct dbuf out[3];
   void *sep[3];
+  float *wv[3], *bv[3]; /* the CPU's weights alias them: freed after the weights */
   for (int m = 0; m < n; m++) {
-    float *wv = malloc(sizeof(float) * N[m] * K), *bv = malloc(4 * N[m]);
-    pair_fill(wv, (size_t)N[m] * K, 0.1f);
-    pair_fill(bv, (size_t)N[m], 0.5f);
+    wv[m] = malloc(sizeof(float) * N[m] * K);
+    bv[m] = malloc(4 * N[m]);
+    pair_fill(wv[m], (size_t)N[m] * K, 0.1f);
+    pair_fill(bv[m], (size_t)N[m], 0.5f);
     for (int i = 0; i < 2; i++) {
-      w[m][i] = pair_weight(i, wv, N[m], K);
-      b[m][i] = pair_weight(i, bv, 1, N[m]);
+      w[m][i] = pair_weight(i, wv[m], N[m], K);
+      b[m][i] = pair_weight(i, bv[m], 1, N[m]);
     }
     out[m] = pair_poisoned((size_t)T * N[m]);
     sep[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
-    free(wv);
-    free(bv);
   }
   struct dbuf dx = pair_acts(x, (size_t)T * K);
   for (int i = 0; i < 2; i++) {
@@ -694,6 +694,8 @@ static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int 
       pair_be[i]->ops->weight_free(pair_be[i], &w[m][i]);
       pair_be[i]->ops->weight_free(pair_be[i], &b[m][i]);
     }
+    free(wv[m]);
+    free(bv[m]);
   }
   pair_free(dx);
   free(x);
