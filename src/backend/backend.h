@@ -302,7 +302,30 @@ struct backend_ops {
    * same rows and cols in the same order; enqueued on the stream like all_reduce_sum. The values
    * arrive unchanged (a copy, no arithmetic). */
   int (*gather_cols)(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
+
+  /* ---- Fused small ops of the decode step (optional). Each equals the sequence of separate ops
+   * it names, within the rounding of the activation dtype. Each returns 0 (done), -1 (error, as
+   * every op), or 1: this backend does not cover these shapes (or PAGODA_FUSED_OPS=0 turned its
+   * fused kernels off), nothing was enqueued and the caller runs the separate ops, as it does
+   * when the op is NULL (blocks.c). The answer depends only on the arguments' shapes and dtypes,
+   * so a captured graph stays valid. CPU reference: cpu_fused.c (the sequences). ---- */
+  /* For i < n (1 <= n <= BACKEND_MATMUL_N_MAX): outs[i](T, ws[i]->rows) = x(T, K) @ ws[i]^T
+   * (+ biases[i] when biases and biases[i] are non-NULL), every ws[i]->cols == K; outputs of
+   * act_dtype. As n calls of matmul (q/k/v, gate/up: matrices that read the same input). */
+  int (*matmul_n)(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                  const struct weight *const biases[], int T);
+  /* out(T, F) = silu(x @ gate^T) * (x @ up^T), F = gate->rows = up->rows: as matmul into two
+   * buffers, then silu_mul (each product rounded to act_dtype before silu_mul). */
+  int (*matmul_silu_mul)(struct backend *be, void *out, const void *x, const struct weight *gate,
+                         const struct weight *up, int T);
+  /* rope(q, k, b->positions, T, n_heads, kv->n_kv_heads, kv->head_dim, rp), then
+   * kv_write(kv, k, v, b): q and k rotated in place, the rotated k and v stored in the cache. */
+  int (*rope_kv_write)(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
+                       const struct batch *b, int n_heads, const struct rope_params *rp);
 };
+
+/* The most matrices one matmul_n call takes (q, k, v). */
+#define BACKEND_MATMUL_N_MAX 3
 
 /* The largest k of backend_ops.topk_rows (beam search takes 2 x beam_width, width <= 64). */
 #define BACKEND_TOPK_MAX 128
@@ -371,7 +394,8 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 4 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops; 4: async steps */
+#define BACKEND_ABI_VERSION 5 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops; 4: async steps;
+                               * 5: fused ops (matmul_n, matmul_silu_mul, rope_kv_write) */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

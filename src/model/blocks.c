@@ -67,6 +67,19 @@ void blocks_split_idx_fill(int32_t *idx, const struct model_config *c,
   }
 }
 
+/* The fused ops (backend.h, "Fused small ops") where the backend has them, else the separate
+ * ops they stand for. */
+static int blocks_matmul_n(const struct fwd *f, int n, void *const outs[], const void *x,
+                           const struct weight *const ws[], const struct weight *const biases[]) {
+  struct backend *be = f->be;
+  int rc = be->ops->matmul_n ? be->ops->matmul_n(be, n, outs, x, ws, biases, f->T) : 1;
+  if (rc != 1)
+    return rc;
+  for (int i = 0; i < n; i++)
+    TRY(be->ops->matmul(be, outs[i], x, ws[i], biases[i], f->T, 0));
+  return 0;
+}
+
 int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
@@ -81,16 +94,25 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
     TRY(op->gather_rows(be, f->k, f->fused, ki, T * nkv, hd));
     TRY(op->gather_rows(be, f->v, f->fused, vi, T * nkv, hd));
   } else {
-    TRY(op->matmul(be, f->q, f->xb, &L->wq, L->bq.data ? &L->bq : NULL, T, 0));
-    TRY(op->matmul(be, f->k, f->xb, &L->wk, L->bk.data ? &L->bk : NULL, T, 0));
-    TRY(op->matmul(be, f->v, f->xb, &L->wv, L->bv.data ? &L->bv : NULL, T, 0));
+    void *const outs[3] = {f->q, f->k, f->v};
+    const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
+    const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
+                                        L->bv.data ? &L->bv : NULL};
+    TRY(blocks_matmul_n(f, 3, outs, f->xb, ws, bs));
   }
   if (L->q_norm.data) /* in place: rows of head_dim */
     TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
   if (L->k_norm.data)
     TRY(op->rmsnorm(be, f->k, NULL, f->k, &L->k_norm, T * nkv, hd, c->rms_eps));
-  TRY(op->rope(be, f->q, f->k, f->b->positions, T, nh, nkv, hd, f->rope));
-  TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
+  int rc = op->rope_kv_write && f->kv[l].n_kv_heads == nkv && f->kv[l].head_dim == hd
+               ? op->rope_kv_write(be, f->q, f->k, f->v, &f->kv[l], f->b, nh, f->rope)
+               : 1;
+  if (rc < 0)
+    return -1;
+  if (rc == 1) {
+    TRY(op->rope(be, f->q, f->k, f->b->positions, T, nh, nkv, hd, f->rope));
+    TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
+  }
   TRY(op->attention(be, f->att, f->q, &f->kv[l], f->b, ap));
   TRY(op->matmul(be, f->xb2, f->att, &L->wo, NULL, T, 0));
   if (f->tp_world > 1) /* row-parallel o_proj: each rank's partial sum over its heads */
@@ -110,11 +132,19 @@ int block_gated_mlp(const struct fwd *f, int l) {
     TRY(op->matmul(be, f->fused, f->xb, &L->w_gate_up, NULL, T, 0));
     TRY(op->gather_rows(be, f->gate, f->fused, gi, T, F));
     TRY(op->gather_rows(be, f->up, f->fused, ui, T, F));
+    TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
   } else {
-    TRY(op->matmul(be, f->gate, f->xb, &L->w_gate, NULL, T, 0));
-    TRY(op->matmul(be, f->up, f->xb, &L->w_up, NULL, T, 0));
+    int rc = op->matmul_silu_mul ? op->matmul_silu_mul(be, f->gate, f->xb, &L->w_gate, &L->w_up, T) : 1;
+    if (rc < 0)
+      return -1;
+    if (rc == 1) {
+      void *const outs[2] = {f->gate, f->up};
+      const struct weight *const ws[2] = {&L->w_gate, &L->w_up};
+      const struct weight *const bs[2] = {NULL, NULL};
+      TRY(blocks_matmul_n(f, 2, outs, f->xb, ws, bs));
+      TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
+    }
   }
-  TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
   TRY(op->matmul(be, f->xb2, f->gate, &L->w_down, NULL, T, 0));
   if (f->tp_world > 1) /* row-parallel down_proj: each rank's partial sum over its ffn columns */
     TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));

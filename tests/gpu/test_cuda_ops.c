@@ -615,6 +615,265 @@ static void test_paged(const struct kv_case *kc) {
   free_batch(&hb);
 }
 
+/* ---- fused ops (backend.h, "Fused small ops"): CUDA against the CPU's sequences, and against
+ * the CUDA backend's own separate ops on the same inputs, which they must equal bit for bit
+ * (same products, summation order and roundings). Shapes the fused kernels do not cover must
+ * answer 1 with nothing done. ---- */
+
+/* Backend i's act buffer of n elements, read back as floats (caller frees). */
+static float *get_act_copy(int i, const void *d, size_t n) {
+  float *h = malloc(n * 4 + 4);
+  pair_get_act(i, h, d, n);
+  return h;
+}
+
+static void *cuda_act_copy(const float *h, size_t n) {
+  void *d = pair_alloc1(1, n * pair_esz(1));
+  pair_put_act(1, d, h, n);
+  return d;
+}
+
+/* q/k/v (n = 3, Qwen2's biases) or gate/up (n = 2) through matmul_n. */
+static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int expect_fused) {
+  float *x = malloc(sizeof(float) * T * K);
+  pair_fill(x, (size_t)T * K, 1.0f);
+  struct weight w[3][2], b[3][2];
+  struct dbuf out[3];
+  void *sep[3];
+  float *wv[3], *bv[3]; /* the CPU's weights alias them: freed after the weights */
+  for (int m = 0; m < n; m++) {
+    wv[m] = malloc(sizeof(float) * N[m] * K);
+    bv[m] = malloc(4 * N[m]);
+    pair_fill(wv[m], (size_t)N[m] * K, 0.1f);
+    pair_fill(bv[m], (size_t)N[m], 0.5f);
+    for (int i = 0; i < 2; i++) {
+      w[m][i] = pair_weight(i, wv[m], N[m], K);
+      b[m][i] = pair_weight(i, bv[m], 1, N[m]);
+    }
+    out[m] = pair_poisoned((size_t)T * N[m]);
+    sep[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
+  }
+  struct dbuf dx = pair_acts(x, (size_t)T * K);
+  for (int i = 0; i < 2; i++) {
+    void *outs[3];
+    const struct weight *ws[3], *bs[3];
+    for (int m = 0; m < n; m++) {
+      outs[m] = out[m].p[i];
+      ws[m] = &w[m][i];
+      bs[m] = with_bias && m != 1 ? &b[m][i] : NULL; /* k without bias: mixed NULL and not */
+    }
+    int rc = pair_be[i]->ops->matmul_n(pair_be[i], n, outs, dx.p[i], ws, bs, T);
+    if (rc < 0)
+      pair_die("matmul_n");
+    if (i == 0)
+      CHECK(rc == 0, "cpu matmul_n answered %d", rc);
+    else
+      CHECK(rc == (expect_fused ? 0 : 1), "cuda matmul_n T%d: answered %d, expected %d", T, rc, expect_fused ? 0 : 1);
+    for (int m = 0; m < n && rc == 1; m++) /* not covered: the caller's separate matmuls */
+      if (pair_be[i]->ops->matmul(pair_be[i], outs[m], dx.p[i], ws[m], bs[m], T, 0))
+        pair_die("matmul");
+    if (i == 1)
+      for (int m = 0; m < n; m++)
+        if (pair_be[1]->ops->matmul(pair_be[1], sep[m], dx.p[1], ws[m], bs[m], T, 0))
+          pair_die("matmul");
+  }
+  for (int m = 0; m < n; m++) {
+    size_t cnt = (size_t)T * N[m];
+    float *c, *g, *s = get_act_copy(1, sep[m], cnt);
+    char what[96];
+    pair_get_both(out[m], cnt, &c, &g);
+    snprintf(what, sizeof what, "matmul_n T%d n%d [%d] N%d K%d%s", T, n, m, N[m], K, with_bias ? " +bias" : "");
+    pair_expect(what, g, c, cnt, TOL_BF16_OUT);
+    CHECK(memcmp(g, s, cnt * 4) == 0, "%s: differs from the separate cuda matmul", what);
+    free(c);
+    free(g);
+    free(s);
+    pair_free(out[m]);
+    pair_be[1]->ops->free(pair_be[1], sep[m]);
+    for (int i = 0; i < 2; i++) {
+      pair_be[i]->ops->weight_free(pair_be[i], &w[m][i]);
+      pair_be[i]->ops->weight_free(pair_be[i], &b[m][i]);
+    }
+    free(wv[m]);
+    free(bv[m]);
+  }
+  pair_free(dx);
+  free(x);
+}
+
+/* silu(x Wg^T) * (x Wu^T) in one launch (CUDA only; the CPU leaves the op NULL and its
+ * reference is the sequence the model runs: two matmuls, silu_mul). */
+static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
+  size_t nx = (size_t)T * K, no = (size_t)T * F;
+  float *x = malloc(nx * 4), *wg = malloc((size_t)F * K * 4), *wu = malloc((size_t)F * K * 4);
+  pair_fill(x, nx, 1.0f);
+  pair_fill(wg, (size_t)F * K, 0.1f);
+  pair_fill(wu, (size_t)F * K, 0.1f);
+  struct weight g[2], u[2];
+  for (int i = 0; i < 2; i++) {
+    g[i] = pair_weight(i, wg, F, K);
+    u[i] = pair_weight(i, wu, F, K);
+  }
+  struct dbuf dx = pair_acts(x, nx), gate = pair_poisoned(no), up = pair_poisoned(no), out = pair_poisoned(no);
+  CHECK(pair_be[0]->ops->matmul_silu_mul == NULL, "cpu matmul_silu_mul is expected to be NULL");
+  for (int i = 0; i < 2; i++) { /* the sequence on both: cpu reference, cuda separate ops */
+    struct backend *be = pair_be[i];
+    if (be->ops->matmul(be, gate.p[i], dx.p[i], &g[i], NULL, T, 0) ||
+        be->ops->matmul(be, up.p[i], dx.p[i], &u[i], NULL, T, 0) ||
+        be->ops->silu_mul(be, gate.p[i], gate.p[i], up.p[i], T, F))
+      pair_die("gate/up/silu_mul");
+  }
+  int rc = pair_be[1]->ops->matmul_silu_mul(pair_be[1], out.p[1], dx.p[1], &g[1], &u[1], T);
+  if (rc < 0)
+    pair_die("matmul_silu_mul");
+  CHECK(rc == (expect_fused ? 0 : 1), "cuda matmul_silu_mul T%d: answered %d, expected %d", T, rc,
+        expect_fused ? 0 : 1);
+  if (rc == 0) {
+    float *c = get_act_copy(0, gate.p[0], no), *s = get_act_copy(1, gate.p[1], no), *f = get_act_copy(1, out.p[1], no);
+    char what[80];
+    snprintf(what, sizeof what, "matmul_silu_mul T%d F%d K%d", T, F, K);
+    pair_expect(what, f, c, no, TOL_BF16_OUT);
+    CHECK(memcmp(f, s, no * 4) == 0, "%s: differs from matmul, matmul, silu_mul on cuda", what);
+    free(c);
+    free(s);
+    free(f);
+  }
+  for (int i = 0; i < 2; i++) {
+    pair_be[i]->ops->weight_free(pair_be[i], &g[i]);
+    pair_be[i]->ops->weight_free(pair_be[i], &u[i]);
+  }
+  pair_free(dx);
+  pair_free(gate);
+  pair_free(up);
+  pair_free(out);
+  free(x);
+  free(wg);
+  free(wu);
+}
+
+/* rope_kv_write over a mixed batch (decode and prompt tokens, padded sequences, one padding
+ * slot -1): q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
+ * byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3 caches). ROT < HD is a
+ * partial rotation; LONGROPE adds the long table, chosen per sequence, and an mscale. */
+static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8) {
+  struct host_batch hb;
+  make_batch(&hb, SHAPE_MIXED, bs, 0, 1);
+  const int T = hb.T, half = rot / 2;
+  if (T > 1)
+    hb.slots[T - 1] = -1;
+  size_t cache_n = (size_t)hb.num_blocks * nkv * bs * hd, nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
+  float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *kh = malloc(cache_n * 4),
+        *vh = malloc(cache_n * 4), inv[512];
+  pair_fill(q, nq, 1.0f);
+  pair_fill(k, nk, 1.0f);
+  pair_fill(v, nk, 1.0f);
+  pair_fill(kh, cache_n, 1.0f);
+  pair_fill(vh, cache_n, 1.0f);
+  llama3_inv_freq(inv, half, 500000.0f);
+  for (int i = 0; i < half; i++)
+    inv[half + i] = inv[i] / (1.0f + 0.5f * i);
+  uint8_t *k8 = malloc(cache_n), *v8 = malloc(cache_n);
+  for (size_t i = 0; i < cache_n; i++) {
+    k8[i] = f32_to_f8e4m3(kh[i]);
+    v8[i] = f32_to_f8e4m3(vh[i]);
+  }
+  size_t cache_bytes = f8 ? cache_n : cache_n * pair_esz(1);
+  struct dbuf dq = pair_acts(q, nq), dk = pair_acts(k, nk), dv = pair_acts(v, nk),
+              dinv = pair_bytes(inv, sizeof(float) * 2 * half);
+  struct dbuf dkc = f8 ? pair_bytes(k8, cache_n) : pair_acts(kh, cache_n),
+              dvc = f8 ? pair_bytes(v8, cache_n) : pair_acts(vh, cache_n);
+  /* the separate-op copies on cuda */
+  void *q2 = cuda_act_copy(q, nq), *k2 = cuda_act_copy(k, nk), *kc2 = pair_alloc1(1, cache_bytes),
+       *vc2 = pair_alloc1(1, cache_bytes);
+  if (f8) {
+    pair_be[1]->ops->upload(pair_be[1], kc2, k8, cache_n);
+    pair_be[1]->ops->upload(pair_be[1], vc2, v8, cache_n);
+  } else {
+    pair_put_act(1, kc2, kh, cache_n);
+    pair_put_act(1, vc2, vh, cache_n);
+  }
+  void *bufs[2][6];
+  for (int i = 0; i < 2; i++) {
+    struct backend *be = pair_be[i];
+    struct batch b = dev_batch(i, &hb, bufs[i]);
+    struct rope_params rp = {.inv_freq = dinv.p[i], .rot_dim = rot, .neox = neox};
+    if (longrope) {
+      rp.inv_freq_long = (const float *)dinv.p[i] + half;
+      rp.long_after = 60;
+      rp.query_start = b.query_start;
+      rp.seq_lens = b.seq_lens;
+      rp.num_seqs = b.num_seqs;
+      rp.mscale = 1.19f;
+    }
+    struct kv_layer kv = {.k = dkc.p[i], .v = dvc.p[i], .k_scale = f8 ? 0.5f : 1.0f, .v_scale = f8 ? 2.0f : 1.0f,
+                          .dtype = f8 ? DTYPE_F8E4M3 : be->act_dtype, .num_blocks = hb.num_blocks,
+                          .block_size = bs, .n_kv_heads = nkv, .head_dim = hd};
+    int rc = be->ops->rope_kv_write(be, dq.p[i], dk.p[i], dv.p[i], &kv, &b, nh, &rp);
+    if (rc < 0)
+      pair_die("rope_kv_write");
+    CHECK(rc == 0, "%s rope_kv_write answered %d", be->ops->name, rc);
+    if (i == 1) {
+      kv.k = kc2;
+      kv.v = vc2;
+      if (be->ops->rope(be, q2, k2, b.positions, T, nh, nkv, hd, &rp) || be->ops->kv_write(be, &kv, k2, dv.p[1], &b))
+        pair_die("rope + kv_write");
+    }
+  }
+  char what[128];
+  snprintf(what, sizeof what, "rope_kv_write hd%d h%d/kv%d bs%d %s rot%d%s%s (T=%d)", hd, nh, nkv, bs,
+           neox ? "neox" : "gptj", rot, longrope ? " longrope" : "", f8 ? " f8e4m3" : "", T);
+  float *c, *g, *s;
+  pair_get_both(dq, nq, &c, &g);
+  s = get_act_copy(1, q2, nq);
+  pair_expect(what, g, c, nq, TOL_BF16_OUT);
+  CHECK(memcmp(g, s, nq * 4) == 0, "%s: q differs from cuda rope", what);
+  free(c);
+  free(g);
+  free(s);
+  pair_get_both(dk, nk, &c, &g);
+  s = get_act_copy(1, k2, nk);
+  pair_expect(what, g, c, nk, TOL_BF16_OUT);
+  CHECK(memcmp(g, s, nk * 4) == 0, "%s: k differs from cuda rope", what);
+  free(c);
+  free(g);
+  free(s);
+  void *caches[2][2] = {{dkc.p[1], kc2}, {dvc.p[1], vc2}};
+  for (int kvi = 0; kvi < 2; kvi++) {
+    uint8_t *a = malloc(cache_bytes), *b2 = malloc(cache_bytes);
+    pair_be[1]->ops->download(pair_be[1], a, caches[kvi][0], cache_bytes);
+    pair_be[1]->ops->download(pair_be[1], b2, caches[kvi][1], cache_bytes);
+    CHECK(memcmp(a, b2, cache_bytes) == 0, "%s: %s cache differs from cuda rope + kv_write", what, kvi ? "v" : "k");
+    free(a);
+    free(b2);
+    if (!f8) {
+      pair_get_both(kvi ? dvc : dkc, cache_n, &c, &g);
+      pair_expect(what, g, c, cache_n, TOL_BF16_OUT);
+      free(c);
+      free(g);
+    }
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 6; j++)
+      pair_be[i]->ops->free(pair_be[i], bufs[i][j]);
+  void *c2[4] = {q2, k2, kc2, vc2};
+  for (int j = 0; j < 4; j++)
+    pair_be[1]->ops->free(pair_be[1], c2[j]);
+  pair_free(dq);
+  pair_free(dk);
+  pair_free(dv);
+  pair_free(dinv);
+  pair_free(dkc);
+  pair_free(dvc);
+  free(q);
+  free(k);
+  free(v);
+  free(kh);
+  free(vh);
+  free(k8);
+  free(v8);
+  free_batch(&hb);
+}
+
 /* kv_write skips slot -1 (padding): the cache must stay as it was for that token. */
 static void test_kv_write_padding(void) {
   int bs = 16, n_kv = 2, hd = 64, nb = 4, T = 5;
@@ -897,6 +1156,26 @@ int main(void) {
   test_gather_rows();
   test_kv_write_padding();
   test_copy_blocks();
+  { /* fused ops: Llama-3.2-1B's q/k/v (2048/512/512 of 2048) and gate/up, Qwen2's biases, the
+     * GEMV's T range, and shapes answered 1 (T past the GEMV) */
+    const int qkv[3] = {2048, 512, 512}, qkv2[3] = {384, 128, 128}, gu[2] = {1024, 1024};
+    test_matmul_n(1, 3, qkv, 2048, 0, 1);
+    test_matmul_n(1, 3, qkv2, 512, 1, 1);
+    test_matmul_n(8, 3, qkv2, 520, 1, 1);
+    test_matmul_n(3, 2, gu, 256, 0, 1);
+    test_matmul_n(9, 3, qkv2, 512, 1, 0);
+    test_matmul_silu_mul(1, 8192, 2048, 1);
+    test_matmul_silu_mul(5, 344, 264, 1);
+    test_matmul_silu_mul(8, 1000, 512, 1);
+    test_matmul_silu_mul(9, 344, 256, 0);
+    for (int f8 = 0; f8 < 2; f8++) {
+      test_rope_kv_write(64, 32, 8, 16, 1, 64, 0, f8);   /* Llama-3.2-1B */
+      test_rope_kv_write(128, 32, 8, 32, 1, 128, 0, f8); /* Llama-3.1-8B */
+      test_rope_kv_write(64, 8, 2, 8, 0, 64, 0, f8);     /* GGUF adjacent pairs */
+      test_rope_kv_write(96, 8, 4, 16, 1, 72, 1, f8);    /* Phi-3: partial rotary, LongRoPE */
+      test_rope_kv_write(8, 8, 4, 32, 1, 8, 0, f8);      /* stories260K */
+    }
+  }
   test_errors();
   /* the grid: every block size x batch shape x GQA ratio (head_dim 64, as Llama-3.2-1B) */
   static const int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}};

@@ -192,6 +192,8 @@ static const struct backend_ops cpu_ops = {
     .all_reduce_sum = cpu_all_reduce_sum,
     .comm_abort = cpu_comm_abort,
     .gather_cols = cpu_gather_cols,
+    .matmul_n = cpu_matmul_n,
+    .rope_kv_write = cpu_rope_kv_write,
 };
 
 struct backend *backend_cpu_create(int n_threads) {

@@ -62,6 +62,12 @@ int cpu_gather_rows(struct backend *be, void *out, const void *x, const int32_t 
 int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, const int32_t *src,
                     const int32_t *dst, int n);
 
+/* Fused ops (cpu_fused.c): the sequences of separate ops they stand for (backend.h). */
+int cpu_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                 const struct weight *const biases[], int T);
+int cpu_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, const struct rope_params *rp);
+
 /* Gemma 2 / Mixtral ops (cpu_act.c, cpu_moe.c). */
 #define CPU_MOE_MAX_EXPERTS 256
 int cpu_gelu_tanh_mul(struct backend *be, void *out, const void *gate, const void *up, int T, int F);

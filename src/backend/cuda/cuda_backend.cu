@@ -362,6 +362,9 @@ static const struct backend_ops cuda_ops = {
 #else
     NULL, NULL, NULL, NULL, NULL, NULL,
 #endif
+    /* .matmul_n = */ cuda_op_matmul_n,
+    /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
+    /* .rope_kv_write = */ cuda_op_rope_kv_write,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -429,6 +432,11 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   const char *gmax = getenv("PAGODA_GEMV_MAX_T"); /* for measuring the GEMV/cuBLAS crossover; 0: cuBLAS */
   if (gmax && *gmax)
     cb->gemv_max_t = atoi(gmax) < CUDA_GEMV_MAX_T ? atoi(gmax) : CUDA_GEMV_MAX_T;
+  /* The fused ops (matmul_n, matmul_silu_mul, rope_kv_write): on unless set to 0, for measuring
+   * what they save (docs/cuda.md, Fused ops). */
+  const char *fo = getenv("PAGODA_FUSED_OPS"), *fs = getenv("PAGODA_FUSED_SILU");
+  cb->fused_ops = !(fo && strcmp(fo, "0") == 0);
+  cb->fused_silu = !(fs && strcmp(fs, "0") == 0);
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)

@@ -104,6 +104,8 @@ struct cuda_backend {
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
+  int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write answer 1 */
+  int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
   int nccl_rank, nccl_world; /* this backend's place in it (set by cuda_comm_init) */
 };
@@ -185,6 +187,15 @@ void cuda_step_timing_report(struct cuda_backend *cb);
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
 #define CUDA_GEMV_MAX_T 8
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
+/* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
+ * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes), and always
+ * when cb->fused_ops is 0. */
+int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                     const struct weight *const biases[], int T);
+int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
+                            const struct weight *up, int T);
+int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
+                          const struct batch *b, int n_heads, const struct rope_params *rp);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */

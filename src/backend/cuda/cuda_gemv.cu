@@ -6,7 +6,13 @@
  * the row (one 16-byte load) with the same columns of each of the T activation rows, a warp
  * step covering 256 columns; the loop issues four steps' weight loads before using them, so
  * each warp keeps 4 x 512 bytes in flight. Sums are f32 (fma), reduced over the warp by
- * shuffles. K must be a multiple of 8 (16-byte rows); callers fall back to cuBLAS otherwise. */
+ * shuffles. K must be a multiple of 8 (16-byte rows); callers fall back to cuBLAS otherwise.
+ *
+ * Fused forms (backend.h, "Fused small ops"): matmul_n runs one grid over the rows of several
+ * matrices that read the same x (q/k/v with their biases, gate/up), and matmul_silu_mul gives
+ * each warp a gate row and its up row and writes silu(g) * u, so the (T, F) products never go
+ * to memory. Both round like the separate ops (the product to bf16, then + bias to bf16; g and
+ * u to bf16 before silu_mul's f32 arithmetic), so they equal them up to summation order. */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
 
@@ -30,6 +36,47 @@ __device__ __forceinline__ void gemv_step(uint4 wu, const bf16 *x, int K, int e,
   }
 }
 
+__device__ __forceinline__ float warp_total(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* The dot products of R weight rows WR[r] with the T activation rows of x, lane LANE's share
+ * into acc[r][t] (not yet reduced over the warp). Four steps' loads per row go out first. */
+template <int NT, int R>
+__device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane,
+                                          float (*acc)[NT]) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = 0.0f;
+  int e = lane * 8;
+  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
+    uint4 w[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        w[r][j] = __ldg((const uint4 *)(wr[r] + e + 256 * j));
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        gemv_step<NT>(w[r][j], x, K, e + 256 * j, acc[r]);
+  }
+  for (; e < K; e += 256)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      gemv_step<NT>(__ldg((const uint4 *)(wr[r] + e)), x, K, e, acc[r]);
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = warp_total(acc[r][t]);
+}
+
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
@@ -37,35 +84,81 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (row >= N)
     return;
-  const bf16 *wr = W + (size_t)row * K;
-  float acc[NT];
+  const bf16 *wr[1] = {W + (size_t)row * K};
+  float acc[1][NT];
+  gemv_rows<NT, 1>(wr, x, K, lane, acc);
+  if (lane == 0)
 #pragma unroll
-  for (int t = 0; t < NT; t++)
-    acc[t] = 0.0f;
-  int e = lane * 8;
-  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
-    uint4 w0 = __ldg((const uint4 *)(wr + e)), w1 = __ldg((const uint4 *)(wr + e + 256)),
-          w2 = __ldg((const uint4 *)(wr + e + 512)), w3 = __ldg((const uint4 *)(wr + e + 768));
-    gemv_step<NT>(w0, x, K, e, acc);
-    gemv_step<NT>(w1, x, K, e + 256, acc);
-    gemv_step<NT>(w2, x, K, e + 512, acc);
-    gemv_step<NT>(w3, x, K, e + 768, acc);
-  }
-  for (; e < K; e += 256)
-    gemv_step<NT>(__ldg((const uint4 *)(wr + e)), x, K, e, acc);
-#pragma unroll
-  for (int t = 0; t < NT; t++) {
-    float v = acc[t];
-    for (int o = 16; o > 0; o >>= 1)
-      v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) {
+    for (int t = 0; t < NT; t++) {
       if (out_f32)
-        ((float *)out)[(size_t)t * N + row] = v;
+        ((float *)out)[(size_t)t * N + row] = acc[0][t];
       else
-        ((bf16 *)out)[(size_t)t * N + row] = __float2bfloat16(v);
+        ((bf16 *)out)[(size_t)t * N + row] = __float2bfloat16(acc[0][t]);
+    }
+}
+
+/* Up to BACKEND_MATMUL_N_MAX matrices in one grid: matrix i owns the grid rows [row0[i],
+ * row0[i + 1]); its bias (F32 or BF16, or NULL) is added after the product's bf16 rounding. */
+struct gemv_multi {
+  const bf16 *W[BACKEND_MATMUL_N_MAX];
+  bf16 *out[BACKEND_MATMUL_N_MAX];
+  const void *bias[BACKEND_MATMUL_N_MAX];
+  int bias_f32[BACKEND_MATMUL_N_MAX];
+  int N[BACKEND_MATMUL_N_MAX];
+  int row0[BACKEND_MATMUL_N_MAX + 1]; /* unused entries past n repeat the total */
+};
+
+template <int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K) {
+  const int lane = threadIdx.x & 31;
+  const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (g >= m.row0[BACKEND_MATMUL_N_MAX])
+    return;
+  int i = 0;
+#pragma unroll
+  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
+    i += g >= m.row0[j];
+  const int row = g - m.row0[i], N = m.N[i];
+  const bf16 *wr[1] = {m.W[i] + (size_t)row * K};
+  float acc[1][NT];
+  gemv_rows<NT, 1>(wr, x, K, lane, acc);
+  if (lane == 0) {
+    const void *bias = m.bias[i];
+    float b = !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      bf16 v = __float2bfloat16(acc[0][t]);
+      if (bias)
+        v = __float2bfloat16(__bfloat162float(v) + b);
+      m.out[i][(size_t)t * N + row] = v;
     }
   }
 }
+
+/* out(T, F) = silu(x Wg^T) * (x Wu^T): warp f takes gate row f and up row f. */
+template <int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_silu_mul_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (row >= F)
+    return;
+  const bf16 *wr[2] = {Wg + (size_t)row * K, Wu + (size_t)row * K};
+  float acc[2][NT];
+  gemv_rows<NT, 2>(wr, x, K, lane, acc);
+  if (lane == 0)
+#pragma unroll
+    for (int t = 0; t < NT; t++) { /* as silu_mul_kernel on the bf16 products */
+      float gv = __bfloat162float(__float2bfloat16(acc[0][t])), uv = __bfloat162float(__float2bfloat16(acc[1][t]));
+      out[(size_t)t * F + row] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+    }
+}
+
+#define GEMV_SWITCH(T, CASE)                                                                        \
+  switch (T) {                                                                                      \
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)                                 \
+  }
 
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32) {
   struct cuda_backend *cb = cuda_be(be);
@@ -76,12 +169,81 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
   dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
   cudaStream_t st = cb->stream;
-  switch (T) {
 #define GEMV_CASE(n) \
   case n: gemv_kernel<n><<<grid, GEMV_WARPS * 32, 0, st>>>(out, out_f32, W, X, N, K); break;
-    GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4) GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+  GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+/* The fused kernels take bf16 matrices of one K (a multiple of 8) at T <= gemv_max_t. */
+static int gemv_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
+  if (!cb->fused_ops || T < 1 || T > cb->gemv_max_t || ws[0]->cols % 8 || ws[0]->cols > INT32_MAX)
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (ws[i]->dtype != DTYPE_BF16 || ws[i]->cols != ws[0]->cols || ws[i]->rows > INT32_MAX / 4)
+      return 0;
+  return 1;
+}
+
+int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                     const struct weight *const biases[], int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (n < 1 || n > BACKEND_MATMUL_N_MAX)
+    return ERR("cuda matmul_n: n = %d (1..%d)", n, BACKEND_MATMUL_N_MAX);
+  if (be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
+    return 1; /* the separate matmuls */
+  gemv_multi m;
+  memset(&m, 0, sizeof m);
+  long long rows = 0;
+  for (int i = 0; i < n; i++) {
+    const struct weight *b = biases ? biases[i] : NULL;
+    if (b && b->rows * b->cols != ws[i]->rows)
+      return ERR("cuda matmul_n: bias %d has %lld elements for %lld rows", i, (long long)(b->rows * b->cols),
+                 (long long)ws[i]->rows);
+    if (b && b->dtype != DTYPE_F32 && b->dtype != DTYPE_BF16)
+      return 1;
+    m.W[i] = (const bf16 *)ws[i]->data;
+    m.out[i] = (bf16 *)outs[i];
+    m.bias[i] = b ? b->data : NULL;
+    m.bias_f32[i] = b && b->dtype == DTYPE_F32;
+    m.N[i] = (int)ws[i]->rows;
+    m.row0[i] = (int)rows;
+    rows += ws[i]->rows;
   }
+  if (rows > INT32_MAX - GEMV_WARPS)
+    return 1;
+  for (int i = n; i <= BACKEND_MATMUL_N_MAX; i++)
+    m.row0[i] = (int)rows;
+  dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
+  const bf16 *X = (const bf16 *)x;
+  int K = (int)ws[0]->cols;
+  cudaStream_t st = cb->stream;
+#define GEMV_CASE(c) \
+  case c: gemv_multi_kernel<c><<<grid, GEMV_WARPS * 32, 0, st>>>(m, X, K); break;
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
+                            const struct weight *up, int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  const struct weight *ws[2] = {gate, up};
+  if (gate->rows != up->rows)
+    return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
+  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || !gemv_fusable(cb, ws, 2, T))
+    return 1; /* matmul_n, then silu_mul */
+  int F = (int)gate->rows, K = (int)gate->cols;
+  dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
+  const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
+  cudaStream_t st = cb->stream;
+#define GEMV_CASE(c) \
+  case c: gemv_silu_mul_kernel<c><<<grid, GEMV_WARPS * 32, 0, st>>>((bf16 *)out, Wg, Wu, X, F, K); break;
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
   CUDA_LAUNCH_CHECK();
   return 0;
 }

@@ -115,6 +115,45 @@ int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x
  * The angle is the f32 product pos * inv_freq (as HF computes it); its sin/cos are taken in double
  * because --use_fast_math would turn sincosf into the intrinsic, which is inaccurate for the
  * large angles of long contexts. ---- */
+/* The frequencies token T rotates with: LongRoPE's long ones when its sequence (found by binary
+ * search over query_start, every thread alike) holds more than long_after tokens. */
+__device__ __forceinline__ const float *rope_freqs(int t, const float *inv_freq, const float *inv_freq_long,
+                                                   int long_after, const int32_t *query_start,
+                                                   const int32_t *seq_lens, int num_seqs) {
+  if (!inv_freq_long)
+    return inv_freq;
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return seq_lens[lo] > long_after ? inv_freq_long : inv_freq;
+}
+
+/* sin and cos of pos * freq (taken in double, see above), times mscale when it is not 0. */
+__device__ __forceinline__ void rope_sincos(float pos, float freq, float mscale, float *sf, float *cf) {
+  float ang = pos * freq;
+  double s, c;
+  sincos((double)ang, &s, &c);
+  *sf = (float)s;
+  *cf = (float)c;
+  if (mscale != 0.0f) {
+    *sf *= mscale;
+    *cf *= mscale;
+  }
+}
+
+/* One pair in place: (a, b) -> (a cos - b sin, b cos + a sin), with explicit roundings (one
+ * product, then a fused multiply-add) so that every kernel rotating pairs gets the same bits. */
+__device__ __forceinline__ void rope_rotate(bf16 *pa, bf16 *pb, float cf, float sf) {
+  float a = __bfloat162float(*pa), b = __bfloat162float(*pb);
+  *pa = __float2bfloat16(__fmaf_rn(a, cf, -__fmul_rn(b, sf)));
+  *pb = __float2bfloat16(__fmaf_rn(b, cf, __fmul_rn(a, sf)));
+}
+
 __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             bf16 *k,                  /* (T, n_kv, hd) */
                             const int32_t *positions, /* (T) */
@@ -126,34 +165,15 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             int num_seqs, float mscale) {
   int t = blockIdx.x;
   int half = rot_dim / 2;
-  if (inv_freq_long) { /* the sequence holding t, by binary search (every thread alike) */
-    int lo = 0, hi = num_seqs - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) / 2;
-      if (query_start[mid] <= t)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    if (seq_lens[lo] > long_after)
-      inv_freq = inv_freq_long;
-  }
+  inv_freq = rope_freqs(t, inv_freq, inv_freq_long, long_after, query_start, seq_lens, num_seqs);
   float pos = (float)positions[t];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float ang = pos * inv_freq[i];
-    double s, c;
-    sincos((double)ang, &s, &c);
-    float sf = (float)s, cf = (float)c;
-    if (mscale != 0.0f) {
-      sf *= mscale;
-      cf *= mscale;
-    }
+    float sf, cf;
+    rope_sincos(pos, inv_freq[i], mscale, &sf, &cf);
     int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     for (int h = 0; h < n_heads + n_kv; h++) {
       bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
-      float a = __bfloat162float(p[i0]), b = __bfloat162float(p[i1]);
-      p[i0] = __float2bfloat16(a * cf - b * sf);
-      p[i1] = __float2bfloat16(b * cf + a * sf);
+      rope_rotate(p + i0, p + i1, cf, sf);
     }
   }
 }
@@ -252,6 +272,82 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
     kv_write_kernel<bf16><<<b->num_tokens, threads, 0, st>>>(
         (bf16 *)kv->k, (bf16 *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
         kv->block_size, kv->head_dim, slots, 1.0f, 1.0f);
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+/* ---- RoPE fused with the KV write (backend.h, rope_kv_write): one block per token. The block's
+ * sin/cos go to shared memory first; then each thread rotates (head, pair) items of q and k, a
+ * rotated k element going both back to k and into the cache; last, v and k's unrotated dims
+ * (Phi-3's partial rotary) are stored. Same arithmetic and roundings as rope_kernel followed by
+ * kv_write_kernel, so the cache holds the same bytes. ---- */
+#define ROPE_KV_MAX_HALF 256 /* rot_dim / 2 (ROPE_MAX_FACTORS) */
+
+template <class E>
+__global__ void rope_kv_write_kernel(bf16 *q,                  /* (T, n_heads, hd) */
+                                     bf16 *k,                  /* (T, n_kv, hd) */
+                                     const bf16 *v,            /* (T, n_kv, hd) */
+                                     E *kc, E *vc,             /* (num_blocks, n_kv, bs, hd) */
+                                     const int32_t *positions, /* (T) */
+                                     const int32_t *slots,     /* (T) */
+                                     int n_heads, int n_kv, int hd, int bs, int64_t num_slots, float k_scale,
+                                     float v_scale, const float *inv_freq, int rot_dim, int neox,
+                                     const float *inv_freq_long, int long_after, const int32_t *query_start,
+                                     const int32_t *seq_lens, int num_seqs, float mscale) {
+  __shared__ float s_sin[ROPE_KV_MAX_HALF], s_cos[ROPE_KV_MAX_HALF];
+  const int t = blockIdx.x, half = rot_dim / 2;
+  inv_freq = rope_freqs(t, inv_freq, inv_freq_long, long_after, query_start, seq_lens, num_seqs);
+  const float pos = (float)positions[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    rope_sincos(pos, inv_freq[i], mscale, &s_sin[i], &s_cos[i]);
+  __syncthreads();
+  const int32_t slot = slots[t];
+  const bool store = slot >= 0 && slot < num_slots;
+  const int blk = store ? slot / bs : 0, off = store ? slot % bs : 0;
+  const int nk = n_kv * hd;
+  for (int j = threadIdx.x; j < (n_heads + n_kv) * half; j += blockDim.x) {
+    const int h = j / half, i = j % half;
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const float sf = s_sin[i], cf = s_cos[i];
+    bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
+    rope_rotate(p + i0, p + i1, cf, sf);
+    if (h >= n_heads && store) {
+      size_t dst = (((size_t)blk * n_kv + (h - n_heads)) * bs + off) * hd;
+      kv_store(kc, dst + i0, p[i0], k_scale);
+      kv_store(kc, dst + i1, p[i1], k_scale);
+    }
+  }
+  if (!store)
+    return;
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+    int h = i / hd, d = i % hd;
+    size_t dst = (((size_t)blk * n_kv + h) * bs + off) * hd + d;
+    kv_store(vc, dst, v[(size_t)t * nk + i], v_scale);
+    if (d >= rot_dim)
+      kv_store(kc, dst, k[(size_t)t * nk + i], k_scale);
+  }
+}
+
+int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
+                          const struct batch *b, int n_heads, const struct rope_params *rp) {
+  if (!cuda_be(be)->fused_ops || be->act_dtype != DTYPE_BF16 ||
+      (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3) || !cuda_block_size_ok(kv->block_size) ||
+      rp->rot_dim <= 0 || rp->rot_dim > kv->head_dim || rp->rot_dim % 2 || rp->rot_dim / 2 > ROPE_KV_MAX_HALF)
+    return 1; /* rope then kv_write, which check (and name) what is wrong */
+  if (kv->dtype == DTYPE_F8E4M3 && !(kv->k_scale > 0.0f && kv->v_scale > 0.0f))
+    return ERR("cuda rope_kv_write: f8e4m3 KV scales %g / %g must be > 0", (double)kv->k_scale,
+               (double)kv->v_scale);
+  const int T = b->num_tokens;
+  if (T <= 0)
+    return T == 0 ? 0 : ERR("cuda rope_kv_write: T = %d", T);
+  const int64_t slots = (int64_t)kv->num_blocks * kv->block_size;
+  cudaStream_t st = cuda_be(be)->stream;
+#define ROPE_KV_ARGS(E)                                                                                         (bf16 *)q, (bf16 *)k, (const bf16 *)v, (E *)kv->k, (E *)kv->v, b->positions, b->slot_mapping, n_heads,             kv->n_kv_heads, kv->head_dim, kv->block_size, slots, kv->dtype == DTYPE_F8E4M3 ? kv->k_scale : 1.0f,           kv->dtype == DTYPE_F8E4M3 ? kv->v_scale : 1.0f, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,       rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale
+  if (kv->dtype == DTYPE_F8E4M3)
+    rope_kv_write_kernel<uint8_t><<<T, 256, 0, st>>>(ROPE_KV_ARGS(uint8_t));
+  else
+    rope_kv_write_kernel<bf16><<<T, 256, 0, st>>>(ROPE_KV_ARGS(bf16));
+#undef ROPE_KV_ARGS
   CUDA_LAUNCH_CHECK();
   return 0;
 }

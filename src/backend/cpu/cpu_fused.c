@@ -1,0 +1,28 @@
+/* cpu_fused.c - the CPU backend's fused ops (backend.h, "Fused small ops"): each is the
+ * sequence of separate ops it stands for, so these are the reference the CUDA kernels are
+ * checked against and the CPU forward pass runs through the same calls as the GPU one.
+ * matmul_silu_mul is left out (NULL): its sequence needs a second (T, F) buffer, which the
+ * model's fallback (blocks.c) has and the CPU backend does not allocate. */
+#include "backend/cpu/cpu_backend.h"
+#include "util/log.h"
+
+int cpu_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                 const struct weight *const biases[], int T) {
+  if (n < 1 || n > BACKEND_MATMUL_N_MAX)
+    return ERR("matmul_n: n = %d (1..%d)", n, BACKEND_MATMUL_N_MAX);
+  for (int i = 0; i < n; i++)
+    if (ws[i]->cols != ws[0]->cols)
+      return ERR("matmul_n: weight %d has %lld columns, weight 0 has %lld", i, (long long)ws[i]->cols,
+                 (long long)ws[0]->cols);
+  for (int i = 0; i < n; i++)
+    if (cpu_matmul(be, outs[i], x, ws[i], biases ? biases[i] : NULL, T, 0))
+      return -1;
+  return 0;
+}
+
+int cpu_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
+                      const struct batch *b, int n_heads, const struct rope_params *rp) {
+  if (cpu_rope(be, q, k, b->positions, b->num_tokens, n_heads, kv->n_kv_heads, kv->head_dim, rp))
+    return -1;
+  return cpu_kv_write(be, kv, k, v, b);
+}
