@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.skipif(not CHROMIUM, reason="chromium not installed (s
 
 def chromium(*args):
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--window-size=1000,700", "--virtual-time-budget=15000", *args],
+                           "--window-size=1000,700", "--virtual-time-budget=60000", *args],
                           capture_output=True, timeout=120)
 
 
