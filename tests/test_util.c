@@ -1,6 +1,8 @@
 /* test_util.c - assertion bookkeeping, fixture paths and small numeric helpers for tests. */
 #include "test_util.h"
 
+#include "pagoda.h"
+
 #include <math.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -44,6 +46,21 @@ const char *test_shared_path(const char *rel) {
     return NULL;
   }
   return p;
+}
+
+int test_stories_params(struct pagoda_engine_params *p, int max_num_seqs, int max_model_len) {
+  const char *model = test_shared_path("models/stories260K.gguf");
+  if (!model)
+    return -1;
+  pagoda_engine_params_default(p);
+  p->model = model;
+  p->device = "cpu";
+  p->threads = 1;
+  p->max_num_seqs = max_num_seqs;
+  p->max_model_len = max_model_len;
+  p->pa_memory_mb = 16;
+  p->cache_type = PAGODA_CACHE_TYPE_F32;
+  return 0;
 }
 
 const char *test_fixture_path(const char *rel) {

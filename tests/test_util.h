@@ -39,6 +39,11 @@ int test_skip(const char *why);
 
 /* $PAGODA_TESTDATA/rel, or NULL (after a message) when the shared test data is absent. */
 const char *test_shared_path(const char *rel);
+struct pagoda_engine_params;
+/* The engine tests' starting point: stories260K (the shared test data) on the CPU, one thread, a
+ * 16 MiB f32 cache, MAX_NUM_SEQS sequences of at most MAX_MODEL_LEN tokens, every other field at
+ * its default. 0, or -1 (after a message) when the model is absent: the caller skips. */
+int test_stories_params(struct pagoda_engine_params *p, int max_num_seqs, int max_model_len);
 /* $PAGODA_FIXTURES/rel (tests/fixtures in the source tree). */
 const char *test_fixture_path(const char *rel);
 

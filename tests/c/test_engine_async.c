@@ -155,19 +155,10 @@ static void compare(const char *what, int sync_mix, const struct run_result *a, 
 }
 
 int main(void) {
-  const char *model = test_shared_path("models/stories260K.gguf");
-  if (!model)
+  struct pagoda_engine_params base;
+  if (test_stories_params(&base, 8, 256))
     return test_skip("stories260K.gguf not found");
   make_prompts();
-  struct pagoda_engine_params base;
-  pagoda_engine_params_default(&base);
-  base.model = model;
-  base.device = "cpu";
-  base.threads = 1;
-  base.max_num_seqs = 8;
-  base.max_model_len = 256;
-  base.pa_memory_mb = 16;
-  base.cache_type = PAGODA_CACHE_TYPE_F32;
   static struct run_result ref, got;
 
   /* A stop id that greedy request 6 meets mid-run (its first occurrence ends it there). */

@@ -148,21 +148,12 @@ static void fixtures_tp(void) {
 }
 
 int main(void) {
-  const char *model = test_shared_path("models/stories260K.gguf");
-  if (!model)
+  struct pagoda_engine_params base;
+  if (test_stories_params(&base, 16, 512))
     return test_skip("stories260K.gguf not found");
   make_prompts();
-  struct pagoda_engine_params base;
-  pagoda_engine_params_default(&base);
-  base.model = model;
-  base.device = "cpu";
-  base.threads = 1;
-  base.max_num_seqs = 16;
-  base.max_model_len = 512;
-  base.pa_memory_mb = 16;
   base.prefill_chunk_size = 32;
   base.max_num_batched_tokens = 69; /* mixed steps */
-  base.cache_type = PAGODA_CACHE_TYPE_F32;
   base.tp = 1;
   static struct result ref, got;
   struct pagoda_engine_stats st;
