@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/rendezvous.h"
 #include "dist/tp.h"
+#include "lost_rank.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -159,30 +160,13 @@ static void test_processes(int world) {
 
 /* Rank 1 dies after joining: rank 0's gather fails naming rank 1 instead of waiting. */
 static void test_lost_rank(void) {
-  test_loopback_address(master, sizeof master);
-  pid_t pid = fork();
-  if (pid == 0) {
-    unsigned char p[4];
-    struct rdv *r;
-    if (rdv_join(master, 1, 2, 7, p, sizeof p, 10, &r))
-      _exit(1);
-    raise(SIGKILL);
-  }
-  unsigned char p[4] = {0};
-  struct rdv *r;
-  if (rdv_join(master, 0, 2, 7, p, sizeof p, 10, &r)) {
-    CHECK(0, "join: %s", err_last());
-    waitpid(pid, NULL, 0);
+  struct lost_rank l;
+  if (lost_rank_start(&l, 7))
     return;
-  }
-  struct backend *be = backend_cpu_create(1);
-  CHECK(be && cpu_comm_attach_rdv(be, r) == 0, "attach: %s", err_last());
   float in[4] = {1, 2, 3, 4}, out[8], scratch[8];
-  CHECK(be->ops->gather_cols(be, out, in, scratch, 2, 2) == -1 && strstr(err_last(), "rank 1"),
+  CHECK(l.be && l.be->ops->gather_cols(l.be, out, in, scratch, 2, 2) == -1 && strstr(err_last(), "rank 1"),
         "gather after a lost rank: %s", err_last());
-  be->ops->destroy(be);
-  rdv_close(r);
-  waitpid(pid, NULL, 0);
+  lost_rank_free(&l);
 }
 
 int main(void) {

@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/rendezvous.h"
 #include "dist/tp.h"
+#include "lost_rank.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -138,31 +139,16 @@ static void test_matches_inprocess(int world) {
 
 /* Rank 1 is killed: rank 0's all_reduce_sum fails naming rank 1. */
 static void test_lost_rank(void) {
-  pick_master();
-  pid_t pid = fork();
-  if (pid == 0) {
-    unsigned char p[4];
-    struct rdv *r;
-    if (rdv_join(master, 1, 2, 99, p, sizeof p, 10, &r))
-      _exit(1);
-    raise(SIGKILL);
-  }
-  unsigned char p[4] = {0};
-  struct rdv *r;
-  if (rdv_join(master, 0, 2, 99, p, sizeof p, 10, &r)) {
-    CHECK(0, "join: %s", err_last());
+  struct lost_rank l;
+  if (lost_rank_start(&l, 99))
     return;
-  }
-  struct backend *be = backend_cpu_create(1);
-  CHECK(be && cpu_comm_attach_rdv(be, r) == 0, "attach: %s", err_last());
   float x[16] = {0};
-  CHECK(be->ops->all_reduce_sum(be, x, 16) == -1 && strstr(err_last(), "rank 1"), "after a lost rank: %s",
+  CHECK(l.be && l.be->ops->all_reduce_sum(l.be, x, 16) == -1 && strstr(err_last(), "rank 1"), "after a lost rank: %s",
         err_last());
-  be->ops->comm_abort(be);
-  CHECK(rdv_dead_peer(r, 0) == 1, "aborted group still looks alive");
-  be->ops->destroy(be);
-  rdv_close(r);
-  waitpid(pid, NULL, 0);
+  if (l.be)
+    l.be->ops->comm_abort(l.be);
+  CHECK(rdv_dead_peer(l.r, 0) == 1, "aborted group still looks alive");
+  lost_rank_free(&l);
 }
 
 int main(void) {
