@@ -322,9 +322,9 @@ static int load_kv_scales(struct model_file *mf) {
       if (r < 0)
         return -1;
       if (r == 0)
-        return ERR("%s: layer %d has no %s KV-cache scale (model.layers.%d.%s) while layer 0 has both: a "
-                   "checkpoint has them on every layer or on none", p_where(mf), l, j ? "v" : "k", l,
-                   j ? v_names[0] : k_names[0]);
+        return ERR("%s: layer %d has no %s KV-cache scale (model.layers.%d.%s), though the checkpoint has "
+                   "KV-cache scales: it must have K's and V's on every layer, or none", p_where(mf), l,
+                   j ? "v" : "k", l, j ? v_names[0] : k_names[0]);
     }
   return 0;
 }

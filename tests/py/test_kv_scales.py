@@ -104,6 +104,8 @@ def test_one_kv_scale_for_both(tmp_path):
     (scales(0.0, 1.0), "model.layers.0.self_attn.k_scale' is 0"),
     (scales(float("nan"), 1.0), "must be finite and > 0"),
     (scales(1.0, 1.0, layers=(0,)), "layer 1 has no k KV-cache scale"),
+    ({"model.layers.0.self_attn.k_scale": f32(1.0), "model.layers.1.self_attn.k_scale": f32(1.0)},
+     "layer 0 has no v KV-cache scale"),
     ({"model.layers.0.self_attn.k_scale": ("F32", [2], struct.pack("<ff", 1, 1)),
       "model.layers.0.self_attn.v_scale": f32(1.0)}, "must be one F32, F16 or BF16 value"),
 ])
