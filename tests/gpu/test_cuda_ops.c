@@ -1030,6 +1030,10 @@ static int ref_sample(const float *x, int vocab, const struct backend_sample_par
         n_keep = i + 1;
         if (run - target < EPS_MASS * z || target - (run - w[i]) < EPS_MASS * z)
           return -1;
+        /* the kernel's cut-off is a logit threshold: ties of the crossing logit are kept too
+         * (the test's logits lie on a 2^-20 grid, so the top of a 128256-token row does tie) */
+        while (n_keep < k && it[n_keep].logit == it[n_keep - 1].logit)
+          n_keep++;
         break;
       }
     }
