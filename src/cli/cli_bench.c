@@ -87,21 +87,19 @@ int cli_bench(int argc, char **argv) {
         return 2;
       continue;
     }
-#define TRY(name) if ((r = flag_value(name, argc, argv, &i, &v)) < 0) return 2; else if (r)
     if (!strcmp(a, "--json"))
       o.json = 1;
-    else TRY("--num-prompts") { if (flag_int("--num-prompts", v, 1, 1 << 24, &o.num_prompts)) return 2; }
-    else TRY("--input-len") { if (flag_int("--input-len", v, 1, 1 << 24, &o.input_len)) return 2; }
-    else TRY("--output-len") { if (flag_int("--output-len", v, 1, 1 << 24, &o.output_len)) return 2; }
-    else TRY("--shared-prefix-len") { if (flag_int("--shared-prefix-len", v, 0, 1 << 24, &o.shared)) return 2; }
-    else TRY("--random-range-ratio") { if (flag_double("--random-range-ratio", v, 0, 0.999, &o.ratio)) return 2; }
-    else TRY("--temperature") { if (flag_double("--temperature", v, 0, 100, &o.temp)) return 2; }
-    else TRY("--seed") { if (flag_int64("--seed", v, 0, 0x7fffffffffffffffLL, &o.seed)) return 2; }
+    else ON_FLAG("--num-prompts", &i, 2) { if (flag_int("--num-prompts", v, 1, 1 << 24, &o.num_prompts)) return 2; }
+    else ON_FLAG("--input-len", &i, 2) { if (flag_int("--input-len", v, 1, 1 << 24, &o.input_len)) return 2; }
+    else ON_FLAG("--output-len", &i, 2) { if (flag_int("--output-len", v, 1, 1 << 24, &o.output_len)) return 2; }
+    else ON_FLAG("--shared-prefix-len", &i, 2) { if (flag_int("--shared-prefix-len", v, 0, 1 << 24, &o.shared)) return 2; }
+    else ON_FLAG("--random-range-ratio", &i, 2) { if (flag_double("--random-range-ratio", v, 0, 0.999, &o.ratio)) return 2; }
+    else ON_FLAG("--temperature", &i, 2) { if (flag_double("--temperature", v, 0, 100, &o.temp)) return 2; }
+    else ON_FLAG("--seed", &i, 2) { if (flag_int64("--seed", v, 0, 0x7fffffffffffffffLL, &o.seed)) return 2; }
     else {
       fprintf(stderr, "error: unknown option '%s' (see pagoda bench --help)\n", a);
       return 2;
     }
-#undef TRY
   }
   if (o.shared >= o.input_len) { /* every prompt keeps at least one token of its own */
     fprintf(stderr, "error: --shared-prefix-len %d must be less than --input-len %d: lower it or raise --input-len\n",

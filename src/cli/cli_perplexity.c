@@ -60,19 +60,17 @@ int cli_perplexity(int argc, char **argv) {
         return 2;
       continue;
     }
-#define TRY(name) if ((r = flag_value(name, argc, argv, &i, &v)) < 0) return 2; else if (r)
-    TRY("-f") file = v;
-    else TRY("--file") file = v;
-    else TRY("-c") { if (flag_int("-c", v, 4, 1 << 20, &n_ctx)) return 2; }
-    else TRY("--ctx") { if (flag_int("--ctx", v, 4, 1 << 20, &n_ctx)) return 2; }
-    else TRY("-b") { if (flag_int("-b", v, 1, 1 << 24, &n_batch)) return 2; }
-    else TRY("--batch") { if (flag_int("--batch", v, 1, 1 << 24, &n_batch)) return 2; }
-    else TRY("--chunks") { if (flag_int("--chunks", v, -1, 1 << 30, &n_chunks)) return 2; }
+    ON_FLAG("-f", &i, 2) file = v;
+    else ON_FLAG("--file", &i, 2) file = v;
+    else ON_FLAG("-c", &i, 2) { if (flag_int("-c", v, 4, 1 << 20, &n_ctx)) return 2; }
+    else ON_FLAG("--ctx", &i, 2) { if (flag_int("--ctx", v, 4, 1 << 20, &n_ctx)) return 2; }
+    else ON_FLAG("-b", &i, 2) { if (flag_int("-b", v, 1, 1 << 24, &n_batch)) return 2; }
+    else ON_FLAG("--batch", &i, 2) { if (flag_int("--batch", v, 1, 1 << 24, &n_batch)) return 2; }
+    else ON_FLAG("--chunks", &i, 2) { if (flag_int("--chunks", v, -1, 1 << 30, &n_chunks)) return 2; }
     else {
       fprintf(stderr, "error: unknown option '%s' (see pagoda perplexity --help)\n", a);
       return 2;
     }
-#undef TRY
   }
   if (!file) {
     fprintf(stderr, "error: no text given (-f TEXT)\n");

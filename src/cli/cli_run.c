@@ -365,38 +365,37 @@ int cli_run(int argc, char **argv) {
         return 2;
       continue;
     }
-#define TRY(name) if ((r = flag_value(name, argc, argv, &i, &v)) < 0) return 2; else if (r)
     if (!strcmp(a, "--raw")) {
       raw = 1;
     } else if (!strcmp(a, "--ignore-eos")) {
       sp.ignore_eos = 1;
-    } else TRY("-p") prompt = v;
-    else TRY("--prompt") prompt = v;
-    else TRY("-f") file = v;
-    else TRY("--file") file = v;
-    else TRY("--system") system = v;
-    else TRY("-n") {
+    } else ON_FLAG("-p", &i, 2) prompt = v;
+    else ON_FLAG("--prompt", &i, 2) prompt = v;
+    else ON_FLAG("-f", &i, 2) file = v;
+    else ON_FLAG("--file", &i, 2) file = v;
+    else ON_FLAG("--system", &i, 2) system = v;
+    else ON_FLAG("-n", &i, 2) {
       if (flag_int("-n", v, -1, 1 << 30, &sp.max_tokens)) /* it printed the error */
         return 2;
       if (!sp.max_tokens)
         return fprintf(stderr, "error: -n must be -1 or >= 1\n"), 2;
     }
-    else TRY("--max-tokens") {
+    else ON_FLAG("--max-tokens", &i, 2) {
       if (flag_int("--max-tokens", v, -1, 1 << 30, &sp.max_tokens)) /* it printed the error */
         return 2;
       if (!sp.max_tokens)
         return fprintf(stderr, "error: --max-tokens must be -1 or >= 1\n"), 2;
     }
-    else TRY("--temperature") { if (flag_double("--temperature", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
-    else TRY("--temp") { if (flag_double("--temp", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
-    else TRY("--top-k") { if (flag_int("--top-k", v, -1, 1 << 30, &sp.top_k)) return 2; }
-    else TRY("--top-p") { if (flag_double("--top-p", v, 1e-9, 1, &d)) return 2; sp.top_p = (float)d; }
-    else TRY("--min-p") { if (flag_double("--min-p", v, 0, 1, &d)) return 2; sp.min_p = (float)d; }
-    else TRY("--seed") { long long s; if (flag_int64("--seed", v, -1, 0x7fffffffffffffffLL, &s)) return 2; sp.seed = s; }
-    else TRY("--repetition-penalty") { if (flag_double("--repetition-penalty", v, 1e-6, 100, &d)) return 2; sp.repetition_penalty = (float)d; }
-    else TRY("--presence-penalty") { if (flag_double("--presence-penalty", v, -100, 100, &d)) return 2; sp.presence_penalty = (float)d; }
-    else TRY("--frequency-penalty") { if (flag_double("--frequency-penalty", v, -100, 100, &d)) return 2; sp.frequency_penalty = (float)d; }
-    else TRY("--stop") {
+    else ON_FLAG("--temperature", &i, 2) { if (flag_double("--temperature", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
+    else ON_FLAG("--temp", &i, 2) { if (flag_double("--temp", v, 0, 100, &d)) return 2; sp.temperature = (float)d; }
+    else ON_FLAG("--top-k", &i, 2) { if (flag_int("--top-k", v, -1, 1 << 30, &sp.top_k)) return 2; }
+    else ON_FLAG("--top-p", &i, 2) { if (flag_double("--top-p", v, 1e-9, 1, &d)) return 2; sp.top_p = (float)d; }
+    else ON_FLAG("--min-p", &i, 2) { if (flag_double("--min-p", v, 0, 1, &d)) return 2; sp.min_p = (float)d; }
+    else ON_FLAG("--seed", &i, 2) { long long s; if (flag_int64("--seed", v, -1, 0x7fffffffffffffffLL, &s)) return 2; sp.seed = s; }
+    else ON_FLAG("--repetition-penalty", &i, 2) { if (flag_double("--repetition-penalty", v, 1e-6, 100, &d)) return 2; sp.repetition_penalty = (float)d; }
+    else ON_FLAG("--presence-penalty", &i, 2) { if (flag_double("--presence-penalty", v, -100, 100, &d)) return 2; sp.presence_penalty = (float)d; }
+    else ON_FLAG("--frequency-penalty", &i, 2) { if (flag_double("--frequency-penalty", v, -100, 100, &d)) return 2; sp.frequency_penalty = (float)d; }
+    else ON_FLAG("--stop", &i, 2) {
       if (sp.n_stop == 16)
         return fprintf(stderr, "error: at most 16 --stop strings\n"), 2;
       stops[sp.n_stop++] = v;
@@ -405,7 +404,6 @@ int cli_run(int argc, char **argv) {
       fprintf(stderr, "error: unknown option '%s' (see pagoda run --help)\n", a);
       return 2;
     }
-#undef TRY
   }
   sp.stop = stops;
   if (prompt && file) {

@@ -63,34 +63,23 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
   const char *v;
   int r;
   double d;
-#define TRY(name) if ((r = flag_value(name, argc, argv, i, &v)) != 0)
-  TRY("-m") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("-m", i, -1) {
     p->model = v;
     return 1;
   }
-  TRY("--model") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--model", i, -1) {
     p->model = v;
     return 1;
   }
-  TRY("--revision") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--revision", i, -1) {
     p->revision = v;
     return 1;
   }
-  TRY("--hf-file") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--hf-file", i, -1) {
     p->hf_file = v;
     return 1;
   }
-  TRY("--device") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--device", i, -1) {
     if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
       fprintf(stderr, "error: --device must be cpu or cuda, got '%s'\n", v);
       return -1;
@@ -98,9 +87,7 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->device = v;
     return 1;
   }
-  TRY("--isq") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--isq", i, -1) {
     /* the values model/quant_isq.c's isq_parse takes; checked here so a typo is a usage error */
     static const char *const isq_values[] = {"q4_0", "q4_k", "q5_k", "q6_k", "q8_0", "4", "8"};
     int known = 0;
@@ -113,11 +100,9 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->isq = v;
     return 1;
   }
-  TRY("--tp-rank") return r < 0 || flag_int("--tp-rank", v, 0, 1023, &p->tp_rank) ? -1 : 1;
-  TRY("--tp-world") return r < 0 || flag_int("--tp-world", v, 1, 1024, &p->tp_world) ? -1 : 1;
-  TRY("--tp-master") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--tp-rank", i, -1) return flag_int("--tp-rank", v, 0, 1023, &p->tp_rank) ? -1 : 1;
+  ON_FLAG("--tp-world", i, -1) return flag_int("--tp-world", v, 1, 1024, &p->tp_world) ? -1 : 1;
+  ON_FLAG("--tp-master", i, -1) {
     if (!*v || !strchr(v, ':')) {
       fprintf(stderr, "error: --tp-master expects host:port (rank 0's rendezvous address), got '%s'\n", v);
       return -1;
@@ -125,12 +110,10 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     p->tp_master = v;
     return 1;
   }
-  TRY("--tp") return r < 0 || flag_int("--tp", v, 1, 64, &p->tp) ? -1 : 1;
-  TRY("--threads") return r < 0 || flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
-  TRY("-t") return r < 0 || flag_int("-t", v, 0, 4096, &p->threads) ? -1 : 1;
-  TRY("--paged-attn") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--tp", i, -1) return flag_int("--tp", v, 1, 64, &p->tp) ? -1 : 1;
+  ON_FLAG("--threads", i, -1) return flag_int("--threads", v, 0, 4096, &p->threads) ? -1 : 1;
+  ON_FLAG("-t", i, -1) return flag_int("-t", v, 0, 4096, &p->threads) ? -1 : 1;
+  ON_FLAG("--paged-attn", i, -1) {
     if (!strcmp(v, "auto"))
       p->paged_attn = PAGODA_PAGED_ATTN_AUTO;
     else if (!strcmp(v, "on"))
@@ -143,8 +126,8 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     }
     return 1;
   }
-  TRY("--pa-block-size") {
-    if (r < 0 || flag_int("--pa-block-size", v, 1, 1 << 20, &p->block_size))
+  ON_FLAG("--pa-block-size", i, -1) {
+    if (flag_int("--pa-block-size", v, 1, 1 << 20, &p->block_size))
       return -1;
     if (p->block_size != 8 && p->block_size != 16 && p->block_size != 32) {
       fprintf(stderr, "error: --pa-block-size must be 8, 16 or 32, got %s\n", v);
@@ -152,22 +135,20 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     }
     return 1;
   }
-  TRY("--pa-memory-mb") {
-    if (r < 0 || flag_double("--pa-memory-mb", v, 1e-9, 1e12, &d))
+  ON_FLAG("--pa-memory-mb", i, -1) {
+    if (flag_double("--pa-memory-mb", v, 1e-9, 1e12, &d))
       return -1;
     p->pa_memory_mb = d;
     return 1;
   }
-  TRY("--pa-memory-fraction") {
-    if (r < 0 || flag_double("--pa-memory-fraction", v, 1e-9, 1, &d))
+  ON_FLAG("--pa-memory-fraction", i, -1) {
+    if (flag_double("--pa-memory-fraction", v, 1e-9, 1, &d))
       return -1;
     p->pa_memory_fraction = d;
     return 1;
   }
-  TRY("--pa-context-len") return r < 0 || flag_int("--pa-context-len", v, 1, 1 << 30, &p->pa_context_len) ? -1 : 1;
-  TRY("--pa-cache-type") {
-    if (r < 0)
-      return -1;
+  ON_FLAG("--pa-context-len", i, -1) return flag_int("--pa-context-len", v, 1, 1 << 30, &p->pa_context_len) ? -1 : 1;
+  ON_FLAG("--pa-cache-type", i, -1) {
     if (!strcmp(v, "auto"))
       p->cache_type = PAGODA_CACHE_TYPE_AUTO;
     else if (!strcmp(v, "f8e4m3"))
@@ -184,14 +165,13 @@ int engine_flags_parse(struct pagoda_engine_params *p, int argc, char **argv, in
     }
     return 1;
   }
-  TRY("--prefix-cache-n") return r < 0 || flag_int("--prefix-cache-n", v, 0, 1 << 30, &p->prefix_cache_n) ? -1 : 1;
-  TRY("--max-num-seqs") return r < 0 || flag_int("--max-num-seqs", v, 1, 1 << 20, &p->max_num_seqs) ? -1 : 1;
-  TRY("--max-num-batched-tokens")
-  return r < 0 || flag_int("--max-num-batched-tokens", v, 1, 1 << 24, &p->max_num_batched_tokens) ? -1 : 1;
-  TRY("--prefill-chunk-size")
-  return r < 0 || flag_int("--prefill-chunk-size", v, 1, 1 << 24, &p->prefill_chunk_size) ? -1 : 1;
-  TRY("--max-model-len") return r < 0 || flag_int("--max-model-len", v, 1, 1 << 30, &p->max_model_len) ? -1 : 1;
-#undef TRY
+  ON_FLAG("--prefix-cache-n", i, -1) return flag_int("--prefix-cache-n", v, 0, 1 << 30, &p->prefix_cache_n) ? -1 : 1;
+  ON_FLAG("--max-num-seqs", i, -1) return flag_int("--max-num-seqs", v, 1, 1 << 20, &p->max_num_seqs) ? -1 : 1;
+  ON_FLAG("--max-num-batched-tokens", i, -1)
+  return flag_int("--max-num-batched-tokens", v, 1, 1 << 24, &p->max_num_batched_tokens) ? -1 : 1;
+  ON_FLAG("--prefill-chunk-size", i, -1)
+  return flag_int("--prefill-chunk-size", v, 1, 1 << 24, &p->prefill_chunk_size) ? -1 : 1;
+  ON_FLAG("--max-model-len", i, -1) return flag_int("--max-model-len", v, 1, 1 << 30, &p->max_model_len) ? -1 : 1;
   return 0;
 }
 

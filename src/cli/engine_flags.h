@@ -27,6 +27,10 @@ int cli_tp_worker(const struct pagoda_engine_params *p, int *rc);
  * Return 1 and set *VALUE when argv[*i] is NAME, 0 when not, -1 (message printed) when the value
  * is missing. */
 int flag_value(const char *name, int argc, char **argv, int *i, const char **value);
+/* ON_FLAG(NAME, IP, FAIL) { ... }: the block runs with the value in V when argv[*IP] is flag NAME;
+ * when its value is missing (message printed) the enclosing function returns FAIL. Uses the
+ * caller's argc, argv and `int r; const char *v;`. */
+#define ON_FLAG(name, ip, fail) if ((r = flag_value(name, argc, argv, ip, &v)) < 0) return fail; else if (r)
 /* Strict conversions; -1 with a message naming FLAG on a malformed or out-of-range value. */
 int flag_int(const char *flag, const char *s, long lo, long hi, int *out);
 int flag_int64(const char *flag, const char *s, long long lo, long long hi, long long *out);
