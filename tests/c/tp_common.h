@@ -104,7 +104,9 @@ static int tpc_run(const char *device, const char *path, int world, const int32_
     qs[1] = 1;
     len = p + 1;
     struct batch d = {1, 1, TPC_MAXB, len, 1, ids, pos, slots, qs, &len, table, 1, lidx};
-    if (model_forward(m, &d, out->step_logits + (size_t)s * V)) {
+    /* a padded decode batch (one token per sequence, the model's block bound): on cuda the graph
+     * of B = 1 runs directly, is captured (every rank its own, all-reduces inside), then replayed */
+    if (model_forward_graph(m, &d, out->step_logits + (size_t)s * V)) {
       fprintf(stderr, "decode step %d: %s\n", s, err_last_where());
       goto done;
     }

@@ -41,6 +41,8 @@ int cuda_comm_init(struct backend *be, const void *id, int rank, int world) {
 
 int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
   struct cuda_backend *cb = cuda_be(be);
+  if (cuda_peer_ar_usable(cb, x, n)) /* single process, small enough: the peer kernel */
+    return cuda_peer_all_reduce(cb, x, n);
   if (!cb->nccl_comm)
     return ERR("all_reduce_sum before comm_init");
   ncclDataType_t t = be->act_dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
@@ -109,6 +111,7 @@ int cuda_comm_check(struct backend *be) {
 
 void cuda_comm_abort(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
+  cb->peer_ar.max_bytes = 0; /* no more peer all-reduces either */
   if (cb->nccl_comm)
     ncclCommAbort((ncclComm_t)cb->nccl_comm);
   cb->nccl_comm = NULL;
@@ -118,7 +121,8 @@ void cuda_comm_free(struct cuda_backend *cb) {
   if (cb->nccl_comm)
     ncclCommDestroy((ncclComm_t)cb->nccl_comm);
   cb->nccl_comm = NULL;
+  cuda_peer_ar_free(cb);
 }
 #else
-void cuda_comm_free(struct cuda_backend *cb) { (void)cb; }
+void cuda_comm_free(struct cuda_backend *cb) { cuda_peer_ar_free(cb); }
 #endif
