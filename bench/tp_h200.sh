@@ -23,10 +23,11 @@ M8=/tmp/llama-8b M1=/tmp/llama-1b
 (python3 tools/make_dummy_model.py --shape llama-3.1-8b --out $M8 && python3 tools/make_dummy_model.py --shape llama-3.2-1b --out $M1) \
   >"$out/make_models.log" 2>&1 & MP=$!
 el "test_tp_cuda (fixtures; graphs and peer all-reduce on/off)"
-timeout 150 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_cuda.log" 2>&1; echo "rc=$?"
+timeout 90 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_cuda.log" 2>&1; rc=$?; echo "rc=$rc"
 grep -v "^\[pagoda" "$out/test_tp_cuda.log" | tail -30
+[[ $rc == 124 ]] && { echo "test_tp_cuda timed out: stopping here"; tail -5 "$out/test_tp_cuda.log"; exit 1; }
 el "tp_allreduce (peer vs NCCL)"
-timeout 90 .device/build/bench/tp_allreduce 2 200 >"$out/tp_allreduce.log" 2>&1; echo "rc=$?"
+timeout 60 .device/build/bench/tp_allreduce 2 200 >"$out/tp_allreduce.log" 2>&1; echo "rc=$?"
 grep -v "^\[pagoda" "$out/tp_allreduce.log" | tail -14
 el "engine: stories260K greedy, --tp 1 vs --tp 2"
 S=$root/.device/testdata/models/stories260K.gguf
@@ -41,7 +42,7 @@ wait $MP || tail -5 "$out/make_models.log"
 pb() { # label, then pagoda bench args
   local label=$1; shift
   el "pagoda bench $label"
-  timeout 75 "$P" bench -m $M8 --device cuda --max-num-seqs 64 --input-len 512 --output-len 128 --temperature 0 \
+  timeout 45 "$P" bench -m $M8 --device cuda --max-num-seqs 64 --input-len 512 --output-len 128 --temperature 0 \
     "$@" --json 2>"$out/bench_$label.err" >"$out/bench_$label.json"; echo "rc=$?"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("output_tok_per_s", d["output_tok_per_s"], "tpot_p50", d["tpot_ms"]["p50"], "ttft_p50", d["ttft_ms"]["p50"], "digest", d["output_digest"], "elapsed_s", d["elapsed_s"])' \
     "$out/bench_$label.json" 2>/dev/null || head -c 400 "$out/bench_$label.json"
@@ -56,6 +57,6 @@ PAGODA_CUDA_GRAPHS=0 pb tp2_p64_nographs --tp 2 --num-prompts 64
 PAGODA_TP_CUSTOM_AR=0 pb tp2_b1_nccl --tp 2 --num-prompts 1
 PAGODA_TP_CUSTOM_AR=0 pb tp2_p64_nccl --tp 2 --num-prompts 64
 el "logits: 1B and 8B shapes, --tp 2 vs --tp 1 (test_tp_cuda with PAGODA_TP_LOGITS_MODELS)"
-PAGODA_TP_LOGITS_MODELS=$M1:$M8 timeout 150 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_logits.log" 2>&1
+PAGODA_TP_LOGITS_MODELS=$M1:$M8 timeout 100 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_logits.log" 2>&1
 echo "rc=$?"; grep -E "llama-(1|8)b|passed|FAIL" "$out/test_tp_logits.log" | tail -6
 el "done"

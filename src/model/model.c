@@ -517,7 +517,7 @@ static int tp_connect_rank(int r, void *ctx) {
 /* The bound of the peer all-reduce (backend.h peer_ar_connect) from $PAGODA_TP_CUSTOM_AR: unset or
  * 1: TP_PEER_AR_DEFAULT bytes; 0: off (NCCL for every all-reduce); a larger number: that many
  * bytes. -1 with err_last() set on anything else. */
-#define TP_PEER_AR_DEFAULT ((size_t)1 << 20)
+#define TP_PEER_AR_DEFAULT ((size_t)8 << 20) /* the largest the CUDA backend takes: graphs of 512 rows of 8192 */
 static long long tp_peer_ar_max(void) {
   const char *env = getenv("PAGODA_TP_CUSTOM_AR");
   if (!env || !*env)

@@ -11,8 +11,9 @@
  * The decode steps go through model_forward_graph: step 1 runs directly, step 2 is captured by
  * every rank (its all-reduces inside), steps 3.. replay. For two fixtures the --tp 2 run is
  * repeated with PAGODA_CUDA_GRAPHS=0 (decode logits bitwise equal: the same kernels) and with
- * PAGODA_TP_CUSTOM_AR=0 (NCCL for every all-reduce instead of the peer all-reduce: within TOL,
- * and for 2 ranks bitwise, both being one bf16 rounding of the f32 sum).
+ * PAGODA_TP_CUSTOM_AR=0 (NCCL for every all-reduce instead of the peer all-reduce, and so no
+ * graphs: NCCL is never captured; within TOL, for 2 ranks bitwise in practice, both being one bf16
+ * rounding of the f32 sum).
  * PAGODA_TP_LOGITS_MODELS=PATH[:PATH...] adds models (the 1B / 8B shapes of
  * tools/make_dummy_model.py in bench/tp_h200.sh): a 64-token prompt of ids 1..64 and 8 greedy
  * steps at --tp 2 against --tp 1, logits within TOL (rel L2, printed); greedy tokens of random
@@ -112,6 +113,7 @@ static void check_extra(const char *path) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* each result line out at once (the device script's timeout) */
   if (!backend_device_available("cuda"))
     return test_skip("no usable GPU");
   struct backend_params bp = {"cuda", 0, 1};

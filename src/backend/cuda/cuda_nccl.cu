@@ -45,6 +45,18 @@ int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
     return cuda_peer_all_reduce(cb, x, n);
   if (!cb->nccl_comm)
     return ERR("all_reduce_sum before comm_init");
+  /* NCCL captured into the ranks' CUDA graphs hung on 2 x H200 (one process, each rank capturing
+   * on its own thread): a capture with an all-reduce beyond the peer all-reduce fails here instead,
+   * before NCCL sees it, and the step runs directly (cuda_graph.cu) on every rank alike (the same
+   * sizes on all of them) */
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(cb->stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) {
+    log_info("cuda: GPU %d: an all-reduce of %zu bytes would take NCCL, which is never captured (the peer all-reduce "
+             "takes up to %zu bytes: PAGODA_TP_CUSTOM_AR): this decode step runs without a CUDA graph", cb->device,
+             n * (size_t)dtype_row_bytes(be->act_dtype, 1), cb->peer_ar.max_bytes);
+    return ERR("all-reduce of %zu elements inside a CUDA graph capture: NCCL is not captured", n);
+  }
   ncclDataType_t t = be->act_dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
   NCCL_CHECK(ncclAllReduce(x, x, n, t, ncclSum, (ncclComm_t)cb->nccl_comm, cb->stream));
   return 0;
