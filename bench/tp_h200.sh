@@ -23,16 +23,16 @@ M8=/tmp/llama-8b M1=/tmp/llama-1b
 (python3 tools/make_dummy_model.py --shape llama-3.1-8b --out $M8 && python3 tools/make_dummy_model.py --shape llama-3.2-1b --out $M1) \
   >"$out/make_models.log" 2>&1 & MP=$!
 el "test_tp_cuda (fixtures; graphs and peer all-reduce on/off)"
-timeout 90 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_cuda.log" 2>&1; rc=$?; echo "rc=$rc"
+timeout 75 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_cuda.log" 2>&1; rc=$?; echo "rc=$rc"
 grep -v "^\[pagoda" "$out/test_tp_cuda.log" | tail -30
 [[ $rc == 124 ]] && { echo "test_tp_cuda timed out: stopping here"; tail -5 "$out/test_tp_cuda.log"; exit 1; }
 el "tp_allreduce (peer vs NCCL)"
-timeout 60 .device/build/bench/tp_allreduce 2 200 >"$out/tp_allreduce.log" 2>&1; echo "rc=$?"
+timeout 40 .device/build/bench/tp_allreduce 2 200 >"$out/tp_allreduce.log" 2>&1; echo "rc=$?"
 grep -v "^\[pagoda" "$out/tp_allreduce.log" | tail -14
 el "engine: stories260K greedy, --tp 1 vs --tp 2"
 S=$root/.device/testdata/models/stories260K.gguf
 for tp in 1 2; do
-  timeout 60 "$P" run -m "$S" --device cuda --tp $tp --raw -p "Once upon a time" --temperature 0 -n 64 \
+  timeout 30 "$P" run -m "$S" --device cuda --tp $tp --raw -p "Once upon a time" --temperature 0 -n 64 \
     >"$out/stories_tp$tp.txt" 2>"$out/stories_tp$tp.err"; echo "tp $tp rc=$?"
 done
 cmp "$out/stories_tp1.txt" "$out/stories_tp2.txt" && echo "stories260K greedy: --tp 2 output equals --tp 1" ||
