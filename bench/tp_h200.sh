@@ -3,8 +3,9 @@
 # CUDA graphs and the peer all-reduce on and off), the all-reduce microbenchmark (peer vs NCCL,
 # 8 KiB .. 8 MiB), --tp 2 against --tp 1 through the engine (greedy text of stories260K), then
 # `pagoda bench` on the Llama-3.1-8B shape (tools/make_dummy_model.py) at --tp 1 and --tp 2, batch 1
-# and 64 parallel x (512 in, 128 out), --tp 2 also with PAGODA_TP_CUSTOM_AR=0 and
-# PAGODA_CUDA_GRAPHS=0, and the logits of the 1B and 8B shapes at --tp 2 against --tp 1.
+# and 64 parallel x (512 in, 128 out), --tp 2 also with PAGODA_ASYNC_STEPS=0, PAGODA_CUDA_GRAPHS=0,
+# PAGODA_TP_CUSTOM_AR=0 (NCCL, so no graphs) and the last with the first (the state before this
+# work), and the logits of the 1B and 8B shapes at --tp 2 against --tp 1.
 # Every GPU command runs under `timeout`; logs go to /tmp/tp_logs (the caller tars them into $OUT).
 # Stage first (here): tools/device_bundle.sh && tools/device_stage.sh /work/main/.gpu-tpgraph bench;
 # there: cd .gpu-tpgraph && bash bench/tp_h200.sh
@@ -46,17 +47,24 @@ pb() { # label, then pagoda bench args
     "$@" --json 2>"$out/bench_$label.err" >"$out/bench_$label.json"; echo "rc=$?"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("output_tok_per_s", d["output_tok_per_s"], "tpot_p50", d["tpot_ms"]["p50"], "ttft_p50", d["ttft_ms"]["p50"], "digest", d["output_digest"], "elapsed_s", d["elapsed_s"])' \
     "$out/bench_$label.json" 2>/dev/null || head -c 400 "$out/bench_$label.json"
-  grep -E "error|peer all-reduce|capturing" "$out/bench_$label.err" | head -3
+  grep -E "error|capturing|step timing" "$out/bench_$label.err" | head -3
 }
+export PAGODA_STEP_TIMING=1 # rank 0's GPU busy / idle per asynchronous step, in the .err logs
 pb tp1_b1 --tp 1 --num-prompts 1
 pb tp2_b1 --tp 2 --num-prompts 1
 pb tp1_p64 --tp 1 --num-prompts 64
 pb tp2_p64 --tp 2 --num-prompts 64
+unset PAGODA_STEP_TIMING
+PAGODA_ASYNC_STEPS=0 pb tp2_b1_sync --tp 2 --num-prompts 1
+PAGODA_ASYNC_STEPS=0 pb tp2_p64_sync --tp 2 --num-prompts 64
+PAGODA_TP_CUSTOM_AR=0 PAGODA_ASYNC_STEPS=0 pb tp2_b1_before --tp 2 --num-prompts 1
+PAGODA_TP_CUSTOM_AR=0 PAGODA_ASYNC_STEPS=0 pb tp2_p64_before --tp 2 --num-prompts 64
+grep -h "step timing" "$out"/bench_tp*_b1.err "$out"/bench_tp*_p64.err
+el "logits: 1B and 8B shapes, --tp 2 vs --tp 1 (test_tp_cuda with PAGODA_TP_LOGITS_MODELS)"
+PAGODA_TP_LOGITS_MODELS=$M1:$M8 timeout 100 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_logits.log" 2>&1
+echo "rc=$?"; grep -E "llama-(1|8)b|passed|FAIL" "$out/test_tp_logits.log" | tail -6
 PAGODA_CUDA_GRAPHS=0 pb tp2_b1_nographs --tp 2 --num-prompts 1
 PAGODA_CUDA_GRAPHS=0 pb tp2_p64_nographs --tp 2 --num-prompts 64
 PAGODA_TP_CUSTOM_AR=0 pb tp2_b1_nccl --tp 2 --num-prompts 1
 PAGODA_TP_CUSTOM_AR=0 pb tp2_p64_nccl --tp 2 --num-prompts 64
-el "logits: 1B and 8B shapes, --tp 2 vs --tp 1 (test_tp_cuda with PAGODA_TP_LOGITS_MODELS)"
-PAGODA_TP_LOGITS_MODELS=$M1:$M8 timeout 100 .device/build/tests/gpu_bin/test_tp_cuda >"$out/test_tp_logits.log" 2>&1
-echo "rc=$?"; grep -E "llama-(1|8)b|passed|FAIL" "$out/test_tp_logits.log" | tail -6
 el "done"

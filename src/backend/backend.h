@@ -330,8 +330,9 @@ struct backend_ops {
   /* After every rank's peer_ar_alloc, each rank on its thread: GROUP[0..WORLD) are the ranks'
    * backends of this process (GROUP[RANK] == BE); from here all_reduce_sum of at most MAX_BYTES
    * (bf16) sums by direct reads of the peers' staging, in rank order (bit-identical on every
-   * rank), the collective library above that. MAX_BYTES 0 turns it off; may be called again. 0
-   * also when the devices cannot reach each other (then it stays off, logged). */
+   * rank), the collective library above that. MAX_BYTES 0 turns it off; may be called again.
+   * It also lets a rank > 0's resolve_ids read rank 0's sampled ids (asynchronous steps under
+   * tensor parallelism). 1 (nothing enabled, logged) when the devices cannot reach each other. */
   int (*peer_ar_connect)(struct backend *be, struct backend *const *group, int rank, int world, size_t max_bytes);
 };
 

@@ -81,6 +81,8 @@ struct model {
   int vocab_parallel, vocab_local, lm_head_view;
   float *logits_local, *gather_scratch;
   struct tp_group *tp;    /* rank 0 only; borrowed */
+  int tp_ids_shared;      /* rank 0: the other ranks' resolve_ids read rank 0's sampled ids (backend.h
+                           * peer_ar_connect), so asynchronous steps work under tensor parallelism */
   struct model **ranks;   /* rank 0 only: (tp_world), ranks[0] = the model itself */
   void **shard_bufs;      /* host copies of column slices (weights may alias them on cpu) */
   /* Multi-process tensor parallelism, rank 0 (model_set_mirror): every public call goes through
@@ -94,6 +96,7 @@ const struct model_config *model_get_config(const struct model *m) { return &m->
 int model_has_kv_scales(const struct model *m) { return m->kv_scales != NULL; }
 
 int model_tp_vocab_split(const struct model *m) { return m->vocab_parallel ? m->vocab_local : 0; }
+int model_tp_async_ok(const struct model *m) { return !m->ranks || m->tp_ids_shared; }
 
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);
@@ -493,6 +496,8 @@ struct tp_load {
   struct model *models[TP_MAX_WORLD];
   unsigned char id[BACKEND_COMM_ID_BYTES];
   size_t peer_ar_max; /* 0: no peer all-reduce (off, or the backend has none) */
+  int connect;        /* the backend has peer_ar_connect: every rank calls it */
+  int no_peer;        /* set by a rank whose GPU cannot reach the others' */
 };
 
 static int tp_load_rank(int r, void *ctx) {
@@ -504,14 +509,17 @@ static int tp_load_rank(int r, void *ctx) {
     return -1;
   if (be->ops->comm_init(be, L->id, r, L->world))
     return -1;
-  return L->peer_ar_max && be->ops->peer_ar_alloc ? be->ops->peer_ar_alloc(be, L->world) : 0;
+  return L->connect ? be->ops->peer_ar_alloc(be, L->world) : 0;
 }
 
 /* Each rank after all have loaded: the peer all-reduce between the GPUs of this process. */
 static int tp_connect_rank(int r, void *ctx) {
   struct tp_load *L = ctx;
   struct backend *be = L->bes[r];
-  return be->ops->peer_ar_connect(be, L->bes, r, L->world, L->peer_ar_max);
+  int rc = be->ops->peer_ar_connect(be, L->bes, r, L->world, L->peer_ar_max);
+  if (rc == 1) /* no peer access between these GPUs: NCCL only, no shared ids */
+    L->no_peer = 1;
+  return rc < 0 ? -1 : 0;
 }
 
 /* The bound of the peer all-reduce (backend.h peer_ar_connect) from $PAGODA_TP_CUSTOM_AR: unset or
@@ -558,10 +566,11 @@ struct model *model_load_tp(const char *path, struct backend *const *bes, struct
     free(L);
     return NULL;
   }
-  L->peer_ar_max = op->peer_ar_alloc && op->peer_ar_connect ? (size_t)peer_max : 0;
+  L->connect = op->peer_ar_alloc && op->peer_ar_connect;
+  L->peer_ar_max = L->connect ? (size_t)peer_max : 0;
   struct model *m = NULL;
   if (op->comm_id(bes[0], L->id) == 0 && tp_group_run(g, tp_load_rank, L) == 0 &&
-      (!L->peer_ar_max || tp_group_run(g, tp_connect_rank, L) == 0)) {
+      (!L->connect || tp_group_run(g, tp_connect_rank, L) == 0)) {
     m = L->models[0];
     if (!(m->ranks = calloc((size_t)world, sizeof *m->ranks))) {
       ERR("out of memory");
@@ -569,6 +578,7 @@ struct model *model_load_tp(const char *path, struct backend *const *bes, struct
     } else {
       memcpy(m->ranks, L->models, (size_t)world * sizeof *m->ranks);
       m->tp = g;
+      m->tp_ids_shared = L->connect && !L->no_peer;
       free(L);
       return m;
     }

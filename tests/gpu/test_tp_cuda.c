@@ -14,14 +14,18 @@
  * PAGODA_TP_CUSTOM_AR=0 (NCCL for every all-reduce instead of the peer all-reduce, and so no
  * graphs: NCCL is never captured; within TOL, for 2 ranks bitwise in practice, both being one bf16
  * rounding of the f32 sum).
- * PAGODA_TP_LOGITS_MODELS=PATH[:PATH...] adds models (the 1B / 8B shapes of
- * tools/make_dummy_model.py in bench/tp_h200.sh): a 64-token prompt of ids 1..64 and 8 greedy
- * steps at --tp 2 against --tp 1, logits within TOL (rel L2, printed); greedy tokens of random
- * weights may flip on near-ties, so they are counted, not required equal.
+ * PAGODA_TP_LOGITS_MODELS=PATH[:PATH...] checks these models instead of the fixtures (the 1B / 8B shapes of
+ * tools/make_dummy_model.py in bench/tp_h200.sh): a 64-token prompt of ids 1..64 and 8 decode
+ * steps fed --tp 1's greedy tokens, --tp 2 against --tp 1: logits within TOL_EXTRA (rel L2,
+ * printed); the greedy picks of random weights may flip on near-ties, so they are counted, not
+ * required equal. TOL_EXTRA is wider than TOL: 16 and 32 random layers carry the bf16 rounding
+ * of the partial sums further than the fixtures' 2 (measured 0.026 on the 1B shape, 0.055 on the
+ * 8B shape's prompt, the first time, with the same seeds).
  * Skips (77) without NCCL in the build or with fewer than 2 GPUs. */
 #include "c/tp_common.h"
 
 #define TOL 4e-2
+#define TOL_EXTRA 1e-1
 #define GAP_BF16 0.05
 
 /* The first position of fixture NAME's prompt whose router gap (NAME/router_gaps.json) is below
@@ -96,7 +100,9 @@ static void check_extra(const char *path) {
   for (int i = 0; i < 64; i++)
     tokens[i] = 1 + i;
   struct tpc_run one = {0}, two = {0};
-  int ok = tpc_run("cuda", path, 1, tokens, 64, &one) == 0 && tpc_run("cuda", path, 2, tokens, 64, &two) == 0;
+  /* --tp 2 decodes --tp 1's greedy tokens: both score the same inputs */
+  int ok = tpc_run("cuda", path, 1, tokens, 64, &one) == 0 &&
+           tpc_run_forced("cuda", path, 2, tokens, 64, one.greedy, &two) == 0;
   CHECK(ok, "%s: --tp 1 and --tp 2 ran", path);
   if (ok) {
     double e = test_rel_l2(two.logits, one.logits, (size_t)64 * one.vocab);
@@ -104,9 +110,13 @@ static void check_extra(const char *path) {
     int agree = 0;
     for (int s = 0; s < TPC_STEPS; s++)
       agree += one.greedy[s] == two.greedy[s];
-    CHECK(e < TOL && es < TOL, "%s: --tp 2 vs --tp 1: prompt rel L2 %g, decode %g (tol %g)", path, e, es, TOL);
-    printf("%s: --tp 2 vs --tp 1, 64-token prompt: prompt rel L2 %.4g, decode rel L2 %.4g, greedy tokens %d of %d "
-           "equal\n", path, e, es, agree, TPC_STEPS);
+    CHECK(e < TOL_EXTRA && es < TOL_EXTRA, "%s: --tp 2 vs --tp 1: prompt rel L2 %g, decode %g (tol %g)", path, e, es,
+          TOL_EXTRA);
+    /* the last prompt position alone (the row sampling reads) */
+    size_t V = (size_t)one.vocab;
+    double el = test_rel_l2(two.logits + 63 * V, one.logits + 63 * V, V);
+    printf("%s: --tp 2 vs --tp 1, 64-token prompt: prompt rel L2 %.4g (last position %.4g), decode rel L2 %.4g (same "
+           "inputs), greedy picks %d of %d equal\n", path, e, el, es, agree, TPC_STEPS);
   }
   tpc_free(&one);
   tpc_free(&two);
@@ -127,6 +137,14 @@ int main(void) {
   be->ops->destroy(be);
   if (!nccl)
     return test_skip("this build's CUDA backend has no NCCL (tensor parallelism off)");
+  const char *extra = getenv("PAGODA_TP_LOGITS_MODELS");
+  if (extra && *extra) {
+    char list[4096];
+    snprintf(list, sizeof list, "%s", extra);
+    for (char *save = NULL, *t = strtok_r(list, ":", &save); t; t = strtok_r(NULL, ":", &save))
+      check_extra(t);
+    return test_finish("test_tp_cuda");
+  }
   for (int i = 0; i < TPC_N_MODELS; i++) {
     int cut = first_near_tie(tpc_models[i].name);
     CHECK(cut >= 0, "%s: cannot read router_gaps.json", tpc_models[i].name);
@@ -140,12 +158,5 @@ int main(void) {
   check_variant("qwen2", "PAGODA_CUDA_GRAPHS", 1);
   check_variant("llama", "PAGODA_TP_CUSTOM_AR", 0);
   check_variant("gemma2", "PAGODA_TP_CUSTOM_AR", 0);
-  const char *extra = getenv("PAGODA_TP_LOGITS_MODELS");
-  if (extra && *extra) {
-    char list[4096];
-    snprintf(list, sizeof list, "%s", extra);
-    for (char *save = NULL, *t = strtok_r(list, ":", &save); t; t = strtok_r(NULL, ":", &save))
-      check_extra(t);
-  }
   return test_finish("test_tp_cuda");
 }

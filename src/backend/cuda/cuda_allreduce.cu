@@ -132,8 +132,7 @@ int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int r
   if (world < 2 || world > PEER_AR_MAX_RANKS || rank < 0 || rank >= world || group[rank] != be)
     return ERR("peer all-reduce: rank %d of %d", rank, world);
   cb->peer_ar.max_bytes = 0;
-  if (max_bytes == 0)
-    return 0;
+  cb->peer_ar.ids_src = NULL;
   if (max_bytes > PEER_AR_STAGE_BYTES)
     max_bytes = PEER_AR_STAGE_BYTES;
   for (int k = 0; k < world; k++) {
@@ -147,7 +146,7 @@ int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int r
     if (!can) {
       log_info("cuda: GPU %d cannot access GPU %d's memory directly: the all-reduces go through NCCL", cb->device,
                pk->device);
-      return 0;
+      return 1;
     }
     cudaError_t e = cudaDeviceEnablePeerAccess(pk->device, 0);
     if (e == cudaErrorPeerAccessAlreadyEnabled)
@@ -162,7 +161,8 @@ int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int r
   cb->peer_ar.rank = rank;
   cb->peer_ar.world = world;
   cb->peer_ar.max_bytes = max_bytes;
-  if (rank == 0)
+  cb->peer_ar.ids_src = rank > 0 ? cuda_be(group[0]) : NULL;
+  if (rank == 0 && max_bytes)
     log_info("cuda: all-reduces of up to %zu bytes read the other GPUs' memory directly (peer all-reduce, %d "
              "GPUs), NCCL above; PAGODA_TP_CUSTOM_AR=0 turns it off", max_bytes, world);
   return 0;

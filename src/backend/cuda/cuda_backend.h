@@ -123,6 +123,7 @@ struct cuda_backend {
     uint32_t *peer_flags[PEER_AR_MAX_RANKS];
     int rank, world;
     size_t max_bytes;          /* all-reduces of at most this many bytes take the peer kernel */
+    struct cuda_backend *ids_src; /* ranks > 0: rank 0's backend, whose sampled ids resolve_ids reads */
   } peer_ar;
 };
 
