@@ -280,7 +280,8 @@ static double mp_timeout(void) {
 /* This process's backend, place in the group and shard (rank P->tp_rank of P->tp_world): the
  * rendezvous first (the hash of the model's whole configuration, so a rank started with another
  * model, --isq or --tp-world is refused before anything loads), then the shard, then the
- * communicator. CUDA graphs are off (as under --tp N). On failure the caller frees what is set. */
+ * communicator. CUDA graphs are off (each worker runs its calls directly; docs/distributed.md). On
+ * failure the caller frees what is set. */
 static int mp_setup(const struct pagoda_engine_params *p, const char *path, struct backend **be, struct model **m,
                     struct tp_mp **mp, int *st) {
   struct backend_params bp = {p->device, p->threads, mp_device_index(p->tp_rank)};
