@@ -322,6 +322,18 @@ struct backend_ops {
    * kv_write(kv, k, v, b): q and k rotated in place, the rotated k and v stored in the cache. */
   int (*rope_kv_write)(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                        const struct batch *b, int n_heads, const struct rope_params *rp);
+
+  /* ---- Single-process tensor parallelism's peer all-reduce (optional; NULL: all_reduce_sum is
+   * the collective library's alone). The ranks' devices read each other's memory directly. ---- */
+  /* Allocates this rank's staging and flags for a group of WORLD ranks. Each rank on its thread. */
+  int (*peer_ar_alloc)(struct backend *be, int world);
+  /* After every rank's peer_ar_alloc, each rank on its thread: GROUP[0..WORLD) are the ranks'
+   * backends of this process (GROUP[RANK] == BE); from here all_reduce_sum of at most MAX_BYTES
+   * (bf16) sums by direct reads of the peers' staging, in rank order (bit-identical on every
+   * rank), the collective library above that. MAX_BYTES 0 turns it off; may be called again.
+   * It also lets a rank > 0's resolve_ids read rank 0's sampled ids (asynchronous steps under
+   * tensor parallelism). 1 (nothing enabled, logged) when the devices cannot reach each other. */
+  int (*peer_ar_connect)(struct backend *be, struct backend *const *group, int rank, int world, size_t max_bytes);
 };
 
 /* The most matrices one matmul_n call takes (q, k, v). */

@@ -176,8 +176,8 @@ static int tp_resolve(struct pagoda_engine_params *p) {
 }
 
 /* Tensor parallelism: the rank threads, then on each rank's thread its backend (GPU r: device
- * memory and the current device are per thread). CUDA graphs are off under TP (the step's
- * collectives are enqueued by several threads; docs/distributed.md). */
+ * memory and the current device are per thread). Each rank captures and replays its own CUDA
+ * graphs of the padded decode steps (model_forward_graph; docs/distributed.md). */
 struct tp_setup_ctx {
   const struct pagoda_engine_params *p;
   struct backend **bes;
@@ -188,7 +188,6 @@ static int tp_create_rank(int r, void *ctx) {
   struct backend_params bp = {c->p->device, c->p->threads, r};
   if (!(c->bes[r] = backend_create(&bp)))
     return -1;
-  c->bes[r]->caps.graphs = 0;
   return 0;
 }
 
@@ -281,7 +280,8 @@ static double mp_timeout(void) {
 /* This process's backend, place in the group and shard (rank P->tp_rank of P->tp_world): the
  * rendezvous first (the hash of the model's whole configuration, so a rank started with another
  * model, --isq or --tp-world is refused before anything loads), then the shard, then the
- * communicator. CUDA graphs are off (as under --tp N). On failure the caller frees what is set. */
+ * communicator. CUDA graphs are off (each worker runs its calls directly; docs/distributed.md). On
+ * failure the caller frees what is set. */
 static int mp_setup(const struct pagoda_engine_params *p, const char *path, struct backend **be, struct model **m,
                     struct tp_mp **mp, int *st) {
   struct backend_params bp = {p->device, p->threads, mp_device_index(p->tp_rank)};

@@ -81,6 +81,8 @@ struct model {
   int vocab_parallel, vocab_local, lm_head_view;
   float *logits_local, *gather_scratch;
   struct tp_group *tp;    /* rank 0 only; borrowed */
+  int tp_ids_shared;      /* rank 0: the other ranks' resolve_ids read rank 0's sampled ids (backend.h
+                           * peer_ar_connect), so asynchronous steps work under tensor parallelism */
   struct model **ranks;   /* rank 0 only: (tp_world), ranks[0] = the model itself */
   void **shard_bufs;      /* host copies of column slices (weights may alias them on cpu) */
   /* Multi-process tensor parallelism, rank 0 (model_set_mirror): every public call goes through
@@ -94,6 +96,7 @@ const struct model_config *model_get_config(const struct model *m) { return &m->
 int model_has_kv_scales(const struct model *m) { return m->kv_scales != NULL; }
 
 int model_tp_vocab_split(const struct model *m) { return m->vocab_parallel ? m->vocab_local : 0; }
+int model_tp_async_ok(const struct model *m) { return !m->ranks || m->tp_ids_shared; }
 
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);
@@ -492,6 +495,9 @@ struct tp_load {
   int world;
   struct model *models[TP_MAX_WORLD];
   unsigned char id[BACKEND_COMM_ID_BYTES];
+  size_t peer_ar_max; /* 0: no peer all-reduce (off, or the backend has none) */
+  int connect;        /* the backend has peer_ar_connect: every rank calls it */
+  int no_peer;        /* set by a rank whose GPU cannot reach the others' */
 };
 
 static int tp_load_rank(int r, void *ctx) {
@@ -501,7 +507,34 @@ static int tp_load_rank(int r, void *ctx) {
     return -1;
   if (!(L->models[r] = load_model(L->path, be, L->isq, r, L->world)))
     return -1;
-  return be->ops->comm_init(be, L->id, r, L->world);
+  if (be->ops->comm_init(be, L->id, r, L->world))
+    return -1;
+  return L->connect ? be->ops->peer_ar_alloc(be, L->world) : 0;
+}
+
+/* Each rank after all have loaded: the peer all-reduce between the GPUs of this process. */
+static int tp_connect_rank(int r, void *ctx) {
+  struct tp_load *L = ctx;
+  struct backend *be = L->bes[r];
+  int rc = be->ops->peer_ar_connect(be, L->bes, r, L->world, L->peer_ar_max);
+  if (rc == 1) /* no peer access between these GPUs: NCCL only, no shared ids */
+    L->no_peer = 1;
+  return rc < 0 ? -1 : 0;
+}
+
+/* The bound of the peer all-reduce (backend.h peer_ar_connect) from $PAGODA_TP_CUSTOM_AR: unset or
+ * 1: TP_PEER_AR_DEFAULT bytes; 0: off (NCCL for every all-reduce); a larger number: that many
+ * bytes. -1 with err_last() set on anything else. */
+#define TP_PEER_AR_DEFAULT ((size_t)8 << 20) /* the largest the CUDA backend takes: graphs of 512 rows of 8192 */
+static long long tp_peer_ar_max(void) {
+  const char *env = getenv("PAGODA_TP_CUSTOM_AR");
+  if (!env || !*env)
+    return (long long)TP_PEER_AR_DEFAULT;
+  char *end;
+  long long v = strtoll(env, &end, 10);
+  if (*end || v < 0)
+    return ERR("PAGODA_TP_CUSTOM_AR=%s: 0 (off), 1 (on, up to %zu bytes) or a bound in bytes", env, TP_PEER_AR_DEFAULT);
+  return v == 1 ? (long long)TP_PEER_AR_DEFAULT : v;
 }
 
 static int tp_free_rank(int r, void *ctx) {
@@ -528,8 +561,16 @@ struct model *model_load_tp(const char *path, struct backend *const *bes, struct
     free(L);
     return NULL;
   }
+  long long peer_max = tp_peer_ar_max();
+  if (peer_max < 0) {
+    free(L);
+    return NULL;
+  }
+  L->connect = op->peer_ar_alloc && op->peer_ar_connect;
+  L->peer_ar_max = L->connect ? (size_t)peer_max : 0;
   struct model *m = NULL;
-  if (op->comm_id(bes[0], L->id) == 0 && tp_group_run(g, tp_load_rank, L) == 0) {
+  if (op->comm_id(bes[0], L->id) == 0 && tp_group_run(g, tp_load_rank, L) == 0 &&
+      (!L->connect || tp_group_run(g, tp_connect_rank, L) == 0)) {
     m = L->models[0];
     if (!(m->ranks = calloc((size_t)world, sizeof *m->ranks))) {
       ERR("out of memory");
@@ -537,6 +578,7 @@ struct model *model_load_tp(const char *path, struct backend *const *bes, struct
     } else {
       memcpy(m->ranks, L->models, (size_t)world * sizeof *m->ranks);
       m->tp = g;
+      m->tp_ids_shared = L->connect && !L->no_peer;
       free(L);
       return m;
     }
@@ -922,8 +964,13 @@ static int forward_ops(void *ctx) {
                    m->max_tokens, m->x, m->xb, m->xb2, m->q, m->k, m->v, m->att, m->gate, m->up,
                    m->fused, m->split_idx, m->arch_ws, m->tp_world};
   TRY(m->arch->forward(&fw));
-  if (((struct forward_ctx *)ctx)->graph) {
+  /* a graph step's output head: rank 0's logits (without tensor parallelism, or with rank 0
+   * holding the whole head), or every rank's slice of a split vocabulary (gathered after the
+   * graph, outside it: forward) */
+  if (((struct forward_ctx *)ctx)->graph && (m->tp_rank == 0 || m->vocab_parallel)) {
     TRY(op->gather_rows(be, m->xb2, m->xb, b.logits_idx, b.num_logits, dim));
+    if (m->vocab_parallel)
+      return op->matmul(be, m->logits_local, m->xb2, &m->lm_head, NULL, b.num_logits, 1);
     TRY(op->matmul(be, m->logits_dev, m->xb2, &m->lm_head, NULL, b.num_logits, 1));
     if (c->final_softcap > 0) /* Gemma 2 */
       TRY(op->softcap(be, m->logits_dev, b.num_logits, c->vocab_size, c->final_softcap));
@@ -974,9 +1021,11 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   if (stage_batch(m, batch, &b) != 0)
     return -1;
   /* MoE routing reads the experts' row counts back to the host in every layer, which a graph
-   * cannot hold: those models run their (padded) decode batches directly. Nor does tensor
-   * parallelism capture (the engine turns caps.graphs off). */
-  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run && c->n_experts == 0 && m->tp_world == 1};
+   * cannot hold: those models run their (padded) decode batches directly. Under single-process
+   * tensor parallelism every rank captures and replays its own graph of the same key at the same
+   * step (all ranks see the same batches; cuda_graph.cu), its all-reduces inside; multi-process
+   * ranks never get here with GRAPH set (the mirror runs model_forward). */
+  struct forward_ctx ctx = {m, &b, graph && !m->host_mem && op->graph_run && c->n_experts == 0};
   if (ctx.graph) {
     /* Its launches depend only on B: same staged pointers (packed by size), same scalars. */
     if (b.num_tokens != b.num_seqs || b.num_logits != b.num_seqs || b.max_blocks_per_seq != m->max_blocks_per_seq ||
@@ -987,6 +1036,12 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
     if (op->graph_run(be, b.num_seqs, forward_ops, &ctx))
       return -1;
     m->n_hidden_rows = b.num_logits;
+    if (m->vocab_parallel) { /* the slices to rank 0, then Gemma 2's softcap on the whole vocabulary */
+      TRY(op->gather_cols(be, rank0 ? m->logits_dev : NULL, m->logits_local, m->gather_scratch, b.num_logits,
+                          m->vocab_local));
+      if (rank0 && c->final_softcap > 0)
+        TRY(op->softcap(be, m->logits_dev, b.num_logits, c->vocab_size, c->final_softcap));
+    }
     if (!logits)
       return 0;
     return model_logits_download(m, 0, b.num_logits, logits);
@@ -1173,11 +1228,11 @@ int model_alloc_cache(struct model *m, int num_blocks, int block_size, enum dtyp
 }
 
 /* Ranks > 0 run the layers (their all-reduces join rank 0's) and, when the vocabulary is split,
- * their slice of the logits (gathered to rank 0); rank 0 also the logits. A CUDA graph is not
- * used under tensor parallelism (the engine turns caps.graphs off). */
+ * their slice of the logits (gathered to rank 0); rank 0 also the logits. With .a set (a padded
+ * decode batch) each rank runs its own CUDA graph of the step (captured on its own thread). */
 static int fan_forward(struct model *m, void *p) {
   struct fan_args *a = p;
-  return local_forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL);
+  return forward(m, a->batch, m->tp_rank == 0 ? a->logits : NULL, a->a);
 }
 
 /* A split vocabulary on a device: the logits rows of the step beyond the first max_seqs into
@@ -1191,16 +1246,8 @@ static int forward_rest_rows(struct model *m, int n, float *logits) {
   }
   return n > m->max_seqs ? m->be->ops->sync(m->be) : 0;
 }
-int model_forward(struct model *m, const struct batch *batch, float *logits) {
-  if (m->mirror) {
-    int rc = mirror_call(m, STEP_FORWARD, NULL, batch, NULL, NULL, logits);
-    if (rc == 0 && logits && m->vocab_parallel && !m->host_mem) /* the rows past max_seqs, each call mirrored */
-      rc = forward_rest_rows(m, batch->num_logits, logits);
-    return rc;
-  }
-  struct fan_args a = {.batch = batch, .logits = logits};
-  if (!m->ranks)
-    return local_forward(m, batch, logits);
+static int tp_forward(struct model *m, const struct batch *batch, float *logits, int graph) {
+  struct fan_args a = {.batch = batch, .logits = logits, .a = graph};
   int rc = fan_out(m, fan_forward, &a);
   if (rc == 0 && logits && m->vocab_parallel && !m->host_mem)
     rc = forward_rest_rows(m, batch->num_logits, logits);
@@ -1222,10 +1269,19 @@ int model_forward(struct model *m, const struct batch *batch, float *logits) {
   }
   return 0;
 }
+int model_forward(struct model *m, const struct batch *batch, float *logits) {
+  if (m->mirror) {
+    int rc = mirror_call(m, STEP_FORWARD, NULL, batch, NULL, NULL, logits);
+    if (rc == 0 && logits && m->vocab_parallel && !m->host_mem) /* the rows past max_seqs, each call mirrored */
+      rc = forward_rest_rows(m, batch->num_logits, logits);
+    return rc;
+  }
+  return m->ranks ? tp_forward(m, batch, logits, 0) : local_forward(m, batch, logits);
+}
 int model_forward_graph(struct model *m, const struct batch *batch, float *logits) {
-  if (m->ranks || m->mirror) /* no graphs under tensor parallelism */
+  if (m->mirror) /* no graphs across processes (each worker runs its calls directly) */
     return model_forward(m, batch, logits);
-  return local_forward_graph(m, batch, logits);
+  return m->ranks ? tp_forward(m, batch, logits, 1) : local_forward_graph(m, batch, logits);
 }
 
 static int fan_logits_rows(struct model *m, void *p) {

@@ -97,6 +97,10 @@ const struct model_config *model_get_config(const struct model *m);
  * the ranks (vocab / world, when world divides it; the logits are gathered to rank 0), else 0
  * (world 1, or rank 0 holds the whole head and computes every logit). */
 int model_tp_vocab_split(const struct model *m);
+/* Whether asynchronous steps may run on this model: always without tensor parallelism; under
+ * single-process tensor parallelism when the ranks > 0 read the ids rank 0 sampled on its device
+ * (backend.h peer_ar_connect). Never across processes. */
+int model_tp_async_ok(const struct model *m);
 
 /* The sliding window every layer attends within (tokens), or 0 when some layer attends to the
  * whole context: what the KV manager may free blocks by (kv_manager_set_window). */

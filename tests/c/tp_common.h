@@ -51,9 +51,11 @@ static int tpc_argmax(const float *x, int n) {
   return b;
 }
 
-/* Runs PATH over WORLD ranks of DEVICE; 0 or -1 with the reason printed. */
-static int tpc_run(const char *device, const char *path, int world, const int32_t *tokens, int n,
-                   struct tpc_run *out) {
+/* Runs PATH over WORLD ranks of DEVICE; 0 or -1 with the reason printed. FORCED (TPC_STEPS ids)
+ * or NULL: the decode steps' inputs instead of the run's own greedy picks (so that two runs whose
+ * picks differ on a near-tie still score the same inputs). */
+static int tpc_run_forced(const char *device, const char *path, int world, const int32_t *tokens, int n,
+                          const int32_t *forced, struct tpc_run *out) {
   struct backend *bes[TP_MAX_WORLD] = {0};
   struct tp_group *g = tp_group_create(world);
   if (!g) {
@@ -98,13 +100,17 @@ static int tpc_run(const char *device, const char *path, int world, const int32_
   for (int s = 0; s < TPC_STEPS; s++) {
     int p = n + s;
     out->greedy[s] = ids[0];
+    if (forced)
+      ids[0] = forced[s];
     pos[0] = p;
     slots[0] = table[p / bs] * bs + p % bs;
     lidx[0] = 0;
     qs[1] = 1;
     len = p + 1;
     struct batch d = {1, 1, TPC_MAXB, len, 1, ids, pos, slots, qs, &len, table, 1, lidx};
-    if (model_forward(m, &d, out->step_logits + (size_t)s * V)) {
+    /* a padded decode batch (one token per sequence, the model's block bound): on cuda the graph
+     * of B = 1 runs directly, is captured (every rank its own, all-reduces inside), then replayed */
+    if (model_forward_graph(m, &d, out->step_logits + (size_t)s * V)) {
       fprintf(stderr, "decode step %d: %s\n", s, err_last_where());
       goto done;
     }
@@ -116,6 +122,11 @@ done:
   tp_group_run(g, tpc_free_be, bes);
   tp_group_destroy(g);
   return rc;
+}
+
+static int tpc_run(const char *device, const char *path, int world, const int32_t *tokens, int n,
+                   struct tpc_run *out) {
+  return tpc_run_forced(device, path, world, tokens, n, NULL, out);
 }
 
 static void tpc_free(struct tpc_run *r) {

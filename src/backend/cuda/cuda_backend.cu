@@ -365,6 +365,12 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_n = */ cuda_op_matmul_n,
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
+#ifdef PAGODA_HAVE_NCCL
+    /* .peer_ar_alloc = */ cuda_peer_ar_alloc,
+    /* .peer_ar_connect = */ cuda_peer_ar_connect,
+#else
+    NULL, NULL,
+#endif
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,

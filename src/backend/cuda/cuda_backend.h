@@ -45,6 +45,12 @@ struct cuda_async_slot {
   cudaEvent_t done;
 };
 
+/* The peer all-reduce's bounds (cuda_allreduce.cu): ranks, blocks per kernel (below the SM count:
+ * all resident), bytes of one staging buffer (two per GPU), so the largest all-reduce it takes. */
+#define PEER_AR_MAX_RANKS 8
+#define PEER_AR_MAX_BLOCKS 64
+#define PEER_AR_STAGE_BYTES (8u << 20)
+
 struct cuda_backend {
   struct backend base;
   int device;
@@ -108,7 +114,19 @@ struct cuda_backend {
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
   int nccl_rank, nccl_world; /* this backend's place in it (set by cuda_comm_init) */
+  /* single-process tensor parallelism's peer all-reduce (cuda_allreduce.cu); max_bytes 0: off */
+  struct {
+    void *stage;               /* this GPU's staging: 2 x PEER_AR_STAGE_BYTES */
+    uint32_t *flags, *counter; /* flags [2][PEER_AR_MAX_BLOCKS][PEER_AR_MAX_RANKS], then the sequence number and
+                                * the blocks-done count */
+    void *peer_stage[PEER_AR_MAX_RANKS]; /* every rank's stage and flags, its own included */
+    uint32_t *peer_flags[PEER_AR_MAX_RANKS];
+    int rank, world;
+    size_t max_bytes;          /* all-reduces of at most this many bytes take the peer kernel */
+    struct cuda_backend *ids_src; /* ranks > 0: rank 0's backend, whose sampled ids resolve_ids reads */
+  } peer_ar;
 };
+
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
 extern "C" int cuda_backend_available(void);
@@ -156,6 +174,13 @@ void cuda_comm_abort(struct backend *be);
 int cuda_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
 #endif
 void cuda_comm_free(struct cuda_backend *cb);
+/* The peer all-reduce (cuda_allreduce.cu; ops peer_ar_alloc / peer_ar_connect of backend.h).
+ * cuda_peer_ar_usable: whether all_reduce_sum of N act elements at X takes it. */
+int cuda_peer_ar_alloc(struct backend *be, int world);
+int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int rank, int world, size_t max_bytes);
+int cuda_peer_ar_usable(const struct cuda_backend *cb, const void *x, size_t n);
+int cuda_peer_all_reduce(struct cuda_backend *cb, void *x, size_t n);
+void cuda_peer_ar_free(struct cuda_backend *cb);
 struct cuda_graph_entry;
 int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);
 void cuda_graph_free_all(struct cuda_backend *cb);

@@ -41,8 +41,22 @@ int cuda_comm_init(struct backend *be, const void *id, int rank, int world) {
 
 int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
   struct cuda_backend *cb = cuda_be(be);
+  if (cuda_peer_ar_usable(cb, x, n)) /* single process, small enough: the peer kernel */
+    return cuda_peer_all_reduce(cb, x, n);
   if (!cb->nccl_comm)
     return ERR("all_reduce_sum before comm_init");
+  /* NCCL captured into the ranks' CUDA graphs hung on 2 x H200 (one process, each rank capturing
+   * on its own thread): a capture with an all-reduce beyond the peer all-reduce fails here instead,
+   * before NCCL sees it, and the step runs directly (cuda_graph.cu) on every rank alike (the same
+   * sizes on all of them) */
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(cb->stream, &cap));
+  if (cap != cudaStreamCaptureStatusNone) {
+    log_info("cuda: GPU %d: an all-reduce of %zu bytes would take NCCL, which is never captured (the peer all-reduce "
+             "takes up to %zu bytes: PAGODA_TP_CUSTOM_AR): this decode step runs without a CUDA graph", cb->device,
+             n * (size_t)dtype_row_bytes(be->act_dtype, 1), cb->peer_ar.max_bytes);
+    return ERR("all-reduce of %zu elements inside a CUDA graph capture: NCCL is not captured", n);
+  }
   ncclDataType_t t = be->act_dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
   NCCL_CHECK(ncclAllReduce(x, x, n, t, ncclSum, (ncclComm_t)cb->nccl_comm, cb->stream));
   return 0;
@@ -109,6 +123,7 @@ int cuda_comm_check(struct backend *be) {
 
 void cuda_comm_abort(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
+  cb->peer_ar.max_bytes = 0; /* no more peer all-reduces either */
   if (cb->nccl_comm)
     ncclCommAbort((ncclComm_t)cb->nccl_comm);
   cb->nccl_comm = NULL;
@@ -118,7 +133,8 @@ void cuda_comm_free(struct cuda_backend *cb) {
   if (cb->nccl_comm)
     ncclCommDestroy((ncclComm_t)cb->nccl_comm);
   cb->nccl_comm = NULL;
+  cuda_peer_ar_free(cb);
 }
 #else
-void cuda_comm_free(struct cuda_backend *cb) { (void)cb; }
+void cuda_comm_free(struct cuda_backend *cb) { cuda_peer_ar_free(cb); }
 #endif

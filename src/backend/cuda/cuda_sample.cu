@@ -351,14 +351,19 @@ __global__ void resolve_ids_kernel(int32_t *ids, int T, const int32_t *slot0, co
   }
 }
 
+/* Under single-process tensor parallelism a rank > 0 reads rank 0's slots (its GPU's memory, peer
+ * access enabled by peer_ar_connect) once rank 0's stream has written them (their events). */
 int cuda_op_resolve_ids(struct backend *be, int32_t *ids, int T, int stride) {
-  struct cuda_backend *cb = cuda_be(be);
-  if (T < 0 || stride < 1 || stride > cb->sample_cap || !cb->async[0].tokens_dev)
-    return ERR("cuda resolve_ids: %d ids, stride %d (at most %d)", T, stride, cb->sample_cap);
+  struct cuda_backend *cb = cuda_be(be), *src = cb->peer_ar.ids_src ? cb->peer_ar.ids_src : cb;
+  if (T < 0 || stride < 1 || stride > src->sample_cap || !src->async[0].tokens_dev)
+    return ERR("cuda resolve_ids: %d ids, stride %d (at most %d)", T, stride, src->sample_cap);
   if (T == 0)
     return 0;
-  resolve_ids_kernel<<<(T + 255) / 256, 256, 0, cb->stream>>>(ids, T, cb->async[0].tokens_dev,
-                                                               cb->async[1].tokens_dev, stride);
+  if (src != cb)
+    for (int k = 0; k < 2; k++)
+      CUDA_CHECK(cudaStreamWaitEvent(cb->stream, src->async[k].done, 0));
+  resolve_ids_kernel<<<(T + 255) / 256, 256, 0, cb->stream>>>(ids, T, src->async[0].tokens_dev,
+                                                               src->async[1].tokens_dev, stride);
   CUDA_LAUNCH_CHECK();
   return 0;
 }
