@@ -24,6 +24,7 @@ t() { # name, env..., binary
   if [[ $rc -eq 0 ]]; then echo "PASS $name ($((SECONDS - t0)) s)"; else echo "FAIL $name rc=$rc"; tail -15 "$out/$name.log"; fi
 }
 t ops_pdl timeout 120 $G/test_cuda_ops
+t ops_pdl2 timeout 120 $G/test_cuda_ops
 t gemv_pdl timeout 60 $G/test_cuda_gemv
 t gemv_depth4 PAGODA_GEMV_DEPTH=4 timeout 60 $G/test_cuda_gemv
 t ops_nopdl PAGODA_PDL=0 timeout 120 $G/test_cuda_ops
@@ -47,12 +48,18 @@ b() { # label, model, then env assignments
 }
 for m in 1b 8b; do
   b ${m}_after /tmp/m$m
-  b ${m}_nopdl /tmp/m$m PAGODA_PDL=0
   b ${m}_before /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
-  b ${m}_nonorm /tmp/m$m PAGODA_FUSED_NORM=0
-  b ${m}_depth4 /tmp/m$m PAGODA_GEMV_DEPTH=4
-  b ${m}_pdlonly /tmp/m$m PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
-  if [[ $m == 1b ]]; then b 1b_after2 /tmp/m1b; b 1b_timing /tmp/m1b PAGODA_STEP_TIMING=1; fi
+  b ${m}_nopdl /tmp/m$m PAGODA_PDL=0
+  b ${m}_pdl_d4_nonorm /tmp/m$m PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
+  b ${m}_pdl_d8_nonorm /tmp/m$m PAGODA_FUSED_NORM=0
+  b ${m}_pdl_d4_norm /tmp/m$m PAGODA_GEMV_DEPTH=4
+  b ${m}_nopdl_d8_nonorm /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0
+  b ${m}_nopdl_d4_norm /tmp/m$m PAGODA_PDL=0 PAGODA_GEMV_DEPTH=4
+  b ${m}_after_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0
+  b ${m}_before_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0 PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
+  b ${m}_after2 /tmp/m$m
+  b ${m}_before2 /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
+  [[ $m == 1b ]] && b 1b_timing /tmp/m1b PAGODA_STEP_TIMING=1
   echo "($((SECONDS - t0)) s)"
 done
 for v in after before; do

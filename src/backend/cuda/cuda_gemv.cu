@@ -61,7 +61,9 @@ __device__ __forceinline__ void gemv_load(uint4 (*w)[D], const bf16 *const *wr, 
 /* The dot products of R weight rows WR[r] with the T activation rows of x, lane LANE's share
  * into acc[r][t] (not yet reduced over the warp). D steps' loads per row stay in flight: the
  * first D go out before pdl_wait() (weights do not depend on earlier kernels, cuda_pdl.cuh), and
- * each register is refilled with the next chunk's load as soon as its step is computed. The
+ * each register is refilled with the next chunk's load as soon as its step is computed; the
+ * trigger comes after the wait, so the next kernel's blocks launch (and prefetch) while this one
+ * streams, but the kernel after that waits for this one's wait to pass. The
  * steps are summed in column order whatever D is, so D changes no bit of the result. */
 template <int NT, int R, int D>
 __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane,
@@ -74,7 +76,8 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
   int e = lane * 8;
   uint4 w[R][D];
   gemv_load<R, D>(w, wr, e, K);
-  pdl_wait(); /* x is written by the kernel before */
+  pdl_wait();    /* x is written by the kernel before */
+  pdl_trigger(); /* only now: the next kernel may prefetch, the one after it not yet */
   for (; e < K; e += 256 * D) {
     const int en = e + 256 * D;
 #pragma unroll
@@ -97,7 +100,6 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
 template <int NT, int D>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
-  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (row >= N)
@@ -129,7 +131,6 @@ struct gemv_multi {
 template <int NT, int D>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K) {
-  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (g >= m.row0[BACKEND_MATMUL_N_MAX])
@@ -159,7 +160,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 template <int NT, int D>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_silu_mul_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K) {
-  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (row >= F)
@@ -188,7 +188,6 @@ template <int NT, int D>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_add_norm_kernel(bf16 *norm_out, bf16 *residual, const bf16 *W, const bf16 *x, const void *nw, int nw_f32,
                          int N, int K, float eps, unsigned *counter) {
-  pdl_trigger();
   __shared__ __align__(16) bf16 srow[GEMV_NORM_MAX_DIM];
   __shared__ float part[32];
   __shared__ int last;
@@ -207,7 +206,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       __threadfence(); /* the sums are visible before this block is counted */
     }
   } else {
-    pdl_wait();
+    pdl_wait(); /* (no trigger: an exit counts as one) */
   }
   __syncthreads();
   if (threadIdx.x == 0)
@@ -232,8 +231,22 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
     __syncthreads();
     const float inv = rms_inv(rms_warp_sum(lane < nvw ? part[lane] : 0.0f), N, eps);
-    for (int d = threadIdx.x; d < N; d += blockDim.x)
-      norm_out[(size_t)t * N + d] = __float2bfloat16(__bfloat162float(srow[d]) * inv * rms_weight_at(nw, nw_f32, d));
+#pragma unroll 4
+    for (int d = threadIdx.x * 8; d < N; d += blockDim.x * 8) { /* 8 elements, 16-byte accesses */
+      float xv[8], wv[8];
+      cq_bf16x8_f32(*(const uint4 *)(srow + d), xv);
+      if (nw_f32) {
+        const float4 a = __ldg((const float4 *)nw + d / 4), b = __ldg((const float4 *)nw + d / 4 + 1);
+        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z, wv[7] = b.w;
+      } else {
+        cq_bf16x8_f32(__ldg((const uint4 *)((const bf16 *)nw + d)), wv);
+      }
+      __align__(16) bf16 o[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        o[i] = __float2bfloat16(xv[i] * inv * wv[i]);
+      *(uint4 *)(norm_out + (size_t)t * N + d) = *(const uint4 *)o;
+    }
     __syncthreads(); /* srow and part are reused by the next row */
   }
   if (threadIdx.x == 0)

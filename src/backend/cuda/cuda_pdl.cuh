@@ -18,15 +18,19 @@
  *      may exit without it; every other one waits).
  * So a kernel completes only after its predecessor completed; ordering stays transitive, and a
  * kernel launched the ordinary way (cuBLAS, NCCL, a kernel not converted yet, a copy) after a
- * PDL kernel waits for it as usual. pdl_trigger() only lets the next kernel be scheduled: it
- * says nothing about this kernel's writes, so it may come first thing in the kernel.
+ * PDL kernel waits for it as usual. pdl_trigger() only lets the next kernel be scheduled (it
+ * says nothing about this kernel's writes); it comes right AFTER the kernel's pdl_wait(), so at
+ * most one kernel runs ahead: triggering first thing let a chain of kernels (norm, GEMV, rope,
+ * attention, the next GEMV...) launch at once and sit on the SMs, prefetching and waiting, which
+ * made the 1B step 3% slower than no PDL at all (bench/RESULTS.md, "Programmatic dependent
+ * launch").
  *
  * Both instructions are no-ops when the kernel was launched without the attribute (PAGODA_PDL=0,
  * or a GPU below compute capability 9.0), so the arithmetic, and the output, is the same either
  * way.
  *
  * Applying it to a kernel: call pdl_trigger() and pdl_wait() per the invariant (the pair
- * PDL_ENTER() does both, first thing, for kernels with nothing to prefetch), and replace
+ * PDL_ENTER() does both, wait then trigger, first thing, for kernels with nothing to prefetch), and replace
  * `k<<<grid, block, smem, stream>>>(args...)` by
  * `CUDA_CHECK(cuda_pdl_launch(cb, k, grid, block, smem, args...))`. */
 #ifndef PAGODA_CUDA_PDL_CUH
@@ -50,11 +54,11 @@ __device__ __forceinline__ void pdl_wait(void) {
 #endif
 }
 
-/* For kernels that have nothing to do before the wait. */
+/* For kernels that have nothing to do before the wait: wait, then let the next kernel launch. */
 #define PDL_ENTER() \
   do {              \
-    pdl_trigger();  \
     pdl_wait();     \
+    pdl_trigger();  \
   } while (0)
 
 /* KERNEL<<<GRID, BLOCK, SMEM, cb->stream>>>(ARGS...), with the programmatic-serialization
