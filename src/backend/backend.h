@@ -322,12 +322,6 @@ struct backend_ops {
    * kv_write(kv, k, v, b): q and k rotated in place, the rotated k and v stored in the cache. */
   int (*rope_kv_write)(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                        const struct batch *b, int n_heads, const struct rope_params *rp);
-  /* matmul(tmp, x, w, NULL, T, 0), then rmsnorm(norm_out, residual, tmp, nw, T, w->rows, eps):
-   * residual(T, w->rows) += x @ w^T (the product rounded to act_dtype, the sum too), norm_out =
-   * RMSNorm of the new residual with nw. The o and down projections with the add + norm after
-   * them; the product never reaches memory. x must not alias residual or norm_out. */
-  int (*matmul_add_rmsnorm)(struct backend *be, void *norm_out, void *residual, const void *x,
-                            const struct weight *w, const struct weight *nw, int T, float eps);
 };
 
 /* The most matrices one matmul_n call takes (q, k, v). */
@@ -400,9 +394,8 @@ int backend_device_available(const char *device);
  * of libpagoda.so when the host is that library, EXE_DIR/../lib (the install layout), then each
  * directory (or file) of the colon-separated PAGODA_BACKEND_PATH. A failure names every path
  * tried and why each failed. */
-#define BACKEND_ABI_VERSION 6 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops; 4: async steps;
-                               * 5: fused ops (matmul_n, matmul_silu_mul, rope_kv_write);
-                               * 6: matmul_add_rmsnorm */
+#define BACKEND_ABI_VERSION 5 /* 2: struct backend_caps, ops->reserve; 3: the tensor-parallel ops; 4: async steps;
+                               * 5: fused ops (matmul_n, matmul_silu_mul, rope_kv_write) */
 #define BACKEND_MODULE_INIT "pagoda_backend_module_init"
 
 struct backend_host {

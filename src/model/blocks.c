@@ -80,8 +80,7 @@ static int blocks_matmul_n(const struct fwd *f, int n, void *const outs[], const
   return 0;
 }
 
-/* Everything of the attention block before the o projection: attention output into f->att. */
-static int attention_core(const struct fwd *f, int l, const struct attn_params *ap) {
+int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
@@ -115,20 +114,13 @@ static int attention_core(const struct fwd *f, int l, const struct attn_params *
     TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
   }
   TRY(op->attention(be, f->att, f->q, &f->kv[l], f->b, ap));
-  return 0;
-}
-
-int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
-  struct backend *be = f->be;
-  TRY(attention_core(f, l, ap));
-  TRY(be->ops->matmul(be, f->xb2, f->att, &f->layers[l].wo, NULL, f->T, 0));
+  TRY(op->matmul(be, f->xb2, f->att, &L->wo, NULL, T, 0));
   if (f->tp_world > 1) /* row-parallel o_proj: each rank's partial sum over its heads */
-    TRY(be->ops->all_reduce_sum(be, f->xb2, (size_t)f->T * f->c->dim));
+    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
   return 0;
 }
 
-/* The gated MLP before the down projection: silu(gate) * up into f->gate. */
-static int mlp_core(const struct fwd *f, int l) {
+int block_gated_mlp(const struct fwd *f, int l) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
@@ -153,34 +145,10 @@ static int mlp_core(const struct fwd *f, int l) {
       TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
     }
   }
-  return 0;
-}
-
-int block_gated_mlp(const struct fwd *f, int l) {
-  struct backend *be = f->be;
-  TRY(mlp_core(f, l));
-  TRY(be->ops->matmul(be, f->xb2, f->gate, &f->layers[l].w_down, NULL, f->T, 0));
+  TRY(op->matmul(be, f->xb2, f->gate, &L->w_down, NULL, T, 0));
   if (f->tp_world > 1) /* row-parallel down_proj: each rank's partial sum over its ffn columns */
-    TRY(be->ops->all_reduce_sum(be, f->xb2, (size_t)f->T * f->c->dim));
+    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
   return 0;
-}
-
-/* x += IN @ W^T; xb = rmsnorm(x) * NORM: matmul_add_rmsnorm where the backend covers it (one
- * kernel), else the matmul into xb2 (with the all_reduce of tensor parallelism) and the fused
- * add + rmsnorm. */
-static int proj_add_norm(const struct fwd *f, const void *in, const struct weight *w, const struct weight *norm) {
-  struct backend *be = f->be;
-  const struct backend_ops *op = be->ops;
-  const int T = f->T, dim = f->c->dim;
-  int rc = op->matmul_add_rmsnorm && f->tp_world == 1
-               ? op->matmul_add_rmsnorm(be, f->xb, f->x, in, w, norm, T, f->c->rms_eps)
-               : 1;
-  if (rc != 1)
-    return rc;
-  TRY(op->matmul(be, f->xb2, in, w, NULL, T, 0));
-  if (f->tp_world > 1) /* row-parallel o / down projection: each rank's partial sum */
-    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * dim));
-  return op->rmsnorm(be, f->xb, f->x, f->xb2, norm, T, dim, f->c->rms_eps);
 }
 
 int blocks_prenorm_forward(const struct fwd *f) {
@@ -194,13 +162,13 @@ int blocks_prenorm_forward(const struct fwd *f) {
     const struct attn_params ap = {.n_heads = c->n_heads,
                                    .scale = 1.0f / sqrtf((float)c->head_dim),
                                    .window = block_layer_window(c, l)};
-    TRY(attention_core(f, l, &ap));
-    /* x += attention output (o projection); xb = norm(x) for the MLP */
-    TRY(proj_add_norm(f, f->att, &f->layers[l].wo, &f->layers[l].ffn_norm));
-    TRY(mlp_core(f, l));
-    /* x += MLP output (down projection); xb = norm(x) with the next layer's (or the final) norm */
+    TRY(block_attention(f, l, &ap));
+    /* x += attention output; xb = norm(x) for the MLP */
+    TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, &f->layers[l].ffn_norm, T, dim, c->rms_eps));
+    TRY(block_gated_mlp(f, l));
+    /* x += MLP output; xb = norm(x) with the next layer's (or the final) norm */
     const struct weight *next = l + 1 < c->n_layers ? &f->layers[l + 1].attn_norm : f->out_norm;
-    TRY(proj_add_norm(f, f->gate, &f->layers[l].w_down, next));
+    TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, next, T, dim, c->rms_eps));
   }
   return 0;
 }

@@ -751,72 +751,6 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
   free(wu);
 }
 
-/* residual += x W^T; out = rmsnorm(residual) * nw in one launch (CUDA only; the CPU leaves the op
- * NULL and its reference is the sequence the model runs: matmul, then the fused add + rmsnorm).
- * The residual and the normed output against the CPU's sequence within bf16 tolerance and, byte
- * for byte, against the CUDA backend's own matmul + rmsnorm; run twice, so the block counter is
- * shown to be reset. */
-static void test_matmul_add_rmsnorm(int T, int N, int K, int expect_fused) {
-  size_t nx = (size_t)T * K, no = (size_t)T * N;
-  float *x = malloc(nx * 4), *w = malloc((size_t)N * K * 4), *r = malloc(no * 4), *nv = malloc((size_t)N * 4);
-  pair_fill(x, nx, 1.0f);
-  pair_fill(w, (size_t)N * K, 0.1f);
-  pair_fill(r, no, 2.0f);
-  for (int d = 0; d < N; d++)
-    nv[d] = 1.0f + pair_rnd(0.5f);
-  struct weight wm[2], nw[2];
-  for (int i = 0; i < 2; i++) {
-    wm[i] = pair_weight(i, w, N, K);
-    nw[i] = pair_weight(i, nv, 1, N);
-  }
-  CHECK(pair_be[0]->ops->matmul_add_rmsnorm == NULL, "cpu matmul_add_rmsnorm is expected to be NULL");
-  struct dbuf dx = pair_acts(x, nx), res = pair_acts(r, no), tmp = pair_poisoned(no), out = pair_poisoned(no);
-  void *res_f = cuda_act_copy(r, no), *out_f = pair_alloc1(1, no * pair_esz(1));
-  for (int rep = 0; rep < 2; rep++) {
-    for (int i = 0; i < 2; i++) { /* the sequence on both: cpu reference, cuda separate ops */
-      struct backend *be = pair_be[i];
-      if (be->ops->matmul(be, tmp.p[i], dx.p[i], &wm[i], NULL, T, 0) ||
-          be->ops->rmsnorm(be, out.p[i], res.p[i], tmp.p[i], &nw[i], T, N, 1e-5f))
-        pair_die("matmul + rmsnorm");
-    }
-    int rc = pair_be[1]->ops->matmul_add_rmsnorm(pair_be[1], out_f, res_f, dx.p[1], &wm[1], &nw[1], T, 1e-5f);
-    if (rc < 0)
-      pair_die("matmul_add_rmsnorm");
-    CHECK(rc == (expect_fused ? 0 : 1), "cuda matmul_add_rmsnorm T%d: answered %d, expected %d", T, rc,
-          expect_fused ? 0 : 1);
-    if (rc != 0)
-      break;
-    void *const fused[2] = {res_f, out_f};
-    const struct dbuf *seq[2] = {&res, &out};
-    for (int k = 0; k < 2; k++) {
-      float *c = get_act_copy(0, seq[k]->p[0], no), *s = get_act_copy(1, seq[k]->p[1], no),
-            *f = get_act_copy(1, fused[k], no);
-      char what[96];
-      snprintf(what, sizeof what, "matmul_add_rmsnorm T%d N%d K%d %s (run %d)", T, N, K, k ? "norm" : "residual",
-               rep + 1);
-      pair_expect(what, f, c, no, TOL_BF16_OUT);
-      CHECK(memcmp(f, s, no * 4) == 0, "%s: differs from matmul + rmsnorm on cuda", what);
-      free(c);
-      free(s);
-      free(f);
-    }
-  }
-  for (int i = 0; i < 2; i++) {
-    pair_be[i]->ops->weight_free(pair_be[i], &wm[i]);
-    pair_be[i]->ops->weight_free(pair_be[i], &nw[i]);
-  }
-  pair_be[1]->ops->free(pair_be[1], res_f);
-  pair_be[1]->ops->free(pair_be[1], out_f);
-  pair_free(dx);
-  pair_free(res);
-  pair_free(tmp);
-  pair_free(out);
-  free(x);
-  free(w);
-  free(r);
-  free(nv);
-}
-
 /* rope_kv_write over a mixed batch (decode and prompt tokens, padded sequences, one padding
  * slot -1): q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
  * byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3 caches). ROT < HD is a
@@ -1234,13 +1168,6 @@ int main(void) {
     test_matmul_silu_mul(5, 344, 264, 1);
     test_matmul_silu_mul(8, 1000, 512, 1);
     test_matmul_silu_mul(9, 344, 256, 0);
-    test_matmul_add_rmsnorm(1, 2048, 2048, 1);  /* Llama-3.2-1B's o projection */
-    test_matmul_add_rmsnorm(1, 2048, 8192, 1);  /* ... and down */
-    test_matmul_add_rmsnorm(1, 4096, 14336, 1); /* Llama-3.1-8B's down */
-    test_matmul_add_rmsnorm(3, 576, 264, 1);    /* dim below 1024: fewer norm threads */
-    test_matmul_add_rmsnorm(8, 3072, 520, 1);   /* Phi-3's dim, K not a multiple of 256 */
-    test_matmul_add_rmsnorm(2, 100, 256, 0);    /* dim not a multiple of 8: answered 1 */
-    test_matmul_add_rmsnorm(9, 512, 256, 0);    /* T past the GEMV */
     for (int f8 = 0; f8 < 2; f8++) {
       test_rope_kv_write(64, 32, 8, 16, 1, 64, 0, f8);   /* Llama-3.2-1B */
       test_rope_kv_write(128, 32, 8, 32, 1, 128, 0, f8); /* Llama-3.1-8B */

@@ -539,6 +539,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
 #undef DEC_BS
 #undef DEC_MMA
   if (P > 1)
-    CUDA_CHECK(cuda_pdl_launch(cb, attn_decode_reduce_kernel, dim3((unsigned)(a->B * a->n_heads)), dim3(a->hd), 0, *a));
+    CUDA_CHECK(cuda_pdl_launch(cb, attn_decode_reduce_kernel, dim3((unsigned)(a->B * a->n_heads)), dim3(a->hd), 0,
+                               *a));
   return 0;
 }

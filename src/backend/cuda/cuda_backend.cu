@@ -297,7 +297,6 @@ static void cuda_destroy(struct backend *be) {
   cudaFree(cb->blas_ws);
   cudaFree(cb->deq_scratch);
   cudaFree(cb->attn_scratch);
-  cudaFree(cb->norm_counter);
   cuda_graph_free_all(cb);
   cuda_free_sample_staging(cb);
   cuda_sample_free(cb);
@@ -366,7 +365,6 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_n = */ cuda_op_matmul_n,
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
-    /* .matmul_add_rmsnorm = */ cuda_op_matmul_add_rmsnorm,
 };
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -439,16 +437,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   const char *fo = getenv("PAGODA_FUSED_OPS"), *fs = getenv("PAGODA_FUSED_SILU");
   cb->fused_ops = !(fo && strcmp(fo, "0") == 0);
   cb->fused_silu = !(fs && strcmp(fs, "0") == 0);
-  const char *fn = getenv("PAGODA_FUSED_NORM"); /* 0: matmul_add_rmsnorm answers 1 */
-  cb->fused_norm = !(fn && strcmp(fn, "0") == 0);
-  CUDA_CHECK(cudaMalloc(&cb->norm_counter, sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(cb->norm_counter, 0, sizeof(unsigned)));
   /* Programmatic dependent launch (cuda_pdl.cuh): Hopper and newer; PAGODA_PDL=0 turns it off
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");
   cb->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
-  const char *gd = getenv("PAGODA_GEMV_DEPTH"); /* 4 or 8, for measuring; the sums are the same */
-  cb->gemv_depth = gd && atoi(gd) == 4 ? 4 : gd && atoi(gd) == 8 ? 8 : CUDA_GEMV_DEPTH;
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)

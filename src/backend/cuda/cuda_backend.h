@@ -106,12 +106,8 @@ struct cuda_backend {
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write answer 1 */
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
-  int fused_norm;            /* 0 when PAGODA_FUSED_NORM=0 (or PAGODA_FUSED_OPS=0): matmul_add_rmsnorm answers 1 */
-  unsigned *norm_counter;    /* (1) matmul_add_rmsnorm's count of finished thread blocks; 0 between launches */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
-  int gemv_depth;            /* weight loads in flight per lane and row in the bf16 GEMV: 4 or 8
-                              * (CUDA_GEMV_DEPTH; PAGODA_GEMV_DEPTH for measuring) */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
   int nccl_rank, nccl_world; /* this backend's place in it (set by cuda_comm_init) */
 };
@@ -192,7 +188,6 @@ void cuda_step_timing_report(struct cuda_backend *cb);
 /* bf16 GEMV for decode-sized T (cuda_gemv.cu): T <= gemv_max_t (CUDA_GEMV_MAX_T unless
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
 #define CUDA_GEMV_MAX_T 8
-#define CUDA_GEMV_DEPTH 8
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
 /* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
  * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes), and always
@@ -203,8 +198,6 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
                             const struct weight *up, int T);
 int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                           const struct batch *b, int n_heads, const struct rope_params *rp);
-int cuda_op_matmul_add_rmsnorm(struct backend *be, void *norm_out, void *residual, const void *x,
-                               const struct weight *w, const struct weight *nw, int T, float eps);
 
 /* Quantized weights (GGUF block types, kept as uploaded): cuda_quant_gemm.cu, cuda_quant_gemv.cu.
  * cuda_quant_type maps a dtype to its kernel type (enum cq_type) or -1 when it is not quantized. */

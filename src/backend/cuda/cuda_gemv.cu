@@ -4,12 +4,12 @@
  *
  * One warp per output feature (weight row): lane l multiplies the 8 columns [e + 8 l, +8) of
  * the row (one 16-byte load) with the same columns of each of the T activation rows, a warp
- * step covering 256 columns; each lane keeps D = cb->gemv_depth (8; PAGODA_GEMV_DEPTH=4 for
- * measuring) steps' weight loads in flight, refilling a register as soon as its step is summed,
- * so each warp has D x 512 bytes of weights in flight. The first D loads are issued before
- * pdl_wait() (programmatic dependent launch, cuda_pdl.cuh): the next matrix starts streaming while
- * the kernel before it drains. Sums are f32 (fma) in column order, reduced over the warp by
- * shuffles. K must be a multiple of 8 (16-byte rows); callers fall back to cuBLAS otherwise.
+ * step covering 256 columns; the loop issues four steps' weight loads before using them, so
+ * each warp keeps 4 x 512 bytes in flight (8 was measured with PDL: slower on both shapes, the
+ * registers costing more occupancy than the loads gain; bench/RESULTS.md, "Programmatic dependent
+ * launch"). The first four steps are prefetched into L2 before pdl_wait() (cuda_pdl.cuh).
+ * Sums are f32 (fma), reduced over the warp by shuffles. K must be a multiple of 8 (16-byte
+ * rows); callers fall back to cuBLAS otherwise.
  *
  * Fused forms (backend.h, "Fused small ops"): matmul_n runs one grid over the rows of several
  * matrices that read the same x (q/k/v with their biases, gate/up), and matmul_silu_mul gives
@@ -19,7 +19,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
-#include "backend/cuda/cuda_rmsnorm.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -47,25 +46,19 @@ __device__ __forceinline__ float warp_total(float v) {
   return v;
 }
 
-/* Weight chunk loads of one lane: w[r][j] = the 16 bytes at column e + 256 j of row r, zero past
- * K (those steps are skipped). */
-template <int R, int D>
-__device__ __forceinline__ void gemv_load(uint4 (*w)[D], const bf16 *const *wr, int e, int K) {
-#pragma unroll
-  for (int j = 0; j < D; j++)
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      w[r][j] = e + 256 * j < K ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
-}
+/* Asks L2 for the 128-byte line holding P, without waiting for it or holding a register. */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 /* The dot products of R weight rows WR[r] with the T activation rows of x, lane LANE's share
- * into acc[r][t] (not yet reduced over the warp). D steps' loads per row stay in flight: the
- * first D go out before pdl_wait() (weights do not depend on earlier kernels, cuda_pdl.cuh), and
- * each register is refilled with the next chunk's load as soon as its step is computed; the
- * trigger comes after the wait, so the next kernel's blocks launch (and prefetch) while this one
- * streams, but the kernel after that waits for this one's wait to pass. The
- * steps are summed in column order whatever D is, so D changes no bit of the result. */
-template <int NT, int R, int D>
+ * into acc[r][t] (not yet reduced over the warp). Four steps' loads per row go out first.
+ * Before pdl_wait() the rows' first four steps are prefetched into L2 (the weights never change
+ * during a step, cuda_pdl.cuh), so the matrix starts streaming while the kernel before this one
+ * drains; into L2 rather than registers, because holding them in registers across the wait
+ * takes registers, so warps per SM (the depth-8 form that did so measured slower: bench/RESULTS.md,
+ * "Programmatic dependent launch"). The trigger comes after the wait: the next kernel's blocks may launch
+ * (and prefetch) while this one streams, the kernel after that only once this one's wait has
+ * passed. The loop itself is the one from before PDL, so the sums have the same bits. */
+template <int NT, int R>
 __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane,
                                           float (*acc)[NT]) {
 #pragma unroll
@@ -74,22 +67,31 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
     for (int t = 0; t < NT; t++)
       acc[r][t] = 0.0f;
   int e = lane * 8;
-  uint4 w[R][D];
-  gemv_load<R, D>(w, wr, e, K);
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (e + 256 * j < K)
+        prefetch_l2(wr[r] + e + 256 * j);
   pdl_wait();    /* x is written by the kernel before */
-  pdl_trigger(); /* only now: the next kernel may prefetch, the one after it not yet */
-  for (; e < K; e += 256 * D) {
-    const int en = e + 256 * D;
+  pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
+  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
+    uint4 w[R][4];
 #pragma unroll
-    for (int j = 0; j < D; j++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-      for (int r = 0; r < R; r++) {
-        const uint4 cur = w[r][j];
-        w[r][j] = en + 256 * j < K ? __ldg((const uint4 *)(wr[r] + en + 256 * j)) : make_uint4(0, 0, 0, 0);
-        if (e + 256 * j < K)
-          gemv_step<NT>(cur, x, K, e + 256 * j, acc[r]);
-      }
+      for (int j = 0; j < 4; j++)
+        w[r][j] = __ldg((const uint4 *)(wr[r] + e + 256 * j));
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        gemv_step<NT>(w[r][j], x, K, e + 256 * j, acc[r]);
   }
+  for (; e < K; e += 256)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      gemv_step<NT>(__ldg((const uint4 *)(wr[r] + e)), x, K, e, acc[r]);
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
@@ -97,7 +99,7 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
       acc[r][t] = warp_total(acc[r][t]);
 }
 
-template <int NT, int D>
+template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
   const int lane = threadIdx.x & 31;
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     return;
   const bf16 *wr[1] = {W + (size_t)row * K};
   float acc[1][NT];
-  gemv_rows<NT, 1, D>(wr, x, K, lane, acc);
+  gemv_rows<NT, 1>(wr, x, K, lane, acc);
   if (lane == 0)
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -128,7 +130,7 @@ struct gemv_multi {
   int row0[BACKEND_MATMUL_N_MAX + 1]; /* unused entries past n repeat the total */
 };
 
-template <int NT, int D>
+template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K) {
   const int lane = threadIdx.x & 31;
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const int row = g - m.row0[i], N = m.N[i];
   const bf16 *wr[1] = {m.W[i] + (size_t)row * K};
   float acc[1][NT];
-  gemv_rows<NT, 1, D>(wr, x, K, lane, acc);
+  gemv_rows<NT, 1>(wr, x, K, lane, acc);
   if (lane == 0) {
     const void *bias = m.bias[i];
     float b = !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 /* out(T, F) = silu(x Wg^T) * (x Wu^T): warp f takes gate row f and up row f. */
-template <int NT, int D>
+template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_silu_mul_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K) {
   const int lane = threadIdx.x & 31;
@@ -166,91 +168,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     return;
   const bf16 *wr[2] = {Wg + (size_t)row * K, Wu + (size_t)row * K};
   float acc[2][NT];
-  gemv_rows<NT, 2, D>(wr, x, K, lane, acc);
+  gemv_rows<NT, 2>(wr, x, K, lane, acc);
   if (lane == 0)
 #pragma unroll
     for (int t = 0; t < NT; t++) { /* as silu_mul_kernel on the bf16 products */
       float gv = __bfloat162float(__float2bfloat16(acc[0][t])), uv = __bfloat162float(__float2bfloat16(acc[1][t]));
       out[(size_t)t * F + row] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
     }
-}
-
-/* matmul_add_rmsnorm (backend.h): residual(T, N) += bf16(x W^T), then norm_out = the RMSNorm of
- * residual with NW. Each warp takes one row of W as gemv_kernel and adds its bf16 product into
- * the residual in place (as rmsnorm_kernel's fused add: bf16(product + residual)); the last thread
- * block to finish (a counter in device memory, reset by that block) then normalises the T rows,
- * each staged in shared memory by 16-byte loads from L2, with the summation order of
- * rmsnorm_kernel (cuda_rmsnorm.cuh: virtual warp vw of rms_threads(N) is handled by warp
- * vw % GEMV_WARPS), so the output has the bits of matmul then rmsnorm. */
-#define GEMV_NORM_MAX_DIM 8192 /* the staged row: 16 KiB of shared memory */
-
-template <int NT, int D>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_add_norm_kernel(bf16 *norm_out, bf16 *residual, const bf16 *W, const bf16 *x, const void *nw, int nw_f32,
-                         int N, int K, float eps, unsigned *counter) {
-  __shared__ __align__(16) bf16 srow[GEMV_NORM_MAX_DIM];
-  __shared__ float part[32];
-  __shared__ int last;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row = blockIdx.x * GEMV_WARPS + warp;
-  if (row < N) {
-    const bf16 *wr[1] = {W + (size_t)row * K};
-    float acc[1][NT];
-    gemv_rows<NT, 1, D>(wr, x, K, lane, acc);
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < NT; t++) {
-        const size_t i = (size_t)t * N + row;
-        residual[i] = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + __bfloat162float(residual[i]));
-      }
-      __threadfence(); /* the sums are visible before this block is counted */
-    }
-  } else {
-    pdl_wait(); /* (no trigger: an exit counts as one) */
-  }
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last)
-    return;
-  __threadfence();
-  const int vt = rms_threads(N), nvw = vt / 32;
-  for (int t = 0; t < NT; t++) {
-    const bf16 *src = residual + (size_t)t * N;
-    for (int d = threadIdx.x * 8; d < N; d += blockDim.x * 8) /* N % 8 == 0; L2, not a stale L1 line */
-      *(uint4 *)(srow + d) = __ldcg((const uint4 *)(src + d));
-    __syncthreads();
-    for (int vw = warp; vw < nvw; vw += GEMV_WARPS) {
-      float ss = 0.0f;
-      for (int d = vw * 32 + lane; d < N; d += vt)
-        ss = rms_sq_acc(ss, __bfloat162float(srow[d]));
-      ss = rms_warp_sum(ss);
-      if (lane == 0)
-        part[vw] = ss;
-    }
-    __syncthreads();
-    const float inv = rms_inv(rms_warp_sum(lane < nvw ? part[lane] : 0.0f), N, eps);
-#pragma unroll 4
-    for (int d = threadIdx.x * 8; d < N; d += blockDim.x * 8) { /* 8 elements, 16-byte accesses */
-      float xv[8], wv[8];
-      cq_bf16x8_f32(*(const uint4 *)(srow + d), xv);
-      if (nw_f32) {
-        const float4 a = __ldg((const float4 *)nw + d / 4), b = __ldg((const float4 *)nw + d / 4 + 1);
-        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z, wv[7] = b.w;
-      } else {
-        cq_bf16x8_f32(__ldg((const uint4 *)((const bf16 *)nw + d)), wv);
-      }
-      __align__(16) bf16 o[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        o[i] = __float2bfloat16(xv[i] * inv * wv[i]);
-      *(uint4 *)(norm_out + (size_t)t * N + d) = *(const uint4 *)o;
-    }
-    __syncthreads(); /* srow and part are reused by the next row */
-  }
-  if (threadIdx.x == 0)
-    *counter = 0u;
 }
 
 #define GEMV_SWITCH(T, CASE)                                                                        \
@@ -268,11 +192,8 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
   const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
   const dim3 thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
-#define GEMV_CASE(n)                                                                                    \
-  case n:                                                                                               \
-    err = cb->gemv_depth == 4 ? cuda_pdl_launch(cb, gemv_kernel<n, 4>, grid, thr, 0, out, out_f32, W, X, N, K) \
-                              : cuda_pdl_launch(cb, gemv_kernel<n, 8>, grid, thr, 0, out, out_f32, W, X, N, K); \
-    break;
+#define GEMV_CASE(n) \
+  case n: err = cuda_pdl_launch(cb, gemv_kernel<n>, grid, thr, 0, out, out_f32, W, X, N, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);
@@ -323,11 +244,8 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   int K = (int)ws[0]->cols;
   const dim3 thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
-#define GEMV_CASE(c)                                                                                        \
-  case c:                                                                                                   \
-    err = cb->gemv_depth == 4 ? cuda_pdl_launch(cb, gemv_multi_kernel<c, 4>, grid, thr, 0, m, X, K)          \
-                              : cuda_pdl_launch(cb, gemv_multi_kernel<c, 8>, grid, thr, 0, m, X, K);         \
-    break;
+#define GEMV_CASE(c) \
+  case c: err = cuda_pdl_launch(cb, gemv_multi_kernel<c>, grid, thr, 0, m, X, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);
@@ -347,42 +265,8 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
   const dim3 thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
-#define GEMV_CASE(c)                                                                                        \
-  case c:                                                                                                   \
-    err = cb->gemv_depth == 4                                                                               \
-              ? cuda_pdl_launch(cb, gemv_silu_mul_kernel<c, 4>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K) \
-              : cuda_pdl_launch(cb, gemv_silu_mul_kernel<c, 8>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K); \
-    break;
-  GEMV_SWITCH(T, GEMV_CASE)
-#undef GEMV_CASE
-  CUDA_CHECK(err);
-  return 0;
-}
-
-int cuda_op_matmul_add_rmsnorm(struct backend *be, void *norm_out, void *residual, const void *x,
-                               const struct weight *w, const struct weight *nw, int T, float eps) {
-  struct cuda_backend *cb = cuda_be(be);
-  const struct weight *ws[1] = {w};
-  if (nw->rows * nw->cols != w->rows)
-    return ERR("cuda matmul_add_rmsnorm: the norm weight has %lld elements for %lld rows",
-               (long long)(nw->rows * nw->cols), (long long)w->rows);
-  if (be->act_dtype != DTYPE_BF16 || !cb->fused_norm || !gemv_fusable(cb, ws, 1, T) || w->rows % 8 ||
-      w->rows > GEMV_NORM_MAX_DIM || (nw->dtype != DTYPE_F32 && nw->dtype != DTYPE_BF16) || !cb->norm_counter)
-    return 1; /* matmul, then rmsnorm */
-  int N = (int)w->rows, K = (int)w->cols;
-  dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
-  const dim3 thr(GEMV_WARPS * 32);
-  const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
-  bf16 *O = (bf16 *)norm_out, *R = (bf16 *)residual;
-  const int nf32 = nw->dtype == DTYPE_F32;
-  cudaError_t err = cudaSuccess;
-#define GEMV_CASE(c)                                                                                         \
-  case c:                                                                                                    \
-    err = cb->gemv_depth == 4 ? cuda_pdl_launch(cb, gemv_add_norm_kernel<c, 4>, grid, thr, 0, O, R, W, X,    \
-                                                (const void *)nw->data, nf32, N, K, eps, cb->norm_counter)   \
-                              : cuda_pdl_launch(cb, gemv_add_norm_kernel<c, 8>, grid, thr, 0, O, R, W, X,    \
-                                                (const void *)nw->data, nf32, N, K, eps, cb->norm_counter); \
-    break;
+#define GEMV_CASE(c) \
+  case c: err = cuda_pdl_launch(cb, gemv_silu_mul_kernel<c>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);

@@ -8,12 +8,13 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_pdl.cuh"
-#include "backend/cuda/cuda_rmsnorm.cuh"
 
 typedef __nv_bfloat16 bf16;
 
 /* Element i of a weight that is F32 or BF16 (the two dtypes cuda_weight_from_host makes). */
-__device__ __forceinline__ float weight_at(const void *p, int is_f32, size_t i) { return rms_weight_at(p, is_f32, i); }
+__device__ __forceinline__ float weight_at(const void *p, int is_f32, size_t i) {
+  return is_f32 ? ((const float *)p)[i] : __bfloat162float(((const bf16 *)p)[i]);
+}
 
 static int check_act(struct backend *be, const char *op) {
   if (be->act_dtype != DTYPE_BF16)
@@ -53,7 +54,11 @@ int cuda_op_embed(struct backend *be, void *out, const struct weight *emb, const
 }
 
 /* ---- block reduction helpers ---- */
-__device__ __forceinline__ float warp_sum(float v) { return rms_warp_sum(v); }
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. */
 __device__ float block_sum(float v) {
@@ -86,9 +91,9 @@ __global__ void rmsnorm_kernel(bf16 *out,      /* (T, dim) */
       residual[row + d] = r;
       v = __bfloat162float(r);
     }
-    ss = rms_sq_acc(ss, v);
+    ss += v * v;
   }
-  float inv = rms_inv(block_sum(ss), dim, eps); /* the order of cuda_rmsnorm.cuh */
+  float inv = rsqrtf(block_sum(ss) / dim + eps);
   const bf16 *src = residual ? residual : x;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
     out[row + d] = __float2bfloat16(__bfloat162float(src[row + d]) * inv * weight_at(w, w_f32, d));
@@ -102,7 +107,7 @@ int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x
     return T == 0 ? 0 : ERR("cuda rmsnorm: T = %d", T);
   if (w->rows * w->cols != dim)
     return ERR("cuda rmsnorm: weight has %lld elements, dim is %d", (long long)(w->rows * w->cols), dim);
-  int threads = rms_threads(dim);
+  int threads = dim >= 1024 ? 1024 : ((dim + 31) / 32) * 32;
   CUDA_CHECK(cuda_pdl_launch(cuda_be(be), rmsnorm_kernel, dim3(T), dim3(threads), 0, (bf16 *)out, (bf16 *)residual,
                              (const bf16 *)x, w->data, (int)(w->dtype == DTYPE_F32), dim, eps));
   return 0;

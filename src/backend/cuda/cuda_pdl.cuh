@@ -3,7 +3,7 @@
  * A kernel launched with cuda_pdl_launch (cudaLaunchAttributeProgrammaticStreamSerialization,
  * when cb->pdl is on) may start while the kernel before it on the stream is still running: as
  * soon as every block of that earlier kernel has executed pdl_trigger() (or exited). Its blocks
- * then do what depends on no earlier kernel (a GEMV issues the loads of its first weight chunk:
+ * then do what depends on no earlier kernel (a GEMV prefetches its first weight steps into L2:
  * the weights never change during a step) and call pdl_wait(), which returns once the earlier
  * kernel has completed and its writes are visible. This hides the launch, the ramp-up and the
  * first loads of each kernel behind the tail of the one before. It works inside CUDA-graph
@@ -29,8 +29,8 @@
  * or a GPU below compute capability 9.0), so the arithmetic, and the output, is the same either
  * way.
  *
- * Applying it to a kernel: call pdl_trigger() and pdl_wait() per the invariant (the pair
- * PDL_ENTER() does both, wait then trigger, first thing, for kernels with nothing to prefetch), and replace
+ * Applying it to a kernel: call pdl_wait() per the invariant and pdl_trigger() right after it
+ * (PDL_ENTER() does both, first thing, for kernels with nothing to prefetch), and replace
  * `k<<<grid, block, smem, stream>>>(args...)` by
  * `CUDA_CHECK(cuda_pdl_launch(cb, k, grid, block, smem, args...))`. */
 #ifndef PAGODA_CUDA_PDL_CUH
