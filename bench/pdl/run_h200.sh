@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # bench/pdl/run_h200.sh - one GPU-machine call for branch pdl (issue 9, batch-1 decode): the GPU
 # tests with programmatic dependent launch on and off, then pagoda bench at batch 1 on the 1B and
-# 8B shapes for each switch (PAGODA_PDL, PAGODA_FUSED_NORM, PAGODA_GEMV_DEPTH), once with
-# PAGODA_STEP_TIMING=1, and the 1B 64 x (512, 256) bench before/after. Run from a staged bundle
+# 8B shapes with PAGODA_PDL on and 0 (with and without CUDA graphs, twice each with graphs), once
+# with PAGODA_STEP_TIMING=1, and the 1B 64 x (512, 256) bench with PDL on and off. (The calls of
+# bench/RESULTS.md, "Programmatic dependent launch", ran it at 7cd871f3 and 28785596 with the
+# switches those commits had: PAGODA_FUSED_NORM, PAGODA_GEMV_DEPTH.) Run from a staged bundle
 # (tools/device_stage.sh DEST bench): cd DEST && bash bench/pdl/run_h200.sh. Logs under $OUT.
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -26,7 +28,7 @@ t() { # name, env..., binary
 t ops_pdl timeout 120 $G/test_cuda_ops
 t ops_pdl2 timeout 120 $G/test_cuda_ops
 t gemv_pdl timeout 60 $G/test_cuda_gemv
-t gemv_depth4 PAGODA_GEMV_DEPTH=4 timeout 60 $G/test_cuda_gemv
+t gemv_nopdl PAGODA_PDL=0 timeout 60 $G/test_cuda_gemv
 t ops_nopdl PAGODA_PDL=0 timeout 120 $G/test_cuda_ops
 t model_pdl timeout 120 $G/test_cuda_model
 t model_nopdl PAGODA_PDL=0 timeout 120 $G/test_cuda_model
@@ -47,23 +49,17 @@ b() { # label, model, then env assignments
   echo "$label [$*]: $r $(grep -o 'GPU busy.*' "$out/b_$label.err" | head -1) $(grep -m1 -o 'capturing.*' "$out/b_$label.err")"
 }
 for m in 1b 8b; do
-  b ${m}_after /tmp/m$m
-  b ${m}_before /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
+  b ${m}_pdl /tmp/m$m
   b ${m}_nopdl /tmp/m$m PAGODA_PDL=0
-  b ${m}_pdl_d4_nonorm /tmp/m$m PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
-  b ${m}_pdl_d8_nonorm /tmp/m$m PAGODA_FUSED_NORM=0
-  b ${m}_pdl_d4_norm /tmp/m$m PAGODA_GEMV_DEPTH=4
-  b ${m}_nopdl_d8_nonorm /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0
-  b ${m}_nopdl_d4_norm /tmp/m$m PAGODA_PDL=0 PAGODA_GEMV_DEPTH=4
-  b ${m}_after_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0
-  b ${m}_before_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0 PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
-  b ${m}_after2 /tmp/m$m
-  b ${m}_before2 /tmp/m$m PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4
+  b ${m}_pdl_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0
+  b ${m}_nopdl_nographs /tmp/m$m PAGODA_CUDA_GRAPHS=0 PAGODA_PDL=0
+  b ${m}_pdl2 /tmp/m$m
+  b ${m}_nopdl2 /tmp/m$m PAGODA_PDL=0
   [[ $m == 1b ]] && b 1b_timing /tmp/m1b PAGODA_STEP_TIMING=1
   echo "($((SECONDS - t0)) s)"
 done
-for v in after before; do
-  e=""; [[ $v == before ]] && e="PAGODA_PDL=0 PAGODA_FUSED_NORM=0 PAGODA_GEMV_DEPTH=4"
+for v in pdl nopdl; do
+  e=""; [[ $v == nopdl ]] && e="PAGODA_PDL=0"
   r=$(env $e timeout 120 "$P" bench -m /tmp/m1b --device cuda --json --num-prompts 64 --input-len 512 --output-len 256 --temperature 0 2>"$out/b64_$v.err" | tee "$out/b64_$v.json" | summ)
   echo "1b 64x(512,256) $v [$e]: $r"
 done
