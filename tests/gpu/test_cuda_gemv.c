@@ -3,6 +3,7 @@
  * (1..8), both output dtypes, with and without bias, and shapes that exercise its four-step
  * main loop (K >= 1024), its single-step tail (K not a multiple of 1024, K < 256 lanes' span)
  * and a row count that leaves the last block partly empty; then T = 9, which goes to cuBLAS.
+ * Last, a chain of GEMVs and RMSNorms with programmatic dependent launch on and off.
  *
  * Tolerances as test_cuda_ops.c: with f32 output only the summation order differs (1e-4 rel
  * L2 catches any wrong element); with bf16 output one bf16 rounding of each result (1e-2). */
@@ -53,6 +54,83 @@ static void check(int T, int N, int K, int out_f32, int with_bias) {
   free(bv);
 }
 
+/* Programmatic dependent launch (cuda_pdl.cuh): ROUNDS of y = h W^T (the GEMV), then h =
+ * rmsnorm(x += y) (the fused add), enqueued without a sync, each launch reading what the one
+ * before wrote, on the pair's CUDA backend (PDL on unless PAGODA_PDL=0 is set) and on a second
+ * one made with PAGODA_PDL=0: x and h must be byte-identical on the two, and match the CPU's
+ * chain within bf16 tolerance. A kernel reading before its predecessor finished would see the
+ * poison (NaN) in y or the previous round's values. */
+static void check_pdl_chain(int D, int rounds) {
+  const char *prev = getenv("PAGODA_PDL");
+  char *saved = prev ? strdup(prev) : NULL;
+  setenv("PAGODA_PDL", "0", 1);
+  struct backend *be[3] = {pair_be[0], pair_be[1], backend_create(&(struct backend_params){.device = "cuda"})};
+  if (saved) {
+    setenv("PAGODA_PDL", saved, 1);
+    free(saved);
+  } else {
+    unsetenv("PAGODA_PDL");
+  }
+  if (!be[2])
+    pair_die("a second cuda backend (PAGODA_PDL=0)");
+  size_t n = (size_t)D;
+  float *x = malloc(n * 4), *wv = malloc(n * n * 4), *nv = malloc(n * 4), *got[3][2];
+  pair_fill(x, n, 1.0f);
+  pair_fill(wv, n * n, 0.1f);
+  for (size_t d = 0; d < n; d++)
+    nv[d] = 1.0f + pair_rnd(0.5f);
+  uint16_t *xb = malloc(n * 2), *poison = malloc(n * 4);
+  for (size_t d = 0; d < n; d++)
+    xb[d] = f32_to_bf16(x[d]);
+  memset(poison, 0xff, n * 4);
+  for (int i = 0; i < 3; i++) {
+    struct backend *b = be[i];
+    size_t esz = dtype_row_bytes(b->act_dtype, 1);
+    struct weight w, nw;
+    if (b->ops->weight_from_host(b, &w, wv, DTYPE_F32, D, D) || b->ops->weight_from_host(b, &nw, nv, DTYPE_F32, 1, D))
+      pair_die("weight_from_host");
+    void *dx = b->ops->alloc(b, n * esz), *dh = b->ops->alloc(b, n * esz), *dy = b->ops->alloc(b, n * esz);
+    if (!dx || !dh || !dy)
+      pair_die("alloc");
+    if ((esz == 2 ? b->ops->upload(b, dx, xb, n * 2) : b->ops->upload(b, dx, x, n * 4)) ||
+        b->ops->rmsnorm(b, dh, NULL, dx, &nw, 1, D, 1e-5f))
+      pair_die("upload / rmsnorm");
+    for (int r = 0; r < rounds; r++)
+      if (b->ops->upload(b, dy, poison, n * esz) || b->ops->matmul(b, dy, dh, &w, NULL, 1, 0) ||
+          b->ops->rmsnorm(b, dh, dx, dy, &nw, 1, D, 1e-5f))
+        pair_die("chain");
+    void *src[2] = {dx, dh};
+    for (int k = 0; k < 2; k++) {
+      got[i][k] = malloc(n * 4);
+      uint16_t *t = malloc(n * 2);
+      if (esz == 2 ? b->ops->download(b, t, src[k], n * 2) : b->ops->download(b, got[i][k], src[k], n * 4))
+        pair_die("download");
+      for (size_t d = 0; esz == 2 && d < n; d++)
+        got[i][k][d] = bf16_to_f32(t[d]);
+      free(t);
+    }
+    b->ops->free(b, dx);
+    b->ops->free(b, dh);
+    b->ops->free(b, dy);
+    b->ops->weight_free(b, &w);
+    b->ops->weight_free(b, &nw);
+  }
+  for (int k = 0; k < 2; k++) {
+    char what[96];
+    snprintf(what, sizeof what, "PDL chain D%d x%d rounds: %s", D, rounds, k ? "h" : "x");
+    pair_expect(what, got[1][k], got[0][k], n, 2e-2);
+    CHECK(memcmp(got[1][k], got[2][k], n * 4) == 0, "%s: differs between PDL on and PAGODA_PDL=0", what);
+    for (int i = 0; i < 3; i++)
+      free(got[i][k]);
+  }
+  be[2]->ops->destroy(be[2]);
+  free(x);
+  free(wv);
+  free(nv);
+  free(xb);
+  free(poison);
+}
+
 int main(void) {
   pair_seed();
   if (!pair_open())
@@ -62,6 +140,8 @@ int main(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       check(T, shapes[s][0], shapes[s][1], (T + (int)s) % 2, T % 3 == 0);
   check(1, 128256 / 16, 2048, 1, 0); /* an lm_head-like slab */
+  check_pdl_chain(2048, 8);
+  check_pdl_chain(4096, 6);
   pair_close();
   return test_finish("test_cuda_gemv");
 }

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_attn_common.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 
 #define DEC_WARPS 4
 #define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
@@ -45,6 +46,7 @@ __device__ __forceinline__ int dec_part_len(const attn_args &a, int nkeys) {
 
 template <int BS, int HD, int G, class KV, int U>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_args a) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   typedef typename KV::elem E;
   constexpr int N = KV::N;       /* elements per lane per row (one load) */
   constexpr int LPR = HD / N;    /* lanes per key row */
@@ -218,6 +220,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
  * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
@@ -351,6 +354,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 /* Combines the partitions of sequences split in more than one: one block per (sequence, head),
  * one thread per output dim. */
 __global__ void attn_decode_reduce_kernel(const attn_args a) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   const int b = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
   const int t = a.query_start[b];
   attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, t, b, a.window);
@@ -464,23 +468,14 @@ static int dec_scratch_grow(struct cuda_backend *cb, size_t bytes) {
 
 /* KV for groups of 1 or 2 heads, KVL for larger ones (see dec_u). */
 template <int BS, class KV, class KVL, int F8>
-static void dec_launch(const attn_args &a, int G, dim3 grid, cudaStream_t st) {
+static cudaError_t dec_launch(const struct cuda_backend *cb, const attn_args &a, int G, dim3 grid) {
   dim3 thr(DEC_WARPS * 32);
-#define DEC_G(HD)                                                                                  \
-  do {                                                                                             \
-    if (G == 1)                                                                                    \
-      attn_decode_kernel<BS, HD, 1, KV, dec_u(1, F8)><<<grid, thr, 0, st>>>(a);                    \
-    else if (G == 2)                                                                               \
-      attn_decode_kernel<BS, HD, 2, KV, dec_u(2, F8)><<<grid, thr, 0, st>>>(a);                    \
-    else if (G == 4)                                                                               \
-      attn_decode_kernel<BS, HD, 4, KVL, dec_u(4, F8)><<<grid, thr, 0, st>>>(a);                   \
-    else                                                                                           \
-      attn_decode_kernel<BS, HD, 8, KVL, dec_u(8, F8)><<<grid, thr, 0, st>>>(a);                   \
-  } while (0)
-  if (a.hd == 64)
-    DEC_G(64);
-  else
-    DEC_G(128);
+#define DEC_G(HD)                                                                                          \
+  (G == 1   ? cuda_pdl_launch(cb, attn_decode_kernel<BS, HD, 1, KV, dec_u(1, F8)>, grid, thr, 0, a)         \
+   : G == 2 ? cuda_pdl_launch(cb, attn_decode_kernel<BS, HD, 2, KV, dec_u(2, F8)>, grid, thr, 0, a)         \
+   : G == 4 ? cuda_pdl_launch(cb, attn_decode_kernel<BS, HD, 4, KVL, dec_u(4, F8)>, grid, thr, 0, a)        \
+            : cuda_pdl_launch(cb, attn_decode_kernel<BS, HD, 8, KVL, dec_u(8, F8)>, grid, thr, 0, a))
+  return a.hd == 64 ? DEC_G(64) : DEC_G(128);
 #undef DEC_G
 }
 
@@ -530,28 +525,21 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if ((int64_t)a->B * a->n_kv > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
-  cudaStream_t st = cb->stream;
+  const dim3 thr(DEC_WARPS * 32);
 #define DEC_MMA(BS, KV)                                                                            \
-  (a->hd == 64    ? attn_decode_mma_kernel<BS, 64, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
-   : a->hd == 80  ? attn_decode_mma_kernel<BS, 80, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
-   : a->hd == 96  ? attn_decode_mma_kernel<BS, 96, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)           \
-   : a->hd == 128 ? attn_decode_mma_kernel<BS, 128, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a)          \
-                  : attn_decode_mma_kernel<BS, 256, KV><<<grid, DEC_WARPS * 32, 0, st>>>(*a))
+  (a->hd == 64    ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 64, KV>, grid, thr, 0, *a)       \
+   : a->hd == 80  ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 80, KV>, grid, thr, 0, *a)       \
+   : a->hd == 96  ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 96, KV>, grid, thr, 0, *a)       \
+   : a->hd == 128 ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 128, KV>, grid, thr, 0, *a)      \
+                  : cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 256, KV>, grid, thr, 0, *a))
 #define DEC_BS(BS)                                                                                 \
   (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
-       : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(*a, G, grid, st) : dec_launch<BS, kv_bf16, kv_bf16, 0>(*a, G, grid, st)))
-  if (bs == 8)
-    DEC_BS(8);
-  else if (bs == 16)
-    DEC_BS(16);
-  else
-    DEC_BS(32);
+       : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(cb, *a, G, grid) : dec_launch<BS, kv_bf16, kv_bf16, 0>(cb, *a, G, grid)))
+  CUDA_CHECK(bs == 8 ? DEC_BS(8) : bs == 16 ? DEC_BS(16) : DEC_BS(32));
 #undef DEC_BS
 #undef DEC_MMA
-  CUDA_LAUNCH_CHECK();
-  if (P > 1) {
-    attn_decode_reduce_kernel<<<(unsigned)(a->B * a->n_heads), a->hd, 0, st>>>(*a);
-    CUDA_LAUNCH_CHECK();
-  }
+  if (P > 1)
+    CUDA_CHECK(cuda_pdl_launch(cb, attn_decode_reduce_kernel, dim3((unsigned)(a->B * a->n_heads)), dim3(a->hd), 0,
+                               *a));
   return 0;
 }

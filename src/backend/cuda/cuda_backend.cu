@@ -443,6 +443,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   const char *fo = getenv("PAGODA_FUSED_OPS"), *fs = getenv("PAGODA_FUSED_SILU");
   cb->fused_ops = !(fo && strcmp(fo, "0") == 0);
   cb->fused_silu = !(fs && strcmp(fs, "0") == 0);
+  /* Programmatic dependent launch (cuda_pdl.cuh): Hopper and newer; PAGODA_PDL=0 turns it off
+   * (for measuring it and for bisecting: the outputs are the same either way). */
+  const char *pdl = getenv("PAGODA_PDL");
+  cb->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)
@@ -451,9 +455,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     return -1;
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB", prop.name,
+  log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
-           total_b / 1073741824.0);
+           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "");
   return 0;
 }
 

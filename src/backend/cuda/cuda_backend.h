@@ -112,6 +112,8 @@ struct cuda_backend {
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write answer 1 */
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
+  int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
+                              * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
   int nccl_rank, nccl_world; /* this backend's place in it (set by cuda_comm_init) */
   /* single-process tensor parallelism's peer all-reduce (cuda_allreduce.cu); max_bytes 0: off */

@@ -5,8 +5,11 @@
  * One warp per output feature (weight row): lane l multiplies the 8 columns [e + 8 l, +8) of
  * the row (one 16-byte load) with the same columns of each of the T activation rows, a warp
  * step covering 256 columns; the loop issues four steps' weight loads before using them, so
- * each warp keeps 4 x 512 bytes in flight. Sums are f32 (fma), reduced over the warp by
- * shuffles. K must be a multiple of 8 (16-byte rows); callers fall back to cuBLAS otherwise.
+ * each warp keeps 4 x 512 bytes in flight (8 was measured with PDL: slower on both shapes, the
+ * registers costing more occupancy than the loads gain; bench/RESULTS.md, "Programmatic dependent
+ * launch"). The first four steps are prefetched into L2 before pdl_wait() (cuda_pdl.cuh).
+ * Sums are f32 (fma), reduced over the warp by shuffles. K must be a multiple of 8 (16-byte
+ * rows); callers fall back to cuBLAS otherwise.
  *
  * Fused forms (backend.h, "Fused small ops"): matmul_n runs one grid over the rows of several
  * matrices that read the same x (q/k/v with their biases, gate/up), and matmul_silu_mul gives
@@ -14,6 +17,7 @@
  * to memory. Both round like the separate ops (the product to bf16, then + bias to bf16; g and
  * u to bf16 before silu_mul's f32 arithmetic), so they equal them up to summation order. */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
 
 typedef __nv_bfloat16 bf16;
@@ -42,8 +46,18 @@ __device__ __forceinline__ float warp_total(float v) {
   return v;
 }
 
+/* Asks L2 for the 128-byte line holding P, without waiting for it or holding a register. */
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 /* The dot products of R weight rows WR[r] with the T activation rows of x, lane LANE's share
- * into acc[r][t] (not yet reduced over the warp). Four steps' loads per row go out first. */
+ * into acc[r][t] (not yet reduced over the warp). Four steps' loads per row go out first.
+ * Before pdl_wait() the rows' first four steps are prefetched into L2 (the weights never change
+ * during a step, cuda_pdl.cuh), so the matrix starts streaming while the kernel before this one
+ * drains; into L2 rather than registers, because holding them in registers across the wait
+ * takes registers, so warps per SM (the depth-8 form that did so measured slower: bench/RESULTS.md,
+ * "Programmatic dependent launch"). The trigger comes after the wait: the next kernel's blocks may launch
+ * (and prefetch) while this one streams, the kernel after that only once this one's wait has
+ * passed. The loop itself is the one from before PDL, so the sums have the same bits. */
 template <int NT, int R>
 __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane,
                                           float (*acc)[NT]) {
@@ -53,6 +67,14 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
     for (int t = 0; t < NT; t++)
       acc[r][t] = 0.0f;
   int e = lane * 8;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (e + 256 * j < K)
+        prefetch_l2(wr[r] + e + 256 * j);
+  pdl_wait();    /* x is written by the kernel before */
+  pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
   for (; e + 768 < K; e += 1024) { /* four steps, loads first */
     uint4 w[R][4];
 #pragma unroll
@@ -168,12 +190,13 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
                dtype_name(w->dtype));
   dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
-  cudaStream_t st = cb->stream;
+  const dim3 thr(GEMV_WARPS * 32);
+  cudaError_t err = cudaSuccess;
 #define GEMV_CASE(n) \
-  case n: gemv_kernel<n><<<grid, GEMV_WARPS * 32, 0, st>>>(out, out_f32, W, X, N, K); break;
+  case n: err = cuda_pdl_launch(cb, gemv_kernel<n>, grid, thr, 0, out, out_f32, W, X, N, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(err);
   return 0;
 }
 
@@ -219,12 +242,13 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *X = (const bf16 *)x;
   int K = (int)ws[0]->cols;
-  cudaStream_t st = cb->stream;
+  const dim3 thr(GEMV_WARPS * 32);
+  cudaError_t err = cudaSuccess;
 #define GEMV_CASE(c) \
-  case c: gemv_multi_kernel<c><<<grid, GEMV_WARPS * 32, 0, st>>>(m, X, K); break;
+  case c: err = cuda_pdl_launch(cb, gemv_multi_kernel<c>, grid, thr, 0, m, X, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(err);
   return 0;
 }
 
@@ -239,11 +263,12 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   int F = (int)gate->rows, K = (int)gate->cols;
   dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
-  cudaStream_t st = cb->stream;
+  const dim3 thr(GEMV_WARPS * 32);
+  cudaError_t err = cudaSuccess;
 #define GEMV_CASE(c) \
-  case c: gemv_silu_mul_kernel<c><<<grid, GEMV_WARPS * 32, 0, st>>>((bf16 *)out, Wg, Wu, X, F, K); break;
+  case c: err = cuda_pdl_launch(cb, gemv_silu_mul_kernel<c>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(err);
   return 0;
 }

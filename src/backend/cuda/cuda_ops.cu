@@ -1,10 +1,13 @@
 /* cuda_ops.cu - the CUDA backend's element-wise and row kernels: embedding gather, RMSNorm with
  * fused residual add, RoPE, SiLU-mul, KV write through slot_mapping, row gather, bias add.
  * Activations are BF16; all arithmetic is f32. Part 1 kernels: plain and correct, one thread per
- * element or per pair, grid-stride loops; faster versions replace them behind the same launchers. */
+ * element or per pair, grid-stride loops; faster versions replace them behind the same launchers.
+ * Every kernel here is launched with programmatic dependent launch and starts with PDL_ENTER()
+ * (cuda_pdl.cuh): it reads nothing before the kernel ahead of it has completed. */
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_pdl.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -30,6 +33,7 @@ __global__ void embed_kernel(bf16 *out,          /* (T, dim) */
                              int emb_f32, int64_t vocab,
                              const int32_t *ids, /* (T) */
                              int dim) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   int t = blockIdx.x;
   int32_t id = ids[t];
   bool ok = id >= 0 && id < vocab;
@@ -44,9 +48,8 @@ int cuda_op_embed(struct backend *be, void *out, const struct weight *emb, const
     return T == 0 ? 0 : ERR("cuda embed: T = %d", T);
   if (cuda_quant_type(emb->dtype) >= 0)
     return cuda_quant_embed(be, out, emb, ids, T);
-  embed_kernel<<<T, 256, 0, cuda_be(be)->stream>>>((bf16 *)out, emb->data, emb->dtype == DTYPE_F32,
-                                                    emb->rows, ids, (int)emb->cols);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), embed_kernel, dim3(T), dim3(256), 0, (bf16 *)out, emb->data,
+                             (int)(emb->dtype == DTYPE_F32), (int64_t)emb->rows, ids, (int)emb->cols));
   return 0;
 }
 
@@ -78,6 +81,7 @@ __global__ void rmsnorm_kernel(bf16 *out,      /* (T, dim) */
                                const bf16 *x,  /* (T, dim) */
                                const void *w,  /* (dim) f32 or bf16 */
                                int w_f32, int dim, float eps) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   size_t row = (size_t)blockIdx.x * dim;
   float ss = 0.0f;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -104,9 +108,8 @@ int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x
   if (w->rows * w->cols != dim)
     return ERR("cuda rmsnorm: weight has %lld elements, dim is %d", (long long)(w->rows * w->cols), dim);
   int threads = dim >= 1024 ? 1024 : ((dim + 31) / 32) * 32;
-  rmsnorm_kernel<<<T, threads, 0, cuda_be(be)->stream>>>((bf16 *)out, (bf16 *)residual, (const bf16 *)x,
-                                                         w->data, w->dtype == DTYPE_F32, dim, eps);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), rmsnorm_kernel, dim3(T), dim3(threads), 0, (bf16 *)out, (bf16 *)residual,
+                             (const bf16 *)x, w->data, (int)(w->dtype == DTYPE_F32), dim, eps));
   return 0;
 }
 
@@ -163,6 +166,7 @@ __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             const float *inv_freq_long, /* LongRoPE (see rope_params) or NULL */
                             int long_after, const int32_t *query_start, const int32_t *seq_lens,
                             int num_seqs, float mscale) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   int t = blockIdx.x;
   int half = rot_dim / 2;
   inv_freq = rope_freqs(t, inv_freq, inv_freq_long, long_after, query_start, seq_lens, num_seqs);
@@ -188,11 +192,9 @@ int cuda_op_rope(struct backend *be, void *q, void *k, const int32_t *positions,
     return ERR("cuda rope: rot_dim %d with head_dim %d", rp->rot_dim, head_dim);
   int half = rp->rot_dim / 2;
   int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
-  rope_kernel<<<T, threads, 0, cuda_be(be)->stream>>>((bf16 *)q, (bf16 *)k, positions, n_heads, n_kv_heads,
-                                                      head_dim, rp->inv_freq, rp->rot_dim, rp->neox,
-                                                      rp->inv_freq_long, rp->long_after,
-                                                      rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), rope_kernel, dim3(T), dim3(threads), 0, (bf16 *)q, (bf16 *)k, positions,
+                             n_heads, n_kv_heads, head_dim, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,
+                             rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale));
   return 0;
 }
 
@@ -201,6 +203,7 @@ __global__ void silu_mul_kernel(bf16 *out,        /* (n) */
                                 const bf16 *gate, /* (n) */
                                 const bf16 *up,   /* (n) */
                                 size_t n) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     float g = __bfloat162float(gate[i]);
     out[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * __bfloat162float(up[i]));
@@ -213,9 +216,8 @@ int cuda_op_silu_mul(struct backend *be, void *out, const void *gate, const void
   size_t n = (size_t)T * F;
   if (n == 0)
     return 0;
-  silu_mul_kernel<<<grid_for(n, 256), 256, 0, cuda_be(be)->stream>>>((bf16 *)out, (const bf16 *)gate,
-                                                                     (const bf16 *)up, n);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), silu_mul_kernel, dim3(grid_for(n, 256)), dim3(256), 0, (bf16 *)out,
+                             (const bf16 *)gate, (const bf16 *)up, n));
   return 0;
 }
 
@@ -234,6 +236,7 @@ __global__ void kv_write_kernel(E *kc,                /* (num_blocks, n_kv, bs, 
                                 const bf16 *v,        /* (T, n_kv, hd) */
                                 const int32_t *slots, /* (T) */
                                 int n_kv, int bs, int hd, int64_t num_slots, float k_scale, float v_scale) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   int t = blockIdx.x;
   int32_t slot = slots[t];
   if (slot < 0 || slot >= num_slots)
@@ -263,16 +266,16 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
   int n = kv->n_kv_heads * kv->head_dim;
   int threads = n >= 256 ? 256 : ((n + 31) / 32) * 32;
   int64_t slots = (int64_t)kv->num_blocks * kv->block_size;
-  cudaStream_t st = cuda_be(be)->stream;
+  struct cuda_backend *cb = cuda_be(be);
+  const dim3 grid(b->num_tokens), thr(threads);
   if (kv->dtype == DTYPE_F8E4M3)
-    kv_write_kernel<uint8_t><<<b->num_tokens, threads, 0, st>>>(
-        (uint8_t *)kv->k, (uint8_t *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
-        kv->block_size, kv->head_dim, slots, kv->k_scale, kv->v_scale);
+    CUDA_CHECK(cuda_pdl_launch(cb, kv_write_kernel<uint8_t>, grid, thr, 0, (uint8_t *)kv->k, (uint8_t *)kv->v,
+                               (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads, kv->block_size,
+                               kv->head_dim, slots, kv->k_scale, kv->v_scale));
   else
-    kv_write_kernel<bf16><<<b->num_tokens, threads, 0, st>>>(
-        (bf16 *)kv->k, (bf16 *)kv->v, (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads,
-        kv->block_size, kv->head_dim, slots, 1.0f, 1.0f);
-  CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cuda_pdl_launch(cb, kv_write_kernel<bf16>, grid, thr, 0, (bf16 *)kv->k, (bf16 *)kv->v,
+                               (const bf16 *)k, (const bf16 *)v, b->slot_mapping, kv->n_kv_heads, kv->block_size,
+                               kv->head_dim, slots, 1.0f, 1.0f));
   return 0;
 }
 
@@ -294,6 +297,7 @@ __global__ void rope_kv_write_kernel(bf16 *q,                  /* (T, n_heads, h
                                      float v_scale, const float *inv_freq, int rot_dim, int neox,
                                      const float *inv_freq_long, int long_after, const int32_t *query_start,
                                      const int32_t *seq_lens, int num_seqs, float mscale) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   __shared__ float s_sin[ROPE_KV_MAX_HALF], s_cos[ROPE_KV_MAX_HALF];
   const int t = blockIdx.x, half = rot_dim / 2;
   inv_freq = rope_freqs(t, inv_freq, inv_freq_long, long_after, query_start, seq_lens, num_seqs);
@@ -341,14 +345,17 @@ int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, c
   if (T <= 0)
     return T == 0 ? 0 : ERR("cuda rope_kv_write: T = %d", T);
   const int64_t slots = (int64_t)kv->num_blocks * kv->block_size;
-  cudaStream_t st = cuda_be(be)->stream;
-#define ROPE_KV_ARGS(E)                                                                                         (bf16 *)q, (bf16 *)k, (const bf16 *)v, (E *)kv->k, (E *)kv->v, b->positions, b->slot_mapping, n_heads,             kv->n_kv_heads, kv->head_dim, kv->block_size, slots, kv->dtype == DTYPE_F8E4M3 ? kv->k_scale : 1.0f,           kv->dtype == DTYPE_F8E4M3 ? kv->v_scale : 1.0f, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,       rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale
+  struct cuda_backend *cb = cuda_be(be);
+#define ROPE_KV_ARGS(E)                                                                                     \
+  (bf16 *)q, (bf16 *)k, (const bf16 *)v, (E *)kv->k, (E *)kv->v, b->positions, b->slot_mapping, n_heads,          \
+      kv->n_kv_heads, kv->head_dim, kv->block_size, slots, kv->dtype == DTYPE_F8E4M3 ? kv->k_scale : 1.0f,         \
+      kv->dtype == DTYPE_F8E4M3 ? kv->v_scale : 1.0f, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,     \
+      rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale
   if (kv->dtype == DTYPE_F8E4M3)
-    rope_kv_write_kernel<uint8_t><<<T, 256, 0, st>>>(ROPE_KV_ARGS(uint8_t));
+    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<uint8_t>, dim3(T), dim3(256), 0, ROPE_KV_ARGS(uint8_t)));
   else
-    rope_kv_write_kernel<bf16><<<T, 256, 0, st>>>(ROPE_KV_ARGS(bf16));
+    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<bf16>, dim3(T), dim3(256), 0, ROPE_KV_ARGS(bf16)));
 #undef ROPE_KV_ARGS
-  CUDA_LAUNCH_CHECK();
   return 0;
 }
 
@@ -357,6 +364,7 @@ __global__ void gather_rows_kernel(bf16 *out,          /* (n, dim) */
                                    const bf16 *x,      /* (rows, dim) */
                                    const int32_t *idx, /* (n) */
                                    int dim) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   int i = blockIdx.x;
   size_t src = (size_t)idx[i] * dim, dst = (size_t)i * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
@@ -368,8 +376,8 @@ int cuda_op_gather_rows(struct backend *be, void *out, const void *x, const int3
     return -1;
   if (n <= 0)
     return n == 0 ? 0 : ERR("cuda gather_rows: n = %d", n);
-  gather_rows_kernel<<<n, 256, 0, cuda_be(be)->stream>>>((bf16 *)out, (const bf16 *)x, idx, dim);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), gather_rows_kernel, dim3(n), dim3(256), 0, (bf16 *)out, (const bf16 *)x,
+                             idx, dim));
   return 0;
 }
 
@@ -378,6 +386,7 @@ __global__ void add_bias_kernel(void *out,        /* (T, N) f32 or bf16; n = T *
                                 int out_f32,
                                 const void *bias, /* (N) f32 or bf16 */
                                 int b_f32, int N, size_t n) {
+  PDL_ENTER(); /* cuda_pdl.cuh */
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     float b = weight_at(bias, b_f32, i % N);
     if (out_f32)
@@ -392,8 +401,7 @@ int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct we
   size_t n = (size_t)T * N;
   if (n == 0)
     return 0;
-  add_bias_kernel<<<grid_for(n, 256), 256, 0, cuda_be(be)->stream>>>(out, out_f32, bias->data,
-                                                                     bias->dtype == DTYPE_F32, N, n);
-  CUDA_LAUNCH_CHECK();
+  CUDA_CHECK(cuda_pdl_launch(cuda_be(be), add_bias_kernel, dim3(grid_for(n, 256)), dim3(256), 0, out, out_f32,
+                             (const void *)bias->data, (int)(bias->dtype == DTYPE_F32), N, n));
   return 0;
 }
