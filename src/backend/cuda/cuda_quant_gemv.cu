@@ -660,8 +660,20 @@ template <int QT, int NT, int R> static int qi_resident_blocks(size_t smem) {
   return blocks;
 }
 
+/* Units per resident warp above which the integer-dot kernel's grid is capped at the resident
+ * blocks (each warp streaming its units through its ring): QG_STREAM_ROWS, or
+ * PAGODA_QGEMV_STREAM_ROWS=n for measuring (1: capped whenever the grid is over one wave). */
+static int qi_stream_rows(void) {
+  static int n = -1;
+  if (n < 0) {
+    const char *e = getenv("PAGODA_QGEMV_STREAM_ROWS");
+    n = e && atoi(e) > 0 ? atoi(e) : QG_STREAM_ROWS;
+  }
+  return n;
+}
+
 /* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
- * that is more than QG_STREAM_ROWS units per resident warp). */
+ * that is more than qi_stream_rows() units per resident warp). */
 template <int QT, int NT, int R> static void qi_launch(cudaStream_t st, const qi_args &a) {
   const size_t sm = QGEMV_WARPS * (QG_STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
   int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R>(sm);
@@ -669,7 +681,7 @@ template <int QT, int NT, int R> static void qi_launch(cudaStream_t st, const qi
   if (cap && atoi(cap) > 0) {
     if (blocks > atoi(cap))
       blocks = atoi(cap);
-  } else if (blocks > QG_STREAM_ROWS * fit) {
+  } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
     blocks = fit;
   }
   qgemv_i8_kernel<QT, NT, R, QG_STAGES><<<blocks, QGEMV_WARPS * 32, sm, st>>>(a);
