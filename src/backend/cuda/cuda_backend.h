@@ -92,7 +92,8 @@ struct cuda_backend {
   struct cuda_graph_entry *graphs;
   int n_graphs, graphs_cap;
   char name[256];            /* device name, for logs */
-  /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
+  /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load;
+   * the integer-dot GEMV keeps its int8 activations (cuda_quant_x8_bytes) here too */
   void *deq_scratch;
   size_t deq_scratch_bytes;
   int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
