@@ -316,15 +316,18 @@ static void qgemv_dispatch_t(cudaStream_t st, void *out, int out_f32, const stru
 /* ---- int8 activations and integer dot products (the default for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
  * Q6_K on the staged layout) ----
  * qx_quantize turns the T bf16 activation rows into blocks of 32 int8 values once per matmul
- * (llama.cpp's q8_1 idea): q = round(x / d), d = max|x| / 127 over the block, and beside it
- * (d, d * sum q) as a float2. The GEMV then multiplies the weight codes with __dp4a (4 int8
+ * (llama.cpp's q8_1 idea): q = round(x * (127 / max|x|)), d = max|x| / 127 over the block, and
+ * beside it (d, d * sum q) as a float2. The GEMV then multiplies the weight codes with __dp4a (4 int8
  * products and their sum per instruction) and applies each scale once per 32 values (16 for
  * Q6_K) instead of converting every code to float. Layout of a warp step: lane l takes the 32
  * values [1024 s + 32 l, +32) of a staged 2048-value chunk, i.e. exactly one activation block,
  * one sub-block of a K-quant super-block or one 32-value block, so a step covers 1024 columns.
  * Rounding: each activation moves by up to d / 2; for random activations the output's relative
  * error is about 1 / 254 (tests/gpu/test_cuda_quant.c, TOL_GEMV_I8). PAGODA_QGEMV_I8=0 keeps the
- * bf16-activation kernels above (for A/B runs and bisecting). */
+ * bf16-activation kernels above (for A/B runs and bisecting). On the H200 at T = 1 (bench/RESULTS.md,
+ * "CUDA quantized GEMV with int8 activations and dp4a"), the x quantization included, it reads
+ * the 8B shape's large Q4_K / Q5_K matrices at 1.8-1.9 TB/s (1.0-1.2 with bf16 activations),
+ * Q6_K at 1.7-1.9, Q8_0 at 2.4-2.5 and the Q8_0 output head at 3.76 TB/s. */
 
 /* Scratch for one pass of at most CUDA_QGEMV_MAX_T rows: int8 (T, K), then float2 (T, K / 32). */
 size_t cuda_quant_x8_bytes(int T, int64_t K) { return (size_t)T * (size_t)K + (size_t)T * (size_t)(K / 32) * 8; }
