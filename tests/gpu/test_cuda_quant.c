@@ -22,6 +22,16 @@
 #define TOL_GEMM_BF16W 1e-2
 /* bf16 output: one more rounding of each result (<= 2^-9). */
 #define TOL_BF16_OUT 1e-2
+/* The integer-dot GEMV (cuda_quant_gemv.cu: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K on rows of whole
+ * 16-byte units with K a multiple of 256) quantizes each block of 32 activations to int8,
+ * q = round(x * 127 / max|x|). Against the same quantization done here (x8_ref), only f32
+ * rounding of the scale products and the summation order differ: TOL_GEMV_I8 (a few f32
+ * roundings of partial sums, up to ~10 times larger than the output where mins cancel).
+ * Against the exact product, each activation moves by up to d / 2 (d = max|x| / 127): for the
+ * uniform activations here the relative rms of that is 1 / 254 = 3.9e-3 and so is the output's
+ * rel L2 (random weights add the errors incoherently); TOL_I8_VS_EXACT leaves 2.5x room. */
+#define TOL_GEMV_I8 3e-5
+#define TOL_I8_VS_EXACT 1e-2
 
 struct qcase {
   enum dtype t;
@@ -46,6 +56,26 @@ static const struct qcase cases[] = {
     B(DTYPE_IQ4_XS, QK_K, block_iq4_xs, d, -1),
 };
 #undef B
+
+/* Whether the GEMV takes the integer-dot kernel for this type and K (cuda_quant_gemv.cu, qi_applies). */
+static int i8_path(enum dtype t, int K) {
+  int typ = t == DTYPE_Q4_0 || t == DTYPE_Q4_1 || t == DTYPE_Q8_0 || t == DTYPE_Q4_K || t == DTYPE_Q5_K ||
+            t == DTYPE_Q6_K;
+  return typ && K % 256 == 0 && dtype_row_bytes(t, K) % 16 == 0;
+}
+
+/* The activations as the integer-dot GEMV sees them: per block of 32, d = max|x| / 127 and
+ * q = round-half-even(x * (127 / max|x|)) in f32 as on the GPU, then d * q. */
+static void x8_ref(const float *x, size_t n, double *xr) {
+  for (size_t b = 0; b < n; b += 32) {
+    float am = 0.0f;
+    for (int i = 0; i < 32; i++)
+      am = fmaxf(am, fabsf(x[b + i]));
+    float d = am / 127.0f, id = am > 0.0f ? 127.0f / am : 0.0f;
+    for (int i = 0; i < 32; i++)
+      xr[b + i] = (double)d * rintf(x[b + i] * id);
+  }
+}
 
 static uint8_t *random_blocks(const struct qcase *qc, int N, int K, size_t *bytes_out) {
   size_t nb = (size_t)N * (K / qc->qk);
@@ -91,6 +121,21 @@ static void test_type(const struct qcase *qc, int N, int K) {
         s += (double)x[(size_t)t * K + k] * wf[(size_t)n * K + k];
       ref[(size_t)t * N + n] = s;
     }
+  const int i8 = i8_path(qc->t, K);
+  float *ref8 = NULL; /* the GEMV's reference on the integer-dot path */
+  if (i8) {
+    double *xr = malloc(sizeof(double) * Tmax * K);
+    x8_ref(x, (size_t)Tmax * K, xr);
+    ref8 = malloc(sizeof(float) * Tmax * N);
+    for (int t = 0; t < Tmax; t++)
+      for (int n = 0; n < N; n++) {
+        double s = 0;
+        for (int k = 0; k < K; k++)
+          s += xr[(size_t)t * K + k] * wf[(size_t)n * K + k];
+        ref8[(size_t)t * N + n] = (float)s;
+      }
+    free(xr);
+  }
   /* big enough for the matmul outputs (Tmax, N) and the 6 embedded rows (6, K) */
   size_t cap = (size_t)Tmax * N > (size_t)6 * K ? (size_t)Tmax * N : (size_t)6 * K;
   float *reff = malloc(sizeof(float) * cap), *got = malloc(sizeof(float) * cap);
@@ -124,10 +169,14 @@ static void test_type(const struct qcase *qc, int N, int K) {
       } else {
         pair_get_act(1, got, dout, (size_t)T * N);
       }
-      double tol = !out_f32 ? TOL_BF16_OUT : T <= 8 ? TOL_GEMV_F32 : TOL_GEMM_BF16W;
-      snprintf(what, sizeof what, "%s matmul N=%d K=%d T=%d %s out", dtype_name(qc->t), N, K, T,
-               out_f32 ? "f32" : "bf16");
-      pair_expect(what, got, reff, (size_t)T * N, tol);
+      double tol = !out_f32 ? TOL_BF16_OUT : T <= 8 ? (i8 ? TOL_GEMV_I8 : TOL_GEMV_F32) : TOL_GEMM_BF16W;
+      snprintf(what, sizeof what, "%s matmul N=%d K=%d T=%d %s out%s", dtype_name(qc->t), N, K, T,
+               out_f32 ? "f32" : "bf16", i8 && T <= 8 ? " (int8 x)" : "");
+      pair_expect(what, got, i8 && T <= 8 ? ref8 : reff, (size_t)T * N, tol);
+      if (i8 && T <= 8 && out_f32) {
+        snprintf(what, sizeof what, "%s matmul N=%d K=%d T=%d int8 x vs exact", dtype_name(qc->t), N, K, T);
+        pair_expect(what, got, reff, (size_t)T * N, TOL_I8_VS_EXACT);
+      }
     }
   }
   /* embedding gather from the same table, ids out of range give zero rows */
@@ -155,6 +204,7 @@ static void test_type(const struct qcase *qc, int N, int K) {
   free(wf);
   free(x);
   free(ref);
+  free(ref8);
   free(reff);
   free(got);
   free(xb);
@@ -198,12 +248,19 @@ static void test_vs_gguf_py(const struct qcase *qc) {
   void *dx = pair_alloc1(1, sizeof xb), *dout = pair_alloc1(1, sizeof got);
   if (be->ops->upload(be, dx, xb, sizeof xb))
     pair_die("upload");
+  const int i8 = i8_path(qc->t, C);
+  double xr[12 * C];
+  x8_ref(x, (size_t)T * C, xr);
+  float ref8[12 * R];
   for (int t = 0; t < T; t++)
     for (int r = 0; r < R; r++) {
-      double acc = 0;
-      for (int c = 0; c < C; c++)
+      double acc = 0, acc8 = 0;
+      for (int c = 0; c < C; c++) {
         acc += (double)x[t * C + c] * deq[r * C + c];
+        acc8 += xr[t * C + c] * deq[r * C + c];
+      }
       ref[t * R + r] = (float)acc;
+      ref8[t * R + r] = (float)acc8;
     }
   char what[96];
   int Ts[2] = {8, 12};
@@ -212,7 +269,10 @@ static void test_vs_gguf_py(const struct qcase *qc) {
         be->ops->download(be, got, dout, sizeof(float) * Ts[k] * R))
       pair_die("matmul");
     snprintf(what, sizeof what, "%s vs gguf-py, matmul T=%d", dtype_name(qc->t), Ts[k]);
-    pair_expect(what, got, ref, (size_t)Ts[k] * R, Ts[k] <= 8 ? TOL_GEMV_F32 : TOL_GEMM_BF16W);
+    if (Ts[k] <= 8 && i8)
+      pair_expect(what, got, ref8, (size_t)Ts[k] * R, TOL_GEMV_I8);
+    else
+      pair_expect(what, got, ref, (size_t)Ts[k] * R, Ts[k] <= 8 ? TOL_GEMV_F32 : TOL_GEMM_BF16W);
   }
   int32_t ids[R];
   for (int r = 0; r < R; r++)
@@ -235,6 +295,145 @@ static void test_vs_gguf_py(const struct qcase *qc) {
   free(refe);
   free(blocks);
   free(deq);
+}
+
+/* matmul_n (q/k/v with biases, f32 and bf16, one NULL) and matmul_silu_mul on quantized weights of
+ * one type: one launch of the integer-dot kernel over all the rows, which must equal the separate
+ * matmuls (the same kernel per row: bit for bit) and silu_mul on their products (one bf16 ulp
+ * where __expf rounds differently, hence a tolerance), and the f64 reference on int8 x. Mixed
+ * types or T over the GEMV's answer 1 (the caller's separate ops). */
+static void test_fused(const struct qcase *qc, int K) {
+  struct backend *be = pair_be[1];
+  enum { NM = 3 };
+  const int N[NM] = {72, 24, 24}; /* q, k, v rows; gate / up use N[0] */
+  struct weight w[NM], bias[2];
+  float *wf[NM];
+  uint8_t *wq[NM];
+  size_t bytes;
+  for (int m = 0; m < NM; m++) {
+    wq[m] = random_blocks(qc, N[m], K, &bytes);
+    wf[m] = malloc(sizeof(float) * N[m] * K);
+    for (int r = 0; r < N[m]; r++)
+      dtype_to_f32(wf[m] + (size_t)r * K, wq[m] + (size_t)r * dtype_row_bytes(qc->t, K), qc->t, K);
+    if (be->ops->weight_from_host(be, &w[m], wq[m], qc->t, N[m], K))
+      pair_die("weight_from_host");
+  }
+  float bq[72], bv[24];
+  pair_fill(bq, 72, 0.5f);
+  pair_fill(bv, 24, 0.5f);
+  uint16_t bvb[24];
+  for (int i = 0; i < 24; i++)
+    bvb[i] = f32_to_bf16(bv[i]);
+  if (be->ops->weight_from_host(be, &bias[0], bq, DTYPE_F32, 1, 72) ||
+      be->ops->weight_from_host(be, &bias[1], bvb, DTYPE_BF16, 1, 24))
+    pair_die("weight_from_host bias");
+  const int Tmax = 9;
+  float *x = malloc(sizeof(float) * Tmax * K);
+  pair_fill(x, (size_t)Tmax * K, 1.0f);
+  double *xr = malloc(sizeof(double) * Tmax * K);
+  x8_ref(x, (size_t)Tmax * K, xr);
+  uint16_t *xb = malloc(2 * (size_t)Tmax * K);
+  for (size_t i = 0; i < (size_t)Tmax * K; i++)
+    xb[i] = f32_to_bf16(x[i]);
+  void *dx = pair_alloc1(1, 2 * (size_t)Tmax * K);
+  if (be->ops->upload(be, dx, xb, 2 * (size_t)Tmax * K))
+    pair_die("upload");
+  void *fo[NM], *so[NM];
+  for (int m = 0; m < NM; m++) {
+    fo[m] = pair_alloc1(1, 2 * (size_t)Tmax * N[m]);
+    so[m] = pair_alloc1(1, 2 * (size_t)Tmax * N[m]);
+  }
+  float *g = malloc(sizeof(float) * Tmax * 72), *s = malloc(sizeof(float) * Tmax * 72);
+  float *ref = malloc(sizeof(float) * Tmax * 72);
+  char what[112];
+  static const int Ts[] = {1, 3, 8, 9};
+  for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+    const int T = Ts[ti];
+    const struct weight *ws[NM] = {&w[0], &w[1], &w[2]}, *bs[NM] = {&bias[0], NULL, &bias[1]};
+    for (int m = 0; m < NM; m++) {
+      size_t ob = 2 * (size_t)T * N[m];
+      uint8_t *poison = malloc(ob);
+      memset(poison, 0xff, ob);
+      if (be->ops->upload(be, fo[m], poison, ob))
+        pair_die("upload");
+      free(poison);
+    }
+    int rc = be->ops->matmul_n(be, NM, fo, dx, ws, bs, T);
+    if (rc < 0)
+      pair_die("matmul_n");
+    CHECK(rc == (T <= 8 ? 0 : 1), "%s matmul_n T=%d K=%d: answered %d", dtype_name(qc->t), T, K, rc);
+    for (int m = 0; m < NM; m++) {
+      if (be->ops->matmul(be, so[m], dx, ws[m], bs[m], T, 0) ||
+          (rc == 1 && be->ops->matmul(be, fo[m], dx, ws[m], bs[m], T, 0)))
+        pair_die("matmul");
+      pair_get_act(1, g, fo[m], (size_t)T * N[m]);
+      pair_get_act(1, s, so[m], (size_t)T * N[m]);
+      for (int t = 0; t < T; t++)
+        for (int n = 0; n < N[m]; n++) {
+          double a = 0;
+          for (int k = 0; k < K; k++)
+            a += (T <= 8 ? xr[(size_t)t * K + k] : x[(size_t)t * K + k]) * wf[m][(size_t)n * K + k];
+          ref[(size_t)t * N[m] + n] = (float)a + (m == 0 ? bq[n] : m == 2 ? bv[n] : 0.0f);
+        }
+      snprintf(what, sizeof what, "%s matmul_n T=%d K=%d [%d]", dtype_name(qc->t), T, K, m);
+      pair_expect(what, g, ref, (size_t)T * N[m], TOL_BF16_OUT);
+      CHECK(memcmp(g, s, sizeof(float) * T * N[m]) == 0, "%s: differs from the separate matmul", what);
+    }
+    /* gate / up: k's and v's matrices (24 rows each) */
+    rc = be->ops->matmul_silu_mul(be, fo[0], dx, &w[1], &w[2], T);
+    if (rc < 0)
+      pair_die("matmul_silu_mul");
+    CHECK(rc == (T <= 8 ? 0 : 1), "%s matmul_silu_mul T=%d K=%d: answered %d", dtype_name(qc->t), T, K, rc);
+    if (rc == 0) {
+      if (be->ops->matmul(be, so[1], dx, &w[1], NULL, T, 0) || be->ops->matmul(be, so[2], dx, &w[2], NULL, T, 0) ||
+          be->ops->silu_mul(be, so[0], so[1], so[2], T, 24))
+        pair_die("matmul, silu_mul");
+      pair_get_act(1, g, fo[0], (size_t)T * 24);
+      pair_get_act(1, s, so[0], (size_t)T * 24);
+      snprintf(what, sizeof what, "%s matmul_silu_mul T=%d K=%d vs separate ops", dtype_name(qc->t), T, K);
+      pair_expect(what, g, s, (size_t)T * 24, 1e-3);
+    }
+  }
+  for (int m = 0; m < NM; m++) {
+    be->ops->weight_free(be, &w[m]);
+    be->ops->free(be, fo[m]);
+    be->ops->free(be, so[m]);
+    free(wq[m]);
+    free(wf[m]);
+  }
+  for (int i = 0; i < 2; i++)
+    be->ops->weight_free(be, &bias[i]);
+  be->ops->free(be, dx);
+  free(x);
+  free(xr);
+  free(xb);
+  free(g);
+  free(s);
+  free(ref);
+}
+
+/* Different types in one matmul_n are not fused: 1, and the caller's separate matmuls. */
+static void test_fused_mixed(void) {
+  struct backend *be = pair_be[1];
+  size_t bytes;
+  uint8_t *a = random_blocks(&cases[7], 8, 512, &bytes), *b = random_blocks(&cases[9], 8, 512, &bytes);
+  struct weight w[2];
+  if (be->ops->weight_from_host(be, &w[0], a, cases[7].t, 8, 512) ||
+      be->ops->weight_from_host(be, &w[1], b, cases[9].t, 8, 512))
+    pair_die("weight_from_host");
+  void *dx = pair_alloc1(1, 2 * 512), *o[2] = {pair_alloc1(1, 16), pair_alloc1(1, 16)};
+  const struct weight *ws[2] = {&w[0], &w[1]};
+  int rc = be->ops->matmul_n(be, 2, o, dx, ws, NULL, 1);
+  CHECK(rc == 1, "matmul_n of Q4_K and Q6_K answered %d (expected 1: separate matmuls)", rc);
+  rc = be->ops->matmul_silu_mul(be, o[0], dx, &w[0], &w[1], 1);
+  CHECK(rc == 1, "matmul_silu_mul of Q4_K and Q6_K answered %d (expected 1)", rc);
+  for (int i = 0; i < 2; i++) {
+    be->ops->weight_free(be, &w[i]);
+    be->ops->free(be, o[i]);
+  }
+  be->ops->free(be, dx);
+  free(a);
+  free(b);
 }
 
 /* A row length that is not a multiple of the block is refused with the type and the count. */
@@ -275,7 +474,17 @@ int main(void) {
     test_type(&cases[i], 67, 512);
     test_type(&cases[i], 19, 6144);
   }
+  /* fused ops: three chunks through the ring (K = 6144), every warp streaming; below, one
+   * partial chunk (K = 512, where the type's rows are whole 16-byte units) and K = 6144 */
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (i8_path(cases[i].t, 6144))
+      test_fused(&cases[i], 6144);
   unsetenv("PAGODA_QGEMV_BLOCKS");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int K = 512; K <= 6144; K += 5632)
+      if (i8_path(cases[i].t, K))
+        test_fused(&cases[i], K);
+  test_fused_mixed();
   test_refused();
   pair_close();
   return test_finish("test_cuda_quant");

@@ -98,7 +98,8 @@ struct cuda_backend {
   struct cuda_graph_entry *graphs;
   int n_graphs, graphs_cap;
   char name[256];            /* device name, for logs */
-  /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load */
+  /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load;
+   * the integer-dot GEMV keeps its int8 activations (cuda_quant_x8_bytes) here too */
   void *deq_scratch;
   size_t deq_scratch_bytes;
   int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
@@ -239,6 +240,14 @@ int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct w
                     int out_f32);
 int cuda_quant_dequant_rows(struct backend *be, void *dst, const struct weight *w, int64_t r0, int nr);
 int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, const int32_t *ids, int T);
+/* Bytes of the int8 activations of T rows of K values (cuda_quant_gemv.cu; kept in deq_scratch). */
+size_t cuda_quant_x8_bytes(int T, int64_t K);
+/* matmul_n / matmul_silu_mul on quantized weights of one type (cuda_quant_gemv.cu): 0 done, 1 not
+ * applicable (the caller goes on), -1 error; cuda_op_matmul_n / cuda_op_matmul_silu_mul call them first. */
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                        const struct weight *const biases[], int T);
+int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
+                               const struct weight *up, int T);
 
 /* Block sizes the paged kernels are compiled for; anything else is refused with this list. */
 static inline int cuda_block_size_ok(int bs) { return bs == 8 || bs == 16 || bs == 32; }

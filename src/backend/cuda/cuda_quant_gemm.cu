@@ -174,6 +174,8 @@ int cuda_quant_weight_upload(struct backend *be, struct weight *w, const void *h
       want = CUDA_DEQ_SCRATCH_BYTES;
     if (want < (size_t)cols * 2)
       want = (size_t)cols * 2;
+    if (want < cuda_quant_x8_bytes(CUDA_QGEMV_MAX_T, cols)) /* the GEMV's int8 activations live here too */
+      want = cuda_quant_x8_bytes(CUDA_QGEMV_MAX_T, cols);
     if (want > cb->deq_scratch_bytes) {
       void *s = be->ops->alloc(be, want);
       if (!s) {

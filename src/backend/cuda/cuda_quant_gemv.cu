@@ -23,13 +23,17 @@
  * On the H200 at T = 1 the staged kernel reads the 8B shape's large matrices at 2.1-3.2 TB/s
  * (Q8_0) and 1.6-2.2 TB/s (Q6_K), the copy rate being 3.8 TB/s; Q4_K / Q5_K stay at 1.0-1.2
  * TB/s, bound by the arithmetic of their scales and mins (bench/RESULTS.md).
- * Activations stay bf16 (not quantized to 8 bits as llama.cpp's MMVQ does): no quantization
- * pass and no rounding. Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two
- * weight rows per warp sharing each activation load was 10-50% slower at every shape, T <= 8. */
+ * Those two kernels keep the activations bf16. The default for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and
+ * Q6_K on the staged layout is a third, the integer-dot kernel further down (int8 activations,
+ * __dp4a), which also runs the fused matmul_n and matmul_silu_mul on quantized weights.
+ * Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two weight rows per warp
+ * sharing each activation load was 10-50% slower at every shape, T <= 8. */
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_quant.cuh"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -309,8 +313,533 @@ static void qgemv_dispatch_t(cudaStream_t st, void *out, int out_f32, const stru
   }
 }
 
+/* ---- int8 activations and integer dot products (the default for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
+ * Q6_K on the staged layout) ----
+ * qx_quantize turns the T bf16 activation rows into blocks of 32 int8 values once per matmul
+ * (llama.cpp's q8_1 idea): q = round(x * (127 / max|x|)), d = max|x| / 127 over the block, and
+ * beside it (d, d * sum q) as a float2. The GEMV then multiplies the weight codes with __dp4a (4 int8
+ * products and their sum per instruction) and applies each scale once per 32 values (16 for
+ * Q6_K) instead of converting every code to float. Layout of a warp step: lane l takes the 32
+ * values [1024 s + 32 l, +32) of a staged 2048-value chunk, i.e. exactly one activation block,
+ * one sub-block of a K-quant super-block or one 32-value block, so a step covers 1024 columns.
+ * Rounding: each activation moves by up to d / 2; for random activations the output's relative
+ * error is about 1 / 254 (tests/gpu/test_cuda_quant.c, TOL_GEMV_I8). PAGODA_QGEMV_I8=0 keeps the
+ * bf16-activation kernels above (for A/B runs and bisecting). On the H200 at T = 1 (bench/RESULTS.md,
+ * "CUDA quantized GEMV with int8 activations and dp4a"), the x quantization included, it reads
+ * the 8B shape's large Q4_K / Q5_K matrices at 1.8-1.9 TB/s (1.0-1.2 with bf16 activations),
+ * Q6_K at 1.7-1.9, Q8_0 at 2.4-2.5 and the Q8_0 output head at 3.76 TB/s. */
+
+/* Scratch for one pass of at most CUDA_QGEMV_MAX_T rows: int8 (T, K), then float2 (T, K / 32). */
+size_t cuda_quant_x8_bytes(int T, int64_t K) { return (size_t)T * (size_t)K + (size_t)T * (size_t)(K / 32) * 8; }
+
+__global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x; /* 8 values each, 4 threads per block of 32 */
+  if (i - (threadIdx.x & 31) >= n8)
+    return; /* n8 is a multiple of 32: a warp is all in or all out */
+  float v[8];
+  cq_bf16x8_f32(__ldg((const uint4 *)x + i), v);
+  float am = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    am = fmaxf(am, fabsf(v[k]));
+  am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+  am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+  /* IEEE divisions whatever --use_fast_math says: the test repeats this quantization on the host */
+  const float d = __fdiv_rn(am, 127.0f), id = am > 0.0f ? __fdiv_rn(127.0f, am) : 0.0f;
+  int s = 0;
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const int q = __float2int_rn(v[k] * id);
+    s += q;
+    w[k / 4] |= (uint32_t)(q & 0xFF) << (8 * (k % 4));
+  }
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  ((uint2 *)xq)[i] = make_uint2(w[0], w[1]);
+  if ((i & 3) == 0)
+    xd[i / 4] = make_float2(d, d * (float)s);
+}
+
+/* Types with an integer-dot step below. */
+static bool qi_supported(int qt) {
+  return qt == CQ_Q4_0 || qt == CQ_Q4_1 || qt == CQ_Q8_0 || qt == CQ_Q4_K || qt == CQ_Q5_K || qt == CQ_Q6_K;
+}
+
+/* NW words of a staged chunk starting at byte OFF (even; BASE 16-byte aligned): aligned word
+ * loads and funnel shifts, the same instructions on every lane (reads 4 bytes past the end). */
+template <int NW> __device__ __forceinline__ void qi_ldw(const uint8_t *base, int off, uint32_t *w) {
+  const uint32_t *p = (const uint32_t *)(base + (off & ~3));
+  const unsigned sh = (unsigned)(off & 2) * 8;
+  uint32_t r[NW + 1];
+#pragma unroll
+  for (int i = 0; i <= NW; i++)
+    r[i] = p[i];
+#pragma unroll
+  for (int i = 0; i < NW; i++)
+    w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+}
+/* 32 bytes at a 16-byte-aligned offset. */
+__device__ __forceinline__ void qi_ld32(const uint8_t *p, uint32_t *w) {
+  const uint4 a = *(const uint4 *)p, b = *(const uint4 *)(p + 16);
+  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+  w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+__device__ __forceinline__ float qi_f16(const uint8_t *p) { /* f16 at an even smem offset */
+  return __half2float(__ushort_as_half(*(const unsigned short *)p));
+}
+/* Bytes 0..63 (6-bit codes) to signed (code - 32), 4 per word, without carries between bytes. */
+__device__ __forceinline__ int qi_sub32(uint32_t q) {
+  const uint32_t t = q ^ 0x20202020u;
+  return (int)(t | ((t & 0x20202020u) * 6u));
+}
+
+/* One lane's 32 values [e, e + 32) of the chunk CH (shared memory) against the T activation
+ * blocks at XQ / XD (block index of e; row t at t * K values / t * K / 32 blocks). */
+template <int QT, int NT>
+__device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *xq, const float2 *xd, int K,
+                                        float *acc) {
+  typedef cq_traits<QT> tr;
+  const int o = (e / tr::QK) * tr::BYTES;
+  int wq[8];         /* the 32 weight codes as int8 (Q6_K: minus 32; Q4_0: unsigned nibbles) */
+  float ws = 0.0f;   /* scale of sum(code * xq) */
+  float wm = 0.0f;   /* factor of the block's d * sum(xq) (mins and offsets) */
+  int sc1 = 0, sc0 = 0; /* Q6_K: the two 16-value scales */
+  if (QT == CQ_Q8_0) {
+    uint32_t w[8];
+    qi_ldw<8>(ch, o + 2, w);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      wq[i] = (int)w[i];
+    ws = qi_f16(ch + o);
+  } else if (QT == CQ_Q4_0 || QT == CQ_Q4_1) {
+    const int qo = QT == CQ_Q4_1 ? 4 : 2;
+    uint32_t w[4];
+    if (QT == CQ_Q4_1) { /* 20-byte blocks: 4-byte aligned */
+      const uint32_t *p = (const uint32_t *)(ch + o + qo);
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        w[i] = p[i];
+    } else {
+      qi_ldw<4>(ch, o + qo, w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      wq[i] = (int)(w[i] & 0x0F0F0F0Fu);
+      wq[i + 4] = (int)((w[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    ws = qi_f16(ch + o);
+    wm = QT == CQ_Q4_1 ? qi_f16(ch + o + 2) : -8.0f * ws;
+  } else if (QT == CQ_Q4_K || QT == CQ_Q5_K) {
+    const int s = (e % 256) / 32;
+    const uint8_t *b = ch + o;
+    int sc, mn;
+    cq_scale_min_k4(s, b + 4, &sc, &mn);
+    const uint32_t dm = *(const uint32_t *)b;
+    const float d = __half2float(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(dm >> 16)));
+    uint32_t w[8];
+    qi_ld32(b + (QT == CQ_Q4_K ? 16 : 48) + (s / 2) * 32, w);
+    const int sh = 4 * (s & 1);
+    if (QT == CQ_Q5_K) {
+      uint32_t h[8];
+      qi_ld32(b + 16, h);
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        wq[i] = (int)(((w[i] >> sh) & 0x0F0F0F0Fu) | (((h[i] >> s) & 0x01010101u) << 4));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        wq[i] = (int)((w[i] >> sh) & 0x0F0F0F0Fu);
+    }
+    ws = d * (float)sc;
+    wm = -dmin * (float)mn;
+  } else if (QT == CQ_Q6_K) {
+    const int r = e % 256, h = r / 128, quarter = (r % 128) / 32;
+    uint32_t lo[8], hi[8];
+    qi_ldw<8>(ch, o + h * 64 + (quarter & 1) * 32, lo);
+    qi_ldw<8>(ch, o + 128 + h * 32, hi);
+    const int lsh = 4 * (quarter >> 1), hsh = 2 * quarter;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      wq[i] = qi_sub32(((lo[i] >> lsh) & 0x0F0F0F0Fu) | (((hi[i] >> hsh) & 0x03030303u) << 4));
+    const uint32_t sw = *(const unsigned short *)(ch + o + 192 + r / 16); /* r / 16 even */
+    sc0 = (int)(signed char)(sw & 0xFF);
+    sc1 = (int)(signed char)(sw >> 8);
+    ws = qi_f16(ch + o + 208);
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const int4 *xp = (const int4 *)(xq + (size_t)t * K);
+    const int4 a = __ldg(xp), b = __ldg(xp + 1);
+    const float2 dx = __ldg(xd + (size_t)t * (K / 32));
+    const int xa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    if (QT == CQ_Q6_K) {
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        s0 = __dp4a(wq[i], xa[i], s0);
+        s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
+      }
+      acc[t] = fmaf(ws * dx.x, (float)(sc0 * s0 + sc1 * s1), acc[t]);
+    } else {
+      int s0 = 0, s1 = 0;
+      if (QT == CQ_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          s0 = __dp4a(wq[i], xa[i], s0);
+          s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
+        }
+      } else { /* unsigned codes times signed activations */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          s0 = __dp4a(wq[i], xa[i], s0);
+          s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
+        }
+      }
+      acc[t] = fmaf(ws * dx.x, (float)(s0 + s1), acc[t]);
+      if (QT != CQ_Q8_0)
+        acc[t] = fmaf(wm, dx.y, acc[t]);
+    }
+  }
+}
+
+/* What one launch of the integer-dot kernel computes (passed by value as a __grid_constant__):
+ * R = 1: units are the rows of up to BACKEND_MATMUL_N_MAX matrices of one type and K (matrix i
+ * owns units [row0[i], row0[i + 1])), out[i](T, N[i]) = x @ W[i]^T, f32 when out_f32, else
+ * bf16 with the bias (f32 or bf16, optional) added after the product's bf16 rounding, as the
+ * separate matmul and add_bias do. R = 2: unit f is gate row f (W[0]) and up row f (W[1]),
+ * out[0](T, F) = silu(g) * u on the bf16-rounded products, as silu_mul does. */
+struct qi_args {
+  const uint8_t *W[BACKEND_MATMUL_N_MAX];
+  void *out[BACKEND_MATMUL_N_MAX];
+  const void *bias[BACKEND_MATMUL_N_MAX];
+  int bias_f32[BACKEND_MATMUL_N_MAX];
+  int N[BACKEND_MATMUL_N_MAX];
+  int row0[BACKEND_MATMUL_N_MAX + 1]; /* entries past the last matrix repeat the total */
+  int units, out_f32, K;
+  size_t row_bytes;
+  const int8_t *xq;
+  const float2 *xd;
+};
+
+/* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
+ * streams units g, g + G, ... and, per unit, R rows of nch chunks back to back. */
+template <int QT, int NT, int R, int STAGES>
+__global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid_constant__ qi_args a) {
+  extern __shared__ __align__(16) uint8_t qg_smem[];
+  const int CB = qg_chunk<QT>::BYTES;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int G = gridDim.x * QGEMV_WARPS;
+  const int gw = blockIdx.x * QGEMV_WARPS + warp;
+  const int U = a.units, K = a.K;
+  const size_t rb = a.row_bytes;
+  if (gw >= U)
+    return; /* no block-wide barrier below: warps are independent */
+  uint8_t *buf = qg_smem + warp * (STAGES * CB + QG_SLACK);
+  const int nch = (K + QG_CHUNK - 1) / QG_CHUNK;
+  /* the chunk stream: chunk ic of row ir (of R) of unit iu is issued into slot is */
+  int iu = gw, ir = 0, ic = 0, is = 0;
+  auto row_ptr = [&](int u, int r) -> const uint8_t * {
+    if (R == 2)
+      return a.W[r] + (size_t)u * rb;
+    int i = 0;
+#pragma unroll
+    for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
+      i += u >= a.row0[j];
+    return a.W[i] + (size_t)(u - a.row0[i]) * rb;
+  };
+  auto issue = [&]() {
+    if (iu < U) {
+      const size_t c0 = (size_t)ic * CB;
+      const int nb = (int)(rb - c0 < (size_t)CB ? rb - c0 : (size_t)CB);
+      const uint8_t *src = row_ptr(iu, ir) + c0;
+      uint8_t *dst = buf + is * CB;
+      for (int o = lane * 16; o < nb; o += 512)
+        qg_cp_async16(dst + o, src + o);
+      if (++ic == nch) {
+        ic = 0;
+        if (++ir == R) {
+          ir = 0;
+          iu += G;
+        }
+      }
+      is = is + 1 == STAGES ? 0 : is + 1;
+    }
+    qg_cp_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; i++)
+    issue();
+  float acc[NT], g[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+    acc[t] = g[t] = 0.0f;
+  int u = gw, r = 0, c = 0, slot = 0;
+  while (u < U) {
+    qg_cp_wait<STAGES - 2>(); /* this lane's copies of the current chunk have landed */
+    __syncwarp();             /* ... and every lane's; the slot used last round is free */
+    issue();
+    const uint8_t *ch = buf + slot * CB;
+    const int v0 = c * QG_CHUNK;
+    const int8_t *xq = a.xq + v0 + lane * 32;
+    const float2 *xd = a.xd + v0 / 32 + lane;
+    if (K - v0 >= QG_CHUNK) {
+#pragma unroll
+      for (int s = 0; s < QG_CHUNK / 1024; s++)
+        qi_step<QT, NT>(ch, s * 1024 + lane * 32, xq + s * 1024, xd + s * 32, K, acc);
+    } else { /* K - v0 is a multiple of 256: a lane's 32 values are all in or all out */
+      for (int s = 0; s * 1024 < K - v0; s++)
+        if (s * 1024 + lane * 32 < K - v0)
+          qi_step<QT, NT>(ch, s * 1024 + lane * 32, xq + s * 1024, xd + s * 32, K, acc);
+    }
+    if (++c == nch) {
+      c = 0;
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1)
+          v += __shfl_xor_sync(0xffffffffu, v, o);
+        acc[t] = v;
+      }
+      if (R == 2 && r == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+          g[t] = acc[t];
+        r = 1;
+      } else {
+        if (lane == 0) {
+          if (R == 2) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) { /* as silu_mul_kernel on the bf16 products */
+              const float gv = __bfloat162float(__float2bfloat16(g[t])), uv = __bfloat162float(__float2bfloat16(acc[t]));
+              ((bf16 *)a.out[0])[(size_t)t * U + u] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+            }
+          } else {
+            int i = 0;
+#pragma unroll
+            for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
+              i += u >= a.row0[j];
+            const int row = u - a.row0[i], N = a.N[i];
+            const void *bias = a.bias[i];
+            const float bv = !bias ? 0.0f
+                             : a.bias_f32[i] ? ((const float *)bias)[row]
+                                             : __bfloat162float(((const bf16 *)bias)[row]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+              if (a.out_f32) {
+                ((float *)a.out[i])[(size_t)t * N + row] = acc[t];
+              } else {
+                bf16 v = __float2bfloat16(acc[t]);
+                if (bias)
+                  v = __float2bfloat16(__bfloat162float(v) + bv);
+                ((bf16 *)a.out[i])[(size_t)t * N + row] = v;
+              }
+            }
+          }
+        }
+        r = 0;
+        u += G;
+      }
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        acc[t] = 0.0f;
+    }
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+    __syncwarp(); /* every lane is done with this slot before it is refilled */
+  }
+}
+
+template <int QT, int NT, int R> static int qi_resident_blocks(size_t smem) {
+  static int blocks = 0;
+  if (!blocks) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, QG_STAGES>, QGEMV_WARPS * 32,
+                                                  smem);
+    blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  }
+  return blocks;
+}
+
+/* Units per resident warp above which the integer-dot kernel's grid is capped at the resident
+ * blocks (each warp streaming its units through its ring): QG_STREAM_ROWS, or
+ * PAGODA_QGEMV_STREAM_ROWS=n for measuring (1: capped whenever the grid is over one wave). */
+static int qi_stream_rows(void) {
+  static int n = -1;
+  if (n < 0) {
+    const char *e = getenv("PAGODA_QGEMV_STREAM_ROWS");
+    n = e && atoi(e) > 0 ? atoi(e) : QG_STREAM_ROWS;
+  }
+  return n;
+}
+
+/* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
+ * that is more than qi_stream_rows() units per resident warp). */
+template <int QT, int NT, int R> static void qi_launch(cudaStream_t st, const qi_args &a) {
+  const size_t sm = QGEMV_WARPS * (QG_STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
+  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R>(sm);
+  const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
+  if (cap && atoi(cap) > 0) {
+    if (blocks > atoi(cap))
+      blocks = atoi(cap);
+  } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
+    blocks = fit;
+  }
+  qgemv_i8_kernel<QT, NT, R, QG_STAGES><<<blocks, QGEMV_WARPS * 32, sm, st>>>(a);
+}
+
+template <int QT, int R> static void qi_dispatch_t(cudaStream_t st, const qi_args &a, int T) {
+  switch (T) {
+  case 1: qi_launch<QT, 1, R>(st, a); break;
+  case 2: qi_launch<QT, 2, R>(st, a); break;
+  case 3: qi_launch<QT, 3, R>(st, a); break;
+  case 4: qi_launch<QT, 4, R>(st, a); break;
+  case 5: qi_launch<QT, 5, R>(st, a); break;
+  case 6: qi_launch<QT, 6, R>(st, a); break;
+  case 7: qi_launch<QT, 7, R>(st, a); break;
+  default: qi_launch<QT, 8, R>(st, a); break;
+  }
+}
+
+#define QI_DISPATCH(qt, CALL)                                                                   \
+  switch (qt) {                                                                                 \
+  case CQ_Q4_0: { const int QT_ = CQ_Q4_0; CALL; } break;                                       \
+  case CQ_Q4_1: { const int QT_ = CQ_Q4_1; CALL; } break;                                       \
+  case CQ_Q8_0: { const int QT_ = CQ_Q8_0; CALL; } break;                                       \
+  case CQ_Q4_K: { const int QT_ = CQ_Q4_K; CALL; } break;                                       \
+  case CQ_Q5_K: { const int QT_ = CQ_Q5_K; CALL; } break;                                       \
+  case CQ_Q6_K: { const int QT_ = CQ_Q6_K; CALL; } break;                                       \
+  default: break;                                                                               \
+  }
+
+static int qi_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("PAGODA_QGEMV_I8");
+    on = !(e && *e == '0') && qgemv_kernel_choice() == 1;
+  }
+  return on;
+}
+
+/* Whether the integer-dot kernel takes weights of type QT with K columns at WDATA: a staged
+ * layout (rows of whole 16-byte units, K a multiple of 256, 16-byte-aligned data) and a
+ * scratch large enough for one pass of quantized activations. */
+static int qi_applies(struct cuda_backend *cb, int qt, int64_t K, const void *wdata) {
+  return qi_enabled() && qi_supported(qt) && cuda_quant_row_bytes(qt, K) % 16 == 0 && K % 256 == 0 &&
+         K <= INT32_MAX / CUDA_QGEMV_MAX_T && (uintptr_t)wdata % 16 == 0 && cb->deq_scratch &&
+         cb->deq_scratch_bytes >= cuda_quant_x8_bytes(CUDA_QGEMV_MAX_T, K);
+}
+
+/* Quantizes T <= CUDA_QGEMV_MAX_T rows of x into the scratch; fills a's xq / xd. */
+static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, int T, int K) {
+  int8_t *xq = (int8_t *)cb->deq_scratch;
+  float2 *xd = (float2 *)(xq + (size_t)T * K);
+  const int n8 = T * K / 8, threads = 256;
+  qx_quantize_kernel<<<(n8 + threads - 1) / threads, threads, 0, cb->stream>>>(xq, xd, (const bf16 *)x, n8);
+  CUDA_LAUNCH_CHECK();
+  a->xq = xq;
+  a->xd = xd;
+  a->K = K;
+  return 0;
+}
+
+/* One pass (T <= CUDA_QGEMV_MAX_T) of the plain matmul through the integer-dot kernel. */
+static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *x, const struct weight *w, int T,
+                        int out_f32) {
+  qi_args a;
+  memset(&a, 0, sizeof a);
+  if (qx_quantize(cb, &a, x, T, (int)w->cols) != 0)
+    return -1;
+  a.W[0] = (const uint8_t *)w->data;
+  a.out[0] = out;
+  a.N[0] = (int)w->rows;
+  for (int i = 1; i <= BACKEND_MATMUL_N_MAX; i++)
+    a.row0[i] = (int)w->rows;
+  a.units = (int)w->rows;
+  a.out_f32 = out_f32;
+  a.row_bytes = cuda_quant_row_bytes(qt, w->cols);
+  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 1>(cb->stream, a, T)));
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+/* Fused forms on quantized weights (backend.h, "Fused small ops"; the bf16 ones are in
+ * cuda_gemv.cu, which calls these first): 1 when they do not apply (mixed types or K, T over
+ * the GEMV's, a type or layout without the integer-dot kernel), then the caller goes on. */
+static int qi_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
+  int qt = cuda_quant_type(ws[0]->dtype);
+  if (!cb->fused_ops || T < 1 || T > cb->qgemv_max_t || T > CUDA_QGEMV_MAX_T || qt < 0 ||
+      !qi_applies(cb, qt, ws[0]->cols, ws[0]->data))
+    return 0;
+  for (int i = 1; i < n; i++)
+    if (ws[i]->dtype != ws[0]->dtype || ws[i]->cols != ws[0]->cols || !qi_applies(cb, qt, ws[i]->cols, ws[i]->data))
+      return 0;
+  return 1;
+}
+
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+                        const struct weight *const biases[], int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (be->act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, n, T))
+    return 1;
+  qi_args a;
+  memset(&a, 0, sizeof a);
+  long long rows = 0;
+  for (int i = 0; i < n; i++) {
+    const struct weight *b = biases ? biases[i] : NULL;
+    if (b && b->rows * b->cols != ws[i]->rows)
+      return ERR("cuda matmul_n: bias %d has %lld elements for %lld rows", i, (long long)(b->rows * b->cols),
+                 (long long)ws[i]->rows);
+    if (b && b->dtype != DTYPE_F32 && b->dtype != DTYPE_BF16)
+      return 1;
+    a.W[i] = (const uint8_t *)ws[i]->data;
+    a.out[i] = outs[i];
+    a.bias[i] = b ? b->data : NULL;
+    a.bias_f32[i] = b && b->dtype == DTYPE_F32;
+    a.N[i] = (int)ws[i]->rows;
+    a.row0[i] = (int)rows;
+    rows += ws[i]->rows;
+  }
+  if (rows > INT32_MAX - QGEMV_WARPS)
+    return 1;
+  for (int i = n; i <= BACKEND_MATMUL_N_MAX; i++)
+    a.row0[i] = (int)rows;
+  a.units = (int)rows;
+  int qt = cuda_quant_type(ws[0]->dtype);
+  a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
+  if (qx_quantize(cb, &a, x, T, (int)ws[0]->cols) != 0)
+    return -1;
+  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 1>(cb->stream, a, T)));
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
+int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
+                               const struct weight *up, int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  const struct weight *ws[2] = {gate, up};
+  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || gate->rows != up->rows || gate->rows > INT32_MAX ||
+      !qi_fusable(cb, ws, 2, T))
+    return 1;
+  qi_args a;
+  memset(&a, 0, sizeof a);
+  a.W[0] = (const uint8_t *)gate->data;
+  a.W[1] = (const uint8_t *)up->data;
+  a.out[0] = out;
+  a.units = (int)gate->rows;
+  int qt = cuda_quant_type(gate->dtype);
+  a.row_bytes = cuda_quant_row_bytes(qt, gate->cols);
+  if (qx_quantize(cb, &a, x, T, (int)gate->cols) != 0)
+    return -1;
+  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 2>(cb->stream, a, T)));
+  CUDA_LAUNCH_CHECK();
+  return 0;
+}
+
 /* out(T, N) = x(T, K) @ W^T for T rows, in passes of at most CUDA_QGEMV_MAX_T rows (each pass
- * reads the weight once). */
+ * reads the weight once): the integer-dot kernel where qi_applies, else the bf16-activation ones. */
 int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct weight *w, int T,
                     int out_f32) {
   int qt = cuda_quant_type(w->dtype);
@@ -319,10 +848,16 @@ int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct w
   cudaStream_t st = cuda_be(be)->stream;
   size_t row_bytes = cuda_quant_row_bytes(qt, w->cols);
   size_t osz = out_f32 ? 4 : 2;
+  const int i8 = qi_applies(cuda_be(be), qt, w->cols, w->data);
   for (int t0 = 0; t0 < T; t0 += CUDA_QGEMV_MAX_T) {
     int nt = T - t0 < CUDA_QGEMV_MAX_T ? T - t0 : CUDA_QGEMV_MAX_T;
     void *o = (char *)out + (size_t)t0 * w->rows * osz;
     const bf16 *xs = (const bf16 *)x + (size_t)t0 * w->cols;
+    if (i8) {
+      if (qi_gemv_pass(cuda_be(be), qt, o, xs, w, nt, out_f32) != 0)
+        return -1;
+      continue;
+    }
     CQ_DISPATCH(qt, qgemv_dispatch_t<QT_>(st, o, out_f32, w, row_bytes, xs, nt));
     CUDA_LAUNCH_CHECK();
   }
