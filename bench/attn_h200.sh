@@ -31,6 +31,9 @@ el "cuda_attention variants: the mma.sync tile prefill kernel, wgmma with 2 warp
 PAGODA_ATTN_PREFILL=tile "$d/build/cuda_attention" 3 2>&1 | grep -E "^prefill_bf16_bs16 " | sed 's/^/tile kernel: /'
 PAGODA_ATTN_WGMMA_WG=2 "$d/build/cuda_attention" 3 2>&1 | grep -E "^prefill_bf16_bs16 " | sed 's/^/wgmma 2 warpgroups: /'
 PAGODA_ATTN_WGMMA_STAGES=2 "$d/build/cuda_attention" 3 2>&1 | grep -E "^prefill_bf16_bs16 " | sed 's/^/wgmma 2 stages: /'
+for n in 6 12 16; do
+  PAGODA_ATTN_DECODE_CTAS=$n "$d/build/cuda_attention" 3 2>&1 | grep -E "^decode_(bf16|f8)_bs(16|32) " | sed "s/^/decode ctas $n: /"
+done
 el "cuda_attention, CUDA-core decode kernel"
 PAGODA_ATTN_DECODE=simd PAGODA_ATTN_PREFILL=simd "$d/build/cuda_attention" 3 2>&1 | grep -E "^(decode_(bf16|f8)_bs(16) |prefill)" | sed 's/^/simd /'
 el "torch peers"
