@@ -6,17 +6,18 @@
  *
  * Grid (n_heads, ceil(max_query_len / (64 NWG)), num_seqs), query tiles in reverse order (the long
  * causal rows start first), heads of one KV group side by side (their K/V tiles meet in L2). A
- * thread block of NWG warpgroups (3: 384 threads, 168 registers each, one block per SM) takes
- * 64 NWG queries of one sequence and head, 64 per warpgroup, and walks the keys they see in tiles of 64: every thread copies 16-byte pieces of Q
- * (once) and of the tile's K and V rows (gathered through the block table) into shared memory
- * with cp.async, NST stages (3: tiles i + 1 and i + 2 are in flight while tile i is computed; one
- * barrier per tile). Each
- * warpgroup then computes S = Q K^T (64 x 64, f32) with 8 wgmma m64n64k16 reading Q and K from
+ * thread block of NWG warpgroups (default 3: 384 threads, 158 registers each, one block per SM)
+ * takes 64 NWG queries of one sequence and head, 64 per warpgroup, and walks the keys they see in
+ * tiles of TK (default 64): every thread copies 16-byte pieces of Q (once) and of the tile's K and
+ * V rows (gathered through the block table) into shared memory with cp.async, NST stages (default
+ * 3: tiles i + 1 and i + 2 are in flight while tile i is computed; one barrier per tile). Each
+ * warpgroup then computes S = Q K^T (64 x TK, f32) with 8 wgmma m64nTKk16 reading Q and K from
  * shared memory, the masks (only on tiles that cross a row's causal or window edge), softcap and
- * the online softmax on S in registers (the running max on the raw scores, exp2 by one FMA), and
- * O += P V with 4 wgmma m64n128k16 whose A operand is P, converted to bf16 in the registers
- * that held S (the accumulator fragment of a wgmma is the A fragment of the next), and whose B
- * operand is V read from shared memory as an MN-major (transposed) matrix.
+ * the online softmax on S in registers (the running max on the raw scores, exp2 by one FMA; O is
+ * rescaled only when a row of the warp has a new maximum), and O += P V with TK / 16 wgmma
+ * m64n128k16 whose A operand is P, converted to bf16 in the registers that held S (the
+ * accumulator fragment of a wgmma is the A fragment of the next), and whose B operand is V read
+ * from shared memory as an MN-major (transposed) matrix.
  *
  * Shared-memory layout (the wgmma "128-byte swizzle" canonical layout): a tile of R rows of 128
  * bf16 is two column blocks of 64 dims, [2][R][128 bytes], and chunk c (16 bytes) of row r of a
@@ -24,16 +25,15 @@
  * swizzle (applied by the hardware on address bits 4-6 from bits 7-9) requires. Descriptors:
  * Q and K (K-major): 8-row groups 1024 bytes apart (SBO), k-step kk at + (kk / 4) column block
  * + (kk % 4) * 32 bytes; V (MN-major, transposed B): 64-dim blocks R * 128 bytes apart (LBO),
- * 8-key groups 1024 bytes apart (SBO), k-step kk (16 keys) at + kk * 2048 bytes. Keys past the
+ * 8-key groups 1024 bytes apart (SBO), k-step kk (16 keys) at + kk * 2048 bytes (R = TK for K and V, 64 NWG for Q). Keys past the
  * block's range are zero-filled (cp.async with source size 0), so padding never feeds NaN into
  * the PV product. */
 #include "backend/cuda/cuda_attn_common.cuh"
 
-#define WG_TK 64 /* keys per tile */
 #define WG_HD 128
-#define WG_KV_BYTES (WG_TK * WG_HD * 2)
-/* shared memory of a block of NWG warpgroups: Q, NST stages of K and V, the 1024-byte alignment */
-#define WG_SMEM(NWG, NST) ((NWG) * 64 * WG_HD * 2 + 2 * (NST) * WG_KV_BYTES + 1024)
+/* shared memory of a block of NWG warpgroups: Q, NST stages of K and V tiles of TK keys, the
+ * 1024-byte alignment */
+#define WG_SMEM(NWG, NST, TK) ((NWG) * 64 * WG_HD * 2 + 2 * (NST) * (TK) * WG_HD * 2 + 1024)
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "cuda_attn_wgmma.cu is compiled for sm_90a only"
@@ -64,13 +64,21 @@ __device__ __forceinline__ void wg_commit_wait(void) {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
-/* D (m64 x n64, f32) += A (64 x 16 bf16, descriptor) x B (64 x 16 bf16, K-major descriptor) */
-__device__ __forceinline__ void wg_mma_qk(float d[32], uint64_t da, uint64_t db) {
+/* D (m64 x nN, f32; N = 64, 128 keys) += A (64 x 16 bf16, descriptor) x B (N x 16 bf16, K-major descriptor) */
+__device__ __forceinline__ void wg_mma_qk(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wg_mma_qk(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(1));
 }
 
@@ -84,9 +92,10 @@ __device__ __forceinline__ void wg_mma_pv(float d[64], const uint32_t a[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-template <int BS, int NWG, int NST>
+template <int BS, int NWG, int NST, int TK>
 __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const attn_args a) {
-  constexpr int WG_BQ = NWG * 64, NTH = NWG * 128, WG_Q_BYTES = WG_BQ * WG_HD * 2;
+  constexpr int WG_BQ = NWG * 64, NTH = NWG * 128, WG_Q_BYTES = WG_BQ * WG_HD * 2, WG_TK = TK;
+  constexpr int WG_KV_BYTES = TK * WG_HD * 2;
   extern __shared__ __align__(1024) uint8_t wg_smem[];
   const int h = blockIdx.x, b = blockIdx.z;
   const int qt = gridDim.y - 1 - blockIdx.y;
@@ -172,9 +181,9 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const 
     const int j0 = kbeg + it * WG_TK;
     if (wlive && j0 < wend && j0 + WG_TK > wbeg) { /* warpgroup-uniform */
       const uint32_t ks = kvs + (uint32_t)(it % NST) * 2u * WG_KV_BYTES, vs = ks + WG_KV_BYTES;
-      float s[32]; /* S fragment: s[nt * 4 + 2 k + e] = row g + 8 k, key j0 + nt * 8 + 2 t + e */
+      float s[TK / 2]; /* S fragment: s[nt * 4 + 2 k + e] = row g + 8 k, key j0 + nt * 8 + 2 t + e */
 #pragma unroll
-      for (int i = 0; i < 32; i++)
+      for (int i = 0; i < TK / 2; i++)
         s[i] = 0.0f;
       wg_hold(s);
       wg_fence();
@@ -185,7 +194,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const 
       wg_commit_wait();
       wg_hold(s);
       const bool need_mask = j0 + WG_TK > ctx_min || j0 < first_max;
-      uint32_t pa[WG_TK / 16][4]; /* P as the A fragments of the 4 PV k-steps */
+      uint32_t pa[WG_TK / 16][4]; /* P as the A fragments of the PV k-steps */
+      float alpha[2];
 #pragma unroll
       for (int k = 0; k < 2; k++) {
         const int first = attn_first_key(rctx[k], a.window);
@@ -209,7 +219,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const 
         /* m, mx: maxima of the raw scores (times sl in the log2 domain) or of the capped ones */
         const float mnew = fmaxf(m[k], mx);
         const float mref = mnew == -INFINITY ? 0.0f : mnew * es; /* a row with no key yet adds nothing */
-        const float alpha = exp2f(m[k] * es - mref);
+        alpha[k] = exp2f(m[k] * es - mref);
         m[k] = mnew;
         float sum = 0.0f;
 #pragma unroll
@@ -218,10 +228,14 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const 
           sum += p0 + p1;
           pa[nt >> 1][(nt & 1) * 2 + k] = attn_pack(p0, p1, bf16());
         }
-        l[k] = l[k] * alpha + sum;
+        l[k] = l[k] * alpha[k] + sum;
+      }
+      /* O rescaled only when a row of the warp has a new maximum (times 1 is exact: skipping it
+       * changes nothing; late in a long row the maximum rarely moves) */
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
         for (int nt = 0; nt < WG_HD / 8; nt++)
-          o[nt * 4 + 2 * k] *= alpha, o[nt * 4 + 2 * k + 1] *= alpha;
+          o[nt * 4] *= alpha[0], o[nt * 4 + 1] *= alpha[0], o[nt * 4 + 2] *= alpha[1], o[nt * 4 + 3] *= alpha[1];
       }
       wg_hold(o);
       wg_fence();
@@ -251,42 +265,41 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_prefill_wgmma_kernel(const 
   }
 }
 
-template <int NWG, int NST>
+template <int NWG, int NST, int TK>
 static int wg_opt_in(void) {
-  return cudaFuncSetAttribute(attn_prefill_wgmma_kernel<8, NWG, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WG_SMEM(NWG, NST)) == cudaSuccess &&
-         cudaFuncSetAttribute(attn_prefill_wgmma_kernel<16, NWG, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WG_SMEM(NWG, NST)) == cudaSuccess &&
-         cudaFuncSetAttribute(attn_prefill_wgmma_kernel<32, NWG, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WG_SMEM(NWG, NST)) == cudaSuccess;
+  return cudaFuncSetAttribute(attn_prefill_wgmma_kernel<8, NWG, NST, TK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              WG_SMEM(NWG, NST, TK)) == cudaSuccess &&
+         cudaFuncSetAttribute(attn_prefill_wgmma_kernel<16, NWG, NST, TK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              WG_SMEM(NWG, NST, TK)) == cudaSuccess &&
+         cudaFuncSetAttribute(attn_prefill_wgmma_kernel<32, NWG, NST, TK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              WG_SMEM(NWG, NST, TK)) == cudaSuccess;
 }
 
-template <int NWG, int NST>
+template <int NWG, int NST, int TK>
 static void wg_launch(const attn_args *a, int bs, int max_query_len, cudaStream_t st) {
   dim3 grid((unsigned)a->n_heads, (unsigned)((max_query_len + NWG * 64 - 1) / (NWG * 64)), (unsigned)a->B);
-  const int smem = WG_SMEM(NWG, NST);
+  const int smem = WG_SMEM(NWG, NST, TK);
   if (bs == 8)
-    attn_prefill_wgmma_kernel<8, NWG, NST><<<grid, NWG * 128, smem, st>>>(*a);
+    attn_prefill_wgmma_kernel<8, NWG, NST, TK><<<grid, NWG * 128, smem, st>>>(*a);
   else if (bs == 16)
-    attn_prefill_wgmma_kernel<16, NWG, NST><<<grid, NWG * 128, smem, st>>>(*a);
+    attn_prefill_wgmma_kernel<16, NWG, NST, TK><<<grid, NWG * 128, smem, st>>>(*a);
   else
-    attn_prefill_wgmma_kernel<32, NWG, NST><<<grid, NWG * 128, smem, st>>>(*a);
+    attn_prefill_wgmma_kernel<32, NWG, NST, TK><<<grid, NWG * 128, smem, st>>>(*a);
 }
 
 /* 0 launched, 1 not applicable: head_dim other than 128, a GPU other than compute capability 9.0
  * (the sm_90a code runs there only), grid bounds, or the shared memory cannot be had. The
  * capability check and the opt-in to more than 48 KiB of shared memory are done once per device
  * (a per-device attribute: tensor-parallel backends run on several; device < 0 or >= 64: on
- * every call). Three warpgroups per block (192 queries) and three stages by default;
- * PAGODA_ATTN_WGMMA_WG=2 and PAGODA_ATTN_WGMMA_STAGES=2 (read once) take two, for measuring. */
+ * every call). Three warpgroups per block (192 queries), 3 stages of 64-key tiles by default;
+ * PAGODA_ATTN_WGMMA_CFG=2x128 (read once) takes 2 warpgroups, 2 stages of 128-key tiles (S of
+ * 64 x 128 per warpgroup, up to 255 registers), for measuring. */
 int cuda_attention_prefill_wgmma(const attn_args *a, int bs, int max_query_len, int device, cudaStream_t st) {
   static unsigned long long checked = 0, usable = 0; /* bit d: device d checked / usable */
-  static int nwg = 0, nst = 0;
-  if (!nwg) {
-    const char *e = getenv("PAGODA_ATTN_WGMMA_STAGES");
-    nst = e && !strcmp(e, "2") ? 2 : 3;
-    e = getenv("PAGODA_ATTN_WGMMA_WG");
-    nwg = e && !strcmp(e, "2") ? 2 : 3;
+  static int cfg = -1; /* 0: 3 warpgroups x 64-key tiles, 1: 2 x 128 */
+  if (cfg < 0) {
+    const char *e = getenv("PAGODA_ATTN_WGMMA_CFG");
+    cfg = e && !strcmp(e, "2x128") ? 1 : 0;
   }
   if (a->hd != WG_HD || max_query_len <= 0 || (max_query_len + 127) / 128 > 65535 || a->B > 65535 ||
       a->n_heads > 65535)
@@ -297,8 +310,7 @@ int cuda_attention_prefill_wgmma(const attn_args *a, int bs, int max_query_len, 
     if (ok && (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
                cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess))
       ok = 0;
-    ok = ok && major == 9 && minor == 0 && wg_opt_in<2, 2>() && wg_opt_in<2, 3>() && wg_opt_in<3, 2>() &&
-         wg_opt_in<3, 3>();
+    ok = ok && major == 9 && minor == 0 && wg_opt_in<3, 3, 64>() && wg_opt_in<2, 2, 128>();
     (void)cudaGetLastError(); /* none of these errors is sticky; the mma.sync kernels run instead */
     if (ok)
       __atomic_fetch_or(&usable, bit, __ATOMIC_RELEASE);
@@ -308,9 +320,9 @@ int cuda_attention_prefill_wgmma(const attn_args *a, int bs, int max_query_len, 
   }
   if (bit && !(__atomic_load_n(&usable, __ATOMIC_ACQUIRE) & bit))
     return 1;
-  if (nwg == 2)
-    nst == 2 ? wg_launch<2, 2>(a, bs, max_query_len, st) : wg_launch<2, 3>(a, bs, max_query_len, st);
+  if (cfg == 1)
+    wg_launch<2, 2, 128>(a, bs, max_query_len, st);
   else
-    nst == 2 ? wg_launch<3, 2>(a, bs, max_query_len, st) : wg_launch<3, 3>(a, bs, max_query_len, st);
+    wg_launch<3, 3, 64>(a, bs, max_query_len, st);
   return 0;
 }
