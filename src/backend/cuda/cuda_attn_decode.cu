@@ -309,9 +309,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int k = 0; k < 4; k++)
       x[k] = __expf(x[k] - mnew), l += x[k];
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) /* a new maximum in the warp (times 1 is exact) */
 #pragma unroll
-    for (int i = 0; i < NT; i++)
-      o[i][0] *= alpha, o[i][1] *= alpha;
+      for (int i = 0; i < NT; i++)
+        o[i][0] *= alpha, o[i][1] *= alpha;
     uint32_t pa0 = attn_pack(x[0], x[1], MT()), pa2 = attn_pack(x[2], x[3], MT());
     uint32_t v0[L::PAIRS], v1[L::PAIRS];
     L::template pairs<MT>(v0, vr[0]);
