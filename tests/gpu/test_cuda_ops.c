@@ -359,7 +359,9 @@ struct kv_case {
   int window;    /* struct attn_params: 0 = off */
   float softcap; /* 0 = off */
   int f8;        /* f8e4m3 cache (k_scale 0.5, v_scale 2) instead of the activation dtype */
-  int long_ctx;  /* decode sequences with up to 3000 cached tokens (several split-K partitions) */
+  int long_ctx;  /* decode sequences with up to 3000 cached tokens (several split-K partitions);
+                    prompts of up to 400 tokens, chunks of up to 300 after up to 500 cached
+                    (several query and key tiles of the prefill kernels) */
   int loose;     /* host bounds loose as a CUDA graph captures them: max_seq_len and the block
                     table's width beyond the real ones, padded sequences with no query */
 };
@@ -383,10 +385,10 @@ static void make_batch(struct host_batch *hb, enum shape shape, int bs, int long
       qlen[b] = 1, cached[b] = pair_int(0, long_ctx ? 3000 : 120);
       break;
     case SHAPE_PREFILL:
-      qlen[b] = pair_int(1, 70), cached[b] = 0;
+      qlen[b] = pair_int(1, long_ctx ? 400 : 70), cached[b] = 0;
       break;
     default: /* a prompt chunk after a cached prefix (prefix-cache hit or earlier chunks) */
-      qlen[b] = pair_int(1, 40), cached[b] = pair_int(1, 90);
+      qlen[b] = pair_int(1, long_ctx ? 300 : 40), cached[b] = pair_int(1, long_ctx ? 500 : 90);
       break;
     }
   }
@@ -1254,6 +1256,19 @@ int main(void) {
         test_paged(&d[k]);
     }
   }
+  /* head_dim 128 prompts through the wgmma kernel (cuda_attn_wgmma.cu, on compute capability 9.0;
+   * the tile kernel elsewhere): long prompts and chunks (several 192-row query tiles, 64-key
+   * tiles, causal edges inside a tile), each block size, GQA 4, 1 and 8, a window, softcap and
+   * loose bounds */
+  for (int bi = 0; bi < 3; bi++)
+    for (int s = SHAPE_PREFILL; s < SHAPE_COUNT; s++) {
+      enum shape sh = (enum shape)s;
+      struct kv_case c[3] = {{bss[bi], 8, 2, 128, sh, 0, 0, 0, 1, 0},
+                             {bss[bi], 8, 1, 128, sh, bi == 1 ? 0 : 100, bi == 1 ? 30.0f : 0, 0, 1, s == SHAPE_MIXED},
+                             {bss[bi], 8, 8, 128, sh, 0, 0, 0, 0, 0}};
+      for (int k = 0; k < 3; k++, cases++)
+        test_paged(&c[k]);
+    }
   printf("  paged attention: %d cases\n", cases);
   test_sample(1000, 120);
   test_sample(128256, 60);

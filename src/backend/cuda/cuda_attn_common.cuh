@@ -340,6 +340,11 @@ struct kv_f8h {
  * 0 launched, -1 error, 1 not applicable (the general kernels then run). */
 int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len);
 
+/* The wgmma prefill kernel (cuda_attn_wgmma.cu, sm_90a; built when PAGODA_HAVE_WGMMA) for A on
+ * stream ST of the current DEVICE, bf16 cache: 0 launched, 1 not applicable (head_dim other than
+ * 128, a GPU other than compute capability 9.0, grid bounds; the caller takes the mma.sync kernels). */
+int cuda_attention_prefill_wgmma(const attn_args *a, int bs, int max_query_len, int device, cudaStream_t st);
+
 /* e4m3 of x (rounded to nearest even, saturated to +-448; NaN stays NaN), as the CPU's
  * f32_to_f8e4m3. */
 __device__ __forceinline__ uint8_t attn_to_f8(float x) {

@@ -32,6 +32,7 @@
  * cost the reduction's traffic. */
 #define DEC_CTAS_PER_SM_BF16 6
 #define DEC_CTAS_PER_SM_F8 8
+#define DEC_F8_STAGES 3 /* cp.async stages of the e4m3 tensor-core kernel (head_dim 64, 128) */
 
 /* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
  * partitions, rounded up to the granule a.part_len (a whole number of warp steps, at least
@@ -227,8 +228,21 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   typedef attn_rows<HD, E> L;  /* which dims each thread loads (cuda_attn_common.cuh) */
   constexpr int NT = L::PAIRS; /* PV n-tiles */
   constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
-  __shared__ float sm_o[DEC_WARPS][8][HD];
-  __shared__ float sm_m[DEC_WARPS][8], sm_l[DEC_WARPS][8];
+  /* e4m3 at head_dim 64 and 128 (full 16-byte pieces only): the K/V pieces of each warp step are
+   * copied by cp.async into this thread's own slots of DEC_F8_STAGES shared-memory stages, so
+   * DEC_F8_STAGES - 1 steps are in flight while one is computed (an e4m3 key is half the bytes of
+   * a bf16 one for the same work, so the register-fed loads left too few bytes in flight). Each
+   * thread reads back only what it copied: cp.async.wait_group, no barrier. */
+  constexpr bool PIPE = F8 && L::TE == 0 && !LATE_V;
+  constexpr int NS = DEC_F8_STAGES;
+  constexpr int NPC = 4 * L::NPT; /* pieces per thread and step: K and V of 2 keys */
+  constexpr int STAGE_BYTES = PIPE ? NS * NPC * DEC_WARPS * 32 * 16 : 0;
+  constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
+  /* the warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
+  __shared__ __align__(16) unsigned char sm_raw[STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES];
+  float(*sm_o)[8][HD] = (float(*)[8][HD])sm_raw;
+  float(*sm_m)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4);
+  float(*sm_l)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4 + DEC_WARPS * 8 * 4);
 
   const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -265,10 +279,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const size_t head_off = (size_t)kvh * BS * HD;
   const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
-  for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
-    uint4 kr[2][L::NPT], vr[2][L::NPT];
-    size_t row[2];
-    L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
+  /* one warp step: the 16 keys j0 .. j0 + 15 (K and V pieces in KR, VR; LATE_V: V loaded here from ROW) */
+  auto step = [&](int j0, const uint4 (&kr)[2][L::NPT], uint4 (&vr)[2][L::NPT], const size_t (&row)[2]) {
     float s[2][4];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -300,9 +312,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int k = 0; k < 4; k++)
       x[k] = __expf(x[k] - mnew), l += x[k];
+    if (__any_sync(0xffffffffu, alpha != 1.0f)) /* a new maximum in the warp (times 1 is exact) */
 #pragma unroll
-    for (int i = 0; i < NT; i++)
-      o[i][0] *= alpha, o[i][1] *= alpha;
+      for (int i = 0; i < NT; i++)
+        o[i][0] *= alpha, o[i][1] *= alpha;
     uint32_t pa0 = attn_pack(x[0], x[1], MT()), pa2 = attn_pack(x[2], x[3], MT());
     uint32_t v0[L::PAIRS], v1[L::PAIRS];
     L::template pairs<MT>(v0, vr[0]);
@@ -310,6 +323,61 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int i = 0; i < NT; i++)
       attn_mma(o[i], pa0, pa2, attn_trans(v0[i]), attn_trans(v1[i]), MT());
+  };
+  const int jw = k0 + warp * 16; /* this warp's first key; its steps are DEC_WARPS * 16 keys apart */
+  if constexpr (PIPE) {
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_raw) + threadIdx.x * 16u;
+    /* copies step S's pieces into stage S % NS (none past the warp's keys), then closes a group;
+     * piece q of a stage sits at q * DEC_WARPS * 32 slots: a warp's LDS.128 reads 512 bytes in a row */
+    auto issue = [&](int st) {
+      const int j0 = jw + st * DEC_WARPS * 16;
+      if (j0 < k1) {
+        const uint32_t dst = sbase + (uint32_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+          const int j = j0 + hf * 8 + g;
+          const bool valid = j < k1;
+          const size_t r = valid ? (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD : 0;
+#pragma unroll
+          for (int i = 0; i < L::NPT; i++) {
+            const uint32_t qk = (uint32_t)(hf * L::NPT + i), qv = qk + 2 * L::NPT;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qk * DEC_WARPS * 32 * 16),
+                         "l"(kc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qv * DEC_WARPS * 32 * 16),
+                         "l"(vc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
+          }
+        }
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+    };
+    const int nsteps = jw < k1 ? (k1 - jw + DEC_WARPS * 16 - 1) / (DEC_WARPS * 16) : 0;
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++)
+      issue(st);
+    for (int st = 0; st < nsteps; st++) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
+      uint4 kr[2][L::NPT], vr[2][L::NPT];
+      const size_t row[2] = {0, 0};
+      const uint4 *src = (const uint4 *)(sm_raw + (size_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16)) + threadIdx.x;
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+        for (int i = 0; i < L::NPT; i++) {
+          kr[hf][i] = src[(hf * L::NPT + i) * DEC_WARPS * 32];
+          vr[hf][i] = src[(2 * L::NPT + hf * L::NPT + i) * DEC_WARPS * 32];
+        }
+      issue(st + NS - 1); /* into the stage of step st - 1, read by this thread one step ago */
+      step(jw + st * DEC_WARPS * 16, kr, vr, row);
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads(); /* every warp is done with the stages before sm_o reuses them */
+  } else {
+    for (int j0 = jw; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
+      uint4 kr[2][L::NPT], vr[2][L::NPT];
+      size_t row[2];
+      L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
+      step(j0, kr, vr, row);
+    }
   }
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);

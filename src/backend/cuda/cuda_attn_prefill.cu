@@ -415,21 +415,28 @@ static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, int d
 }
 
 /* 0 launched, -1 error, 1 not applicable (head_dim, bounds, or PAGODA_ATTN_PREFILL=simd).
- * A bf16 cache takes the shared-memory tile kernel; an e4m3 cache (or PAGODA_ATTN_PREFILL=warp)
- * the per-warp kernel. */
+ * A bf16 cache takes the wgmma kernel (cuda_attn_wgmma.cu: head_dim 128 on compute capability
+ * 9.0), else the shared-memory tile kernel; an e4m3 cache (or PAGODA_ATTN_PREFILL=warp) the
+ * per-warp kernel. PAGODA_ATTN_PREFILL=tile skips the wgmma kernel (for comparison). */
 int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f8, int max_query_len) {
-  static int mode = -1; /* 0 default, 1 simd, 2 warp */
+  static int mode = -1; /* 0 default, 1 simd, 2 warp, 3 tile */
   if (mode < 0) {
     const char *e = getenv("PAGODA_ATTN_PREFILL");
-    mode = e && !strcmp(e, "simd") ? 1 : e && !strcmp(e, "warp") ? 2 : 0;
+    mode = e && !strcmp(e, "simd") ? 1 : e && !strcmp(e, "warp") ? 2 : e && !strcmp(e, "tile") ? 3 : 0;
   }
   if (mode == 1 || !attn_mma_hd(a->hd) || max_query_len <= 0)
     return 1;
   cudaStream_t st = cuda_be(be)->stream;
-  if (!f8 && mode == 0 && a->B <= 65535 && a->n_heads <= 65535) {
+  if (!f8 && (mode == 0 || mode == 3) && a->B <= 65535 && a->n_heads <= 65535) {
     int dev = -1; /* the current device: the one cudaFuncSetAttribute sets */
     if (cudaGetDevice(&dev) != cudaSuccess)
       dev = -1, (void)cudaGetLastError();
+#ifdef PAGODA_HAVE_WGMMA
+    if (mode == 0 && cuda_attention_prefill_wgmma(a, bs, max_query_len, dev, st) == 0) {
+      CUDA_LAUNCH_CHECK();
+      return 0;
+    }
+#endif
 /* head_dim 256: one 16-row block per warp (MI 1: the accumulators of 32 rows would not fit the
  * registers) and 32-key tiles (98 KiB of shared memory, two thread blocks per SM) */
 #define TILE_HD(BS)                                                                                \
