@@ -1005,7 +1005,8 @@ static int cmp_desc(const void *a, const void *b) {
 
 /* Returns the token, or -1 when a cut-off or the draw lies so close to a boundary that f32
  * summation order may decide it: such rows are not compared. The GPU sums ~126 values per
- * thread and then scans 1024 partial sums in f32 (relative error ~1e-6 of the total), and
+ * thread and then scans 1024 partial sums in f32 (relative error ~1e-6 of the total; the walk
+ * inside the chosen chunk sums from 0, so it adds only the chunk's own small rounding), and
  * __expf is within a few ulp, so boundaries closer than EPS_MASS of the mass are ambiguous. */
 #define EPS_MASS 2e-6
 static int ref_sample(const float *x, int vocab, const struct backend_sample_params *p, struct ref_item *it,
