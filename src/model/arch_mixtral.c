@@ -26,12 +26,6 @@
 #include "util/dtype.h"
 #include "util/log.h"
 
-#define TRY(call)  \
-  do {             \
-    if ((call))    \
-      return -1;   \
-  } while (0)
-
 static const struct arch_tensor mixtral_tensors[] = {
     ARCH_T(attn_norm, "input_layernorm.weight", "attn_norm.weight", AD_ONE, AD_MODEL, AN_ALWAYS, 0),
     ARCH_T(wq, "self_attn.q_proj.weight", "attn_q.weight", AD_Q, AD_MODEL, AN_ALWAYS, 1),

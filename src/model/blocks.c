@@ -1,13 +1,8 @@
 /* blocks.c - attention block, gated MLP and the pre-norm decoder, on backend ops. */
 #include "model/blocks.h"
+#include "util/log.h"
 
 #include <math.h>
-
-#define TRY(call)  \
-  do {             \
-    if ((call))    \
-      return -1;   \
-  } while (0)
 
 int block_layer_window(const struct model_config *c, int l) {
   if (c->local_window > 0) /* Gemma 2: even layers local, odd layers global */

@@ -946,13 +946,7 @@ static int forward_ops(void *ctx) {
   const struct backend_ops *op = be->ops;
   const struct model_config *c = &m->config;
   const int T = b.num_tokens, dim = c->dim;
-  /* Each call returns nonzero with err_last() set; the first failure ends the step. */
-#define TRY(call)  \
-  do {             \
-    if ((call))    \
-      return -1;   \
-  } while (0)
-
+  /* Each call returns nonzero with err_last() set; the first failure ends the step (TRY). */
   /* The layers: the architecture's forward pass leaves the final normed states in xb. */
   struct rope_params rope = m->rope;
   if (rope.inv_freq_long) { /* longrope picks its factors from each sequence's length */
@@ -1081,7 +1075,6 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
     TRY(op->download(be, logits + (size_t)r0 * V, m->logits_dev, (size_t)nr * V * sizeof(float)));
   }
   return op->sync(be);
-#undef TRY
 }
 
 static int local_forward(struct model *m, const struct batch *batch, float *logits) { return forward(m, batch, logits, 0); }

@@ -23,6 +23,13 @@ void log_vmsg(enum log_level level, const char *fmt, va_list ap) __attribute__((
 int err_set(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int err_vset(const char *file, int line, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 #define ERR(...) err_set(__FILE__, __LINE__, __VA_ARGS__)
+/* TRY(call): returns -1 from the enclosing function when CALL returns nonzero (CALL has set the
+ * error), e.g. the chain of backend ops of a forward pass. */
+#define TRY(call)  \
+  do {             \
+    if ((call))    \
+      return -1;   \
+  } while (0)
 /* The message without the file:line prefix (for users), and with it (for logs). */
 const char *err_last(void);
 const char *err_last_where(void);

@@ -215,6 +215,23 @@ void cuda_step_timing_report(struct cuda_backend *cb);
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
 #define CUDA_GEMV_MAX_T 8
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
+/* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
+ * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
+ * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's
+ * bf16 rounding. */
+struct cuda_matmul_set {
+  const void *W[BACKEND_MATMUL_N_MAX];
+  void *out[BACKEND_MATMUL_N_MAX];
+  const void *bias[BACKEND_MATMUL_N_MAX];
+  int bias_f32[BACKEND_MATMUL_N_MAX];
+  int N[BACKEND_MATMUL_N_MAX];
+  int row0[BACKEND_MATMUL_N_MAX + 1];
+};
+/* Fills S from matmul_n's arguments. Returns the total rows; 0 when the set does not fit one
+ * grid of at most MAX_ROWS rows or a bias is neither F32 nor BF16 (the caller answers 1: the
+ * separate ops); -1 with the error set when a bias does not match its matrix. */
+long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const outs[], const struct weight *const ws[],
+                               const struct weight *const biases[], long long max_rows);
 /* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
  * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes), and always
  * when cb->fused_ops is 0. */

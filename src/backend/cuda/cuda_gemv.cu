@@ -119,16 +119,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-/* Up to BACKEND_MATMUL_N_MAX matrices in one grid: matrix i owns the grid rows [row0[i],
- * row0[i + 1]); its bias (F32 or BF16, or NULL) is added after the product's bf16 rounding. */
-struct gemv_multi {
-  const bf16 *W[BACKEND_MATMUL_N_MAX];
-  bf16 *out[BACKEND_MATMUL_N_MAX];
-  const void *bias[BACKEND_MATMUL_N_MAX];
-  int bias_f32[BACKEND_MATMUL_N_MAX];
-  int N[BACKEND_MATMUL_N_MAX];
-  int row0[BACKEND_MATMUL_N_MAX + 1]; /* unused entries past n repeat the total */
-};
+/* Up to BACKEND_MATMUL_N_MAX matrices in one grid (struct cuda_matmul_set, cuda_backend.h). */
+typedef struct cuda_matmul_set gemv_multi;
+
+long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const outs[], const struct weight *const ws[],
+                               const struct weight *const biases[], long long max_rows) {
+  memset(s, 0, sizeof *s);
+  long long rows = 0;
+  for (int i = 0; i < n; i++) {
+    const struct weight *b = biases ? biases[i] : NULL;
+    if (b && b->rows * b->cols != ws[i]->rows)
+      return ERR("cuda matmul_n: bias %d has %lld elements for %lld rows", i, (long long)(b->rows * b->cols),
+                 (long long)ws[i]->rows);
+    if (b && b->dtype != DTYPE_F32 && b->dtype != DTYPE_BF16)
+      return 0;
+    s->W[i] = ws[i]->data;
+    s->out[i] = outs[i];
+    s->bias[i] = b ? b->data : NULL;
+    s->bias_f32[i] = b && b->dtype == DTYPE_F32;
+    s->N[i] = (int)ws[i]->rows;
+    s->row0[i] = (int)rows;
+    rows += ws[i]->rows;
+    if (rows > max_rows)
+      return 0;
+  }
+  for (int i = n; i <= BACKEND_MATMUL_N_MAX; i++)
+    s->row0[i] = (int)rows;
+  return rows;
+}
 
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -142,7 +160,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
     i += g >= m.row0[j];
   const int row = g - m.row0[i], N = m.N[i];
-  const bf16 *wr[1] = {m.W[i] + (size_t)row * K};
+  const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
   float acc[1][NT];
   gemv_rows<NT, 1>(wr, x, K, lane, acc);
   if (lane == 0) {
@@ -153,7 +171,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       bf16 v = __float2bfloat16(acc[0][t]);
       if (bias)
         v = __float2bfloat16(__bfloat162float(v) + b);
-      m.out[i][(size_t)t * N + row] = v;
+      ((bf16 *)m.out[i])[(size_t)t * N + row] = v;
     }
   }
 }
@@ -220,27 +238,9 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   if (be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
     return 1; /* the separate matmuls */
   gemv_multi m;
-  memset(&m, 0, sizeof m);
-  long long rows = 0;
-  for (int i = 0; i < n; i++) {
-    const struct weight *b = biases ? biases[i] : NULL;
-    if (b && b->rows * b->cols != ws[i]->rows)
-      return ERR("cuda matmul_n: bias %d has %lld elements for %lld rows", i, (long long)(b->rows * b->cols),
-                 (long long)ws[i]->rows);
-    if (b && b->dtype != DTYPE_F32 && b->dtype != DTYPE_BF16)
-      return 1;
-    m.W[i] = (const bf16 *)ws[i]->data;
-    m.out[i] = (bf16 *)outs[i];
-    m.bias[i] = b ? b->data : NULL;
-    m.bias_f32[i] = b && b->dtype == DTYPE_F32;
-    m.N[i] = (int)ws[i]->rows;
-    m.row0[i] = (int)rows;
-    rows += ws[i]->rows;
-  }
-  if (rows > INT32_MAX - GEMV_WARPS)
-    return 1;
-  for (int i = n; i <= BACKEND_MATMUL_N_MAX; i++)
-    m.row0[i] = (int)rows;
+  long long rows = cuda_matmul_set_fill(&m, n, outs, ws, biases, INT32_MAX - GEMV_WARPS);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
   dim3 grid((unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *X = (const bf16 *)x;
   int K = (int)ws[0]->cols;

@@ -510,13 +510,7 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
  * bf16 with the bias (f32 or bf16, optional) added after the product's bf16 rounding, as the
  * separate matmul and add_bias do. R = 2: unit f is gate row f (W[0]) and up row f (W[1]),
  * out[0](T, F) = silu(g) * u on the bf16-rounded products, as silu_mul does. */
-struct qi_args {
-  const uint8_t *W[BACKEND_MATMUL_N_MAX];
-  void *out[BACKEND_MATMUL_N_MAX];
-  const void *bias[BACKEND_MATMUL_N_MAX];
-  int bias_f32[BACKEND_MATMUL_N_MAX];
-  int N[BACKEND_MATMUL_N_MAX];
-  int row0[BACKEND_MATMUL_N_MAX + 1]; /* entries past the last matrix repeat the total */
+struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_backend.h */
   int units, out_f32, K;
   size_t row_bytes;
   const int8_t *xq;
@@ -542,12 +536,12 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   int iu = gw, ir = 0, ic = 0, is = 0;
   auto row_ptr = [&](int u, int r) -> const uint8_t * {
     if (R == 2)
-      return a.W[r] + (size_t)u * rb;
+      return (const uint8_t *)a.W[r] + (size_t)u * rb;
     int i = 0;
 #pragma unroll
     for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
       i += u >= a.row0[j];
-    return a.W[i] + (size_t)(u - a.row0[i]) * rb;
+    return (const uint8_t *)a.W[i] + (size_t)(u - a.row0[i]) * rb;
   };
   auto issue = [&]() {
     if (iu < U) {
@@ -752,7 +746,7 @@ static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *
   memset(&a, 0, sizeof a);
   if (qx_quantize(cb, &a, x, T, (int)w->cols) != 0)
     return -1;
-  a.W[0] = (const uint8_t *)w->data;
+  a.W[0] = w->data;
   a.out[0] = out;
   a.N[0] = (int)w->rows;
   for (int i = 1; i <= BACKEND_MATMUL_N_MAX; i++)
@@ -786,26 +780,9 @@ int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const voi
     return 1;
   qi_args a;
   memset(&a, 0, sizeof a);
-  long long rows = 0;
-  for (int i = 0; i < n; i++) {
-    const struct weight *b = biases ? biases[i] : NULL;
-    if (b && b->rows * b->cols != ws[i]->rows)
-      return ERR("cuda matmul_n: bias %d has %lld elements for %lld rows", i, (long long)(b->rows * b->cols),
-                 (long long)ws[i]->rows);
-    if (b && b->dtype != DTYPE_F32 && b->dtype != DTYPE_BF16)
-      return 1;
-    a.W[i] = (const uint8_t *)ws[i]->data;
-    a.out[i] = outs[i];
-    a.bias[i] = b ? b->data : NULL;
-    a.bias_f32[i] = b && b->dtype == DTYPE_F32;
-    a.N[i] = (int)ws[i]->rows;
-    a.row0[i] = (int)rows;
-    rows += ws[i]->rows;
-  }
-  if (rows > INT32_MAX - QGEMV_WARPS)
-    return 1;
-  for (int i = n; i <= BACKEND_MATMUL_N_MAX; i++)
-    a.row0[i] = (int)rows;
+  long long rows = cuda_matmul_set_fill(&a, n, outs, ws, biases, INT32_MAX - QGEMV_WARPS);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
   a.units = (int)rows;
   int qt = cuda_quant_type(ws[0]->dtype);
   a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
@@ -825,8 +802,8 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
     return 1;
   qi_args a;
   memset(&a, 0, sizeof a);
-  a.W[0] = (const uint8_t *)gate->data;
-  a.W[1] = (const uint8_t *)up->data;
+  a.W[0] = gate->data;
+  a.W[1] = up->data;
   a.out[0] = out;
   a.units = (int)gate->rows;
   int qt = cuda_quant_type(gate->dtype);
