@@ -291,8 +291,9 @@ struct backend_ops {
   /* 0, or -1 with err_last() naming the error when the communicator failed asynchronously (a
    * peer died, a network error: ncclCommGetAsyncError). Never blocks. */
   int (*comm_check)(struct backend *be);
-  /* Aborts the communicator (ncclCommAbort): collectives in flight return instead of waiting for
-   * a dead peer. The backend takes no more collectives afterwards. */
+  /* Aborts the communicator (ncclCommAbort): NCCL collectives in flight return instead of waiting
+   * for a dead peer. Afterwards every all_reduce_sum fails and no CUDA graph is replayed (a peer
+   * all-reduce kernel already waiting ends at its timeout). */
   void (*comm_abort)(struct backend *be);
   /* The vocabulary-parallel output head's gather: on rank 0, out(rows, world * cols) F32 gets
    * columns [r * cols, (r + 1) * cols) from rank r's in(rows, cols) F32 (its own included); the
@@ -332,7 +333,9 @@ struct backend_ops {
    * (bf16) sums by direct reads of the peers' staging, in rank order (bit-identical on every
    * rank), the collective library above that. MAX_BYTES 0 turns it off; may be called again.
    * It also lets a rank > 0's resolve_ids read rank 0's sampled ids (asynchronous steps under
-   * tensor parallelism). 1 (nothing enabled, logged) when the devices cannot reach each other. */
+   * tensor parallelism). 1 (logged; the peer all-reduce off on this rank, peers enabled before
+   * the one it could not reach stay enabled) when the devices cannot reach each other: the caller
+   * then turns it off on every rank (MAX_BYTES 0), so all take the collective library alike. */
   int (*peer_ar_connect)(struct backend *be, struct backend *const *group, int rank, int world, size_t max_bytes);
 };
 

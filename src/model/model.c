@@ -518,8 +518,17 @@ static int tp_connect_rank(int r, void *ctx) {
   struct backend *be = L->bes[r];
   int rc = be->ops->peer_ar_connect(be, L->bes, r, L->world, L->peer_ar_max);
   if (rc == 1) /* no peer access between these GPUs: NCCL only, no shared ids */
-    L->no_peer = 1;
+    __atomic_store_n(&L->no_peer, 1, __ATOMIC_RELAXED);
   return rc < 0 ? -1 : 0;
+}
+
+/* When any rank's GPU cannot reach the others', every rank turns the peer all-reduce off (bound
+ * 0): all ranks then take NCCL for every all-reduce alike (a rank in the peer kernel and one in
+ * NCCL would wait for each other for ever). */
+static int tp_disconnect_rank(int r, void *ctx) {
+  struct tp_load *L = ctx;
+  struct backend *be = L->bes[r];
+  return be->ops->peer_ar_connect(be, L->bes, r, L->world, 0) < 0 ? -1 : 0;
 }
 
 /* The bound of the peer all-reduce (backend.h peer_ar_connect) from $PAGODA_TP_CUSTOM_AR: unset or
@@ -570,7 +579,8 @@ struct model *model_load_tp(const char *path, struct backend *const *bes, struct
   L->peer_ar_max = L->connect ? (size_t)peer_max : 0;
   struct model *m = NULL;
   if (op->comm_id(bes[0], L->id) == 0 && tp_group_run(g, tp_load_rank, L) == 0 &&
-      (!L->connect || tp_group_run(g, tp_connect_rank, L) == 0)) {
+      (!L->connect || tp_group_run(g, tp_connect_rank, L) == 0) &&
+      (!L->no_peer || tp_group_run(g, tp_disconnect_rank, L) == 0)) {
     m = L->models[0];
     if (!(m->ranks = calloc((size_t)world, sizeof *m->ranks))) {
       ERR("out of memory");

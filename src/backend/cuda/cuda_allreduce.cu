@@ -16,11 +16,14 @@
  * Invariants: every rank runs the same all-reduces in the same order with the same n (so the
  * same grid), as with NCCL. A rank rewrites its staging of parity p at all-reduce N + 2 only
  * after passing all-reduce N + 1's wait, which every peer signals only once its all-reduce N
- * (the last reader of that staging) has completed; so two buffers suffice. Flags only grow, and
- * a peer is never two all-reduces ahead, so "flag >= N" is exact. The grid is at most
- * PEER_AR_MAX_BLOCKS (< the SM count), so all blocks are resident and the waits cannot starve.
- * A wait longer than PEER_AR_TIMEOUT_NS (a peer that never arrives) traps: the step fails with
- * a CUDA error instead of hanging. */
+ * (the last reader of that staging) has completed; so two buffers suffice. A flag only moves
+ * forward, and a peer is never two all-reduces ahead, so the wait compares the 32-bit numbers by
+ * their signed difference, which stays exact when the sequence number wraps (2^32 all-reduces,
+ * days of decoding). The grid is at most PEER_AR_MAX_BLOCKS blocks of PEER_AR_THREADS threads,
+ * which fit on the GPUs that peer access joins (Hopper: 132 SMs), so the blocks are resident
+ * together and the waits cannot starve. A wait longer than PEER_AR_TIMEOUT_NS (a peer that never
+ * arrives) traps: the process's CUDA context on that GPU is then unusable (a trap is sticky), so
+ * the engine ends with that error instead of hanging. */
 #include "backend/cuda/cuda_backend.h"
 
 #include <stdlib.h>
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(PEER_AR_THREADS)
     st_release_sys(p.flags[threadIdx.x] + slot + rank, N);
     const uint32_t *f = p.flags[rank] + slot + threadIdx.x;
     uint64_t t0 = 0;
-    for (int spins = 0; ld_acquire_sys(f) < N; spins++)
+    for (int spins = 0; (int32_t)(ld_acquire_sys(f) - N) < 0; spins++) /* wraps at 2^32 all-reduces */
       if ((spins & 1023) == 1023) {
         uint64_t t = global_ns();
         if (!t0)
@@ -115,11 +118,12 @@ int cuda_peer_ar_alloc(struct backend *be, int world) {
   struct cuda_backend *cb = cuda_be(be);
   if (world < 2 || world > PEER_AR_MAX_RANKS)
     return ERR("peer all-reduce: %d ranks (2 .. %d)", world, PEER_AR_MAX_RANKS);
-  if (cb->peer_ar.stage)
+  if (cb->peer_ar.stage && cb->peer_ar.flags)
     return 0;
   size_t flag_bytes = sizeof(uint32_t) * 2 * PEER_AR_MAX_BLOCKS * PEER_AR_MAX_RANKS;
   CUDA_CHECK(cudaSetDevice(cb->device));
-  CUDA_CHECK(cudaMalloc(&cb->peer_ar.stage, 2 * (size_t)PEER_AR_STAGE_BYTES));
+  if (!cb->peer_ar.stage)
+    CUDA_CHECK(cudaMalloc(&cb->peer_ar.stage, 2 * (size_t)PEER_AR_STAGE_BYTES));
   CUDA_CHECK(cudaMalloc(&cb->peer_ar.flags, flag_bytes + 2 * sizeof(uint32_t)));
   cb->peer_ar.counter = (uint32_t *)((char *)cb->peer_ar.flags + flag_bytes);
   CUDA_CHECK(cudaMemset(cb->peer_ar.flags, 0, flag_bytes + 2 * sizeof(uint32_t)));
@@ -133,6 +137,7 @@ int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int r
     return ERR("peer all-reduce: rank %d of %d", rank, world);
   cb->peer_ar.max_bytes = 0;
   cb->peer_ar.ids_src = NULL;
+  CUDA_CHECK(cudaSetDevice(cb->device)); /* peer access is enabled from the current device */
   if (max_bytes > PEER_AR_STAGE_BYTES)
     max_bytes = PEER_AR_STAGE_BYTES;
   for (int k = 0; k < world; k++) {

@@ -288,9 +288,9 @@ static void cuda_destroy(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
   if (!cb)
     return;
-  cuda_comm_free(cb);
-  if (cb->stream)
+  if (cb->stream) /* drained before the staging the peers read is freed */
     cudaStreamSynchronize(cb->stream);
+  cuda_comm_free(cb);
   cuda_step_timing_report(cb);
   if (cb->blas)
     cublasDestroy(cb->blas);

@@ -94,7 +94,8 @@ struct cuda_backend {
   long long st_steps, st_slot_step[2], st_n;
   double st_busy_ms, st_idle_ms, st_idle_max_ms;
   /* CUDA graphs (cuda_graph.cu): one per key, captured on the key's second run */
-  int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0 */
+  int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0, or after comm_abort */
+  int comm_aborted;          /* comm_abort ran: all_reduce_sum fails from then on */
   struct cuda_graph_entry *graphs;
   int n_graphs, graphs_cap;
   char name[256];            /* device name, for logs */

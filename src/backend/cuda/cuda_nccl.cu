@@ -41,6 +41,8 @@ int cuda_comm_init(struct backend *be, const void *id, int rank, int world) {
 
 int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
   struct cuda_backend *cb = cuda_be(be);
+  if (cb->comm_aborted)
+    return ERR("GPU %d: tensor parallelism was stopped (comm_abort): no more all-reduces", cb->device);
   if (cuda_peer_ar_usable(cb, x, n)) /* single process, small enough: the peer kernel */
     return cuda_peer_all_reduce(cb, x, n);
   if (!cb->nccl_comm)
@@ -123,7 +125,12 @@ int cuda_comm_check(struct backend *be) {
 
 void cuda_comm_abort(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
-  cb->peer_ar.max_bytes = 0; /* no more peer all-reduces either */
+  /* no more collectives of any kind: the captured graphs hold peer all-reduces, so they are not
+   * replayed either, and all_reduce_sum fails from now on (a peer kernel already running still
+   * waits for its peers until its timeout: cuda_allreduce.cu) */
+  cb->comm_aborted = 1;
+  cb->graphs_on = 0;
+  cb->peer_ar.max_bytes = 0;
   if (cb->nccl_comm)
     ncclCommAbort((ncclComm_t)cb->nccl_comm);
   cb->nccl_comm = NULL;

@@ -644,8 +644,11 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   }
 }
 
+/* Cached per instantiation; tensor-parallel ranks (threads, GPUs of one kind) may race to fill it
+ * with the same value, hence the atomics. */
 template <int QT, int NT, int R> static int qi_resident_blocks(size_t smem) {
-  static int blocks = 0;
+  static int cached = 0;
+  int blocks = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (!blocks) {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
@@ -653,6 +656,7 @@ template <int QT, int NT, int R> static int qi_resident_blocks(size_t smem) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, QG_STAGES>, QGEMV_WARPS * 32,
                                                   smem);
     blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    __atomic_store_n(&cached, blocks, __ATOMIC_RELAXED);
   }
   return blocks;
 }
