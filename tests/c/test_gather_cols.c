@@ -19,7 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/rendezvous.h"
 #include "dist/tp.h"
-#include "lost_rank.h"
+#include "rdv_procs.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -27,7 +27,6 @@
 #define CALLS 4
 static const int shape_rows[CALLS] = {3, 1, 0, 17}, shape_cols[CALLS] = {5, 64, 4, 1};
 
-static char master[64];
 
 /* Rank R's element (t, j) in call C: nonzero, magnitudes over many binades. */
 static float value(int rank, int call, int t, int j) {
@@ -114,14 +113,8 @@ static void test_inprocess(int world) {
 }
 
 /* ---- across processes ---- */
-static int run_rank(int rank, int world) {
-  unsigned char p[4] = {0};
-  struct rdv *r;
-  if (rdv_join(master, rank, world, 7, p, sizeof p, 10, &r))
-    return 1;
-  struct backend *be = backend_cpu_create(1);
-  if (!be || cpu_comm_attach_rdv(be, r))
-    return 2;
+static int proc_gather(struct backend *be, int rank, int world, void *ctx) {
+  (void)ctx;
   int bad = 0;
   for (int c = 0; c < CALLS && !bad; c++) {
     size_t n = (size_t)shape_rows[c] * shape_cols[c] * world;
@@ -138,24 +131,7 @@ static int run_rank(int rank, int world) {
     free(out);
     free(scratch);
   }
-  be->ops->destroy(be);
-  rdv_close(r);
   return bad;
-}
-
-static void test_processes(int world) {
-  test_loopback_address(master, sizeof master);
-  pid_t pids[MAXW];
-  for (int k = 1; k < world; k++)
-    if ((pids[k] = fork()) == 0)
-      _exit(run_rank(k, world));
-  CHECK(run_rank(0, world) == 0, "world %d: rank 0 failed or got a wrong gather", world);
-  for (int k = 1; k < world; k++) {
-    int st = 0;
-    waitpid(pids[k], &st, 0);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "world %d: rank %d exit %d", world, k,
-          WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-  }
 }
 
 /* Rank 1 dies after joining: rank 0's gather fails naming rank 1 instead of waiting. */
@@ -174,8 +150,8 @@ int main(void) {
   log_set_level(LOG_LEVEL_ERROR);
   test_inprocess(2);
   test_inprocess(3);
-  test_processes(2);
-  test_processes(3);
+  rdv_procs_run(2, 7, proc_gather, NULL, "gather_cols across processes");
+  rdv_procs_run(3, 7, proc_gather, NULL, "gather_cols across processes");
   test_lost_rank();
   return test_finish("test_gather_cols");
 }

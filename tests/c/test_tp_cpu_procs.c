@@ -19,17 +19,13 @@
 #include "backend/cpu/cpu_backend.h"
 #include "dist/rendezvous.h"
 #include "dist/tp.h"
-#include "lost_rank.h"
+#include "rdv_procs.h"
 #include "test_util.h"
 #include "util/log.h"
 
 #define MAXW 3
 #define CALLS 3
 static const size_t sizes[CALLS] = {1, 4097, 50000};
-
-static char master[64];
-
-static void pick_master(void) { test_loopback_address(master, sizeof master); }
 
 static void fill(float *x, size_t n, int rank, int call) {
   uint32_t s = (uint32_t)(rank * 7919 + call * 104729 + 17);
@@ -88,15 +84,10 @@ static int reference(int world, float *want[CALLS]) {
   return rc;
 }
 
-/* One process of the multi-process group: 0 when every call matches WANT bitwise. */
-static int run_rank(int rank, int world, float *want[CALLS]) {
-  unsigned char p[4] = {0};
-  struct rdv *r;
-  if (rdv_join(master, rank, world, 99, p, sizeof p, 10, &r))
-    return 1;
-  struct backend *be = backend_cpu_create(1);
-  if (!be || cpu_comm_attach_rdv(be, r))
-    return 2;
+/* One process of the multi-process group: 0 when every call matches the in-process sums (CTX). */
+static int proc_reduce(struct backend *be, int rank, int world, void *ctx) {
+  float **want = ctx;
+  (void)world;
   int bad = 0;
   for (int c = 0; c < CALLS && !bad; c++) {
     float *x = malloc(sizeof(float) * sizes[c]);
@@ -110,8 +101,6 @@ static int run_rank(int rank, int world, float *want[CALLS]) {
     }
     free(x);
   }
-  be->ops->destroy(be);
-  rdv_close(r);
   return bad;
 }
 
@@ -121,18 +110,7 @@ static void test_matches_inprocess(int world) {
     CHECK(0, "in-process reference, world %d: %s", world, err_last());
     return;
   }
-  pick_master();
-  pid_t pids[MAXW];
-  for (int k = 1; k < world; k++)
-    if ((pids[k] = fork()) == 0)
-      _exit(run_rank(k, world, want));
-  CHECK(run_rank(0, world, want) == 0, "world %d: rank 0 differs or failed", world);
-  for (int k = 1; k < world; k++) {
-    int st = 0;
-    waitpid(pids[k], &st, 0);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "world %d: rank %d exit %d", world, k,
-          WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-  }
+  rdv_procs_run(world, 99, proc_reduce, want, "all_reduce_sum across processes");
   for (int c = 0; c < CALLS; c++)
     free(want[c]);
 }
