@@ -74,33 +74,30 @@ $(grep -o '"output_tok_per_s": [0-9.]*' "$out/bench_${mode}_$f.out")"
   done
 done
 
+# killed VICTIM LABEL: both ranks start one long bench; once rank 0 has its KV pool, rank VICTIM is
+# SIGKILLed and the other must exit with an error naming it (timed from the kill)
+killed() {
+  local victim=$1 label=$2
+  port=$((port + 1))
+  K=(-m "$S" --device $DEV --num-prompts 512 --input-len 200 --output-len 300 --max-num-seqs 64 --temperature 0)
+  # no `timeout` wrapper: the kill must reach pagoda itself ($! is its pid)
+  "$P" bench "${K[@]}" --tp-rank 1 --tp-world 2 --tp-master 127.0.0.1:$port >/dev/null 2>"$out/${label}_r1.err" &
+  local w=$!
+  "$P" bench "${K[@]}" --tp-rank 0 --tp-world 2 --tp-master 127.0.0.1:$port >"$out/$label.out" 2>"$out/$label.err" &
+  local r0=$!
+  for _ in $(seq 100); do grep -q "KV pool" "$out/$label.err" 2>/dev/null && break; sleep 0.1; done
+  sleep 1
+  local dead=$w alive=$r0 alive_rank=0 err="$out/$label.err"
+  ((victim == 0)) && { dead=$r0; alive=$w; alive_rank=1; err="$out/${label}_r1.err"; }
+  kill -9 $dead; local tk=$(date +%s%N)
+  waitfor $alive; local rc=$?
+  echo "rank $alive_rank rc=$rc, $((($(date +%s%N) - tk) / 1000000)) ms after the kill"
+  grep -E "error" "$err" | head -3
+}
 el "3a. rank 1 killed mid-bench"
-port=$((port + 1))
-K=(-m "$S" --device $DEV --num-prompts 512 --input-len 200 --output-len 300 --max-num-seqs 64 --temperature 0)
-# no `timeout` wrapper: the kill must reach pagoda itself ($! is its pid)
-"$P" bench "${K[@]}" --tp-rank 1 --tp-world 2 --tp-master 127.0.0.1:$port >/dev/null 2>"$out/kill1_r1.err" &
-w=$!
-"$P" bench "${K[@]}" --tp-rank 0 --tp-world 2 --tp-master 127.0.0.1:$port >"$out/kill1.out" 2>"$out/kill1.err" &
-r0=$!
-for _ in $(seq 100); do grep -q "KV pool" "$out/kill1.err" 2>/dev/null && break; sleep 0.1; done
-sleep 1
-kill -9 $w; tk=$(date +%s%N)
-waitfor $r0; rc=$?
-echo "rank 0 rc=$rc, $((($(date +%s%N) - tk) / 1000000)) ms after the kill"
-grep -E "error" "$out/kill1.err" | head -3
-
+killed 1 kill1
 el "3b. rank 0 killed mid-bench"
-port=$((port + 1))
-"$P" bench "${K[@]}" --tp-rank 1 --tp-world 2 --tp-master 127.0.0.1:$port >/dev/null 2>"$out/kill0_r1.err" &
-w=$!
-"$P" bench "${K[@]}" --tp-rank 0 --tp-world 2 --tp-master 127.0.0.1:$port >"$out/kill0.out" 2>"$out/kill0.err" &
-r0=$!
-for _ in $(seq 100); do grep -q "KV pool" "$out/kill0.err" 2>/dev/null && break; sleep 0.1; done
-sleep 1
-kill -9 $r0; tk=$(date +%s%N)
-waitfor $w; rc=$?
-echo "rank 1 rc=$rc, $((($(date +%s%N) - tk) / 1000000)) ms after the kill"
-grep -E "error" "$out/kill0_r1.err" | head -3
+killed 0 kill0
 
 if [[ $DEV != cuda ]] || (($(date +%s) - t_start > 50)); then el "no time left for the 1B shape"; finish; fi
 el "4. Llama-3.2-1B shape: 2 processes vs --tp 2"
