@@ -15,15 +15,8 @@
 # Run (device tool):   cd .gpu-NAME && bash bench/qgemv3_h200.sh [all|grid] 2>&1 | tee $OUT/run.log
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.device/lib:$root/.device/build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PAGODA_BACKEND_PATH="$root/.device/build"
-export PAGODA_SOURCE_DIR="$root" PAGODA_TESTDATA="$root/.device/testdata" PAGODA_FIXTURES="$root/tests/fixtures"
-P=$root/.device/build/pagoda
-B=$root/.device/build
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 budget=${QGEMV3_BUDGET_S:-470} # seconds after which the optional runs are skipped
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { (( $(date +%s) - t0 < budget )); }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 (python3 tools/make_dummy_model.py --shape llama-3.1-8b --out /tmp/m8b >/tmp/dummy.log 2>&1) &

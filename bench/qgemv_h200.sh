@@ -13,15 +13,8 @@
 # Logs under $OUT (few files: the device tool brings back at most 8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 what=${1:-all}
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.device/lib:$root/.device/build:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PAGODA_BACKEND_PATH="$root/.device/build"
-export PAGODA_SOURCE_DIR="$root" PAGODA_TESTDATA="$root/.device/testdata" PAGODA_FIXTURES="$root/tests/fixtures"
-P=$root/.device/build/pagoda
-B=$root/.device/build
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 DP=
 if [[ $what != micro ]]; then

@@ -10,13 +10,9 @@
 #         parallel) and `pagoda bench` (1 and 64 requests of 512 + 128 tokens) on both files
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PAGODA_FIXTURES="$root/tests/fixtures" PAGODA_TESTDATA="$root/.device/testdata"
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 W=/tmp/llamacpp-peer; mkdir -p $W
 B=$W/lc/b/bin; G=$W/random-8b.gguf
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 what=${1:-all}
 if [[ $what == prep || $what == all ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -8,13 +8,8 @@
 # tools/device_stage.sh. Usage: bash tools/arch_shapes_h200.sh     (logs under $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PAGODA_BACKEND_PATH="$root/.device/build"
-P=$root/.device/build/pagoda
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 S=$root/tests/fuzz/seeds/fuzz_model_config; [[ -d $S ]] || S=$root/../tests/fuzz/seeds/fuzz_model_config # staged folder: the tree above
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 tok() { # DIR VOCAB BOS EOS: the synthetic tokenizer of make_dummy_model.py
   python3 -c "import sys; sys.path.insert(0, 'tools'); import make_dummy_model as m; m.write_tokenizer('$1', $2, $3, $4)"
 }

@@ -13,15 +13,10 @@
 # both engines on those files, and pagoda with --isq 8 on the f16 file, while time remains.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 shape=${1:?1b or 8b}
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export PAGODA_BACKEND_PATH="$root/.device/build"
-P=$root/.device/build/pagoda
 W=/tmp/llamacpp-peer; mkdir -p $W
 B=$W/lc/b/bin; G=$W/random-$shape.gguf
-t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 [[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
 (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
