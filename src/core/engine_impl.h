@@ -98,9 +98,9 @@ struct pagoda_engine {
    * (sequence.pend) whose id the next step's batch takes from the device (ids < 0, struct batch)
    * or, on a host backend, from flight_tok; when the ids are read, placeholders are filled and
    * the stop conditions run. A sequence that finished meanwhile has its entry discarded. */
-  int async_on;            /* caps.async_steps, PAGODA_ASYNC_STEPS not 0, no multi-process tensor
-                            * parallelism (single-process: when model_tp_async_ok), and on a device
-                            * backend device sampling with sample_async / sample_wait / resolve_ids */
+  int async_on;            /* caps.async_steps, PAGODA_ASYNC_STEPS not 0, model_tp_async_ok, and on a
+                            * device backend device sampling with sample_async / sample_wait /
+                            * resolve_ids */
   int async_dev;           /* 1: sampling through ops->sample_async; 0: the host sampler at launch */
   int n_sync_reqs;         /* live requests with sync_steps: while > 0 every step is synchronous */
   int next_slot;           /* the slot the next launched step uses */

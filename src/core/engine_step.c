@@ -588,7 +588,7 @@ int engine_async_init(struct pagoda_engine *e) {
   const char *env = getenv("PAGODA_ASYNC_STEPS"); /* 0: every step synchronous */
   int dev = !e->be->caps.host_memory;
   e->async_dev = dev;
-  e->async_on = e->be->caps.async_steps && !(env && !strcmp(env, "0")) && model_tp_async_ok(e->model) && !e->mp &&
+  e->async_on = e->be->caps.async_steps && !(env && !strcmp(env, "0")) && model_tp_async_ok(e->model) &&
                 (!dev || (e->device_sampling && op->sample_async && op->sample_wait && op->resolve_ids));
   if (!e->async_on)
     return 0;

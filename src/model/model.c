@@ -96,7 +96,7 @@ const struct model_config *model_get_config(const struct model *m) { return &m->
 int model_has_kv_scales(const struct model *m) { return m->kv_scales != NULL; }
 
 int model_tp_vocab_split(const struct model *m) { return m->vocab_parallel ? m->vocab_local : 0; }
-int model_tp_async_ok(const struct model *m) { return !m->ranks || m->tp_ids_shared; }
+int model_tp_async_ok(const struct model *m) { return !m->mirror && (!m->ranks || m->tp_ids_shared); }
 
 static int tp_free_rank(int r, void *ctx);
 static int local_forward(struct model *m, const struct batch *batch, float *logits);

@@ -99,8 +99,8 @@ const struct model_config *model_get_config(const struct model *m);
 int model_tp_vocab_split(const struct model *m);
 /* Whether asynchronous steps may run on this model: always without tensor parallelism; under
  * single-process tensor parallelism when the ranks > 0 read the ids rank 0 sampled on its device
- * (backend.h peer_ar_connect). Across processes the engine keeps them off itself (its workers
- * take their ids from the step message), whatever this says. */
+ * (backend.h peer_ar_connect); never on rank 0 of a multi-process group (model_set_mirror: its
+ * workers take their ids from each step's message). */
 int model_tp_async_ok(const struct model *m);
 
 /* The sliding window every layer attends within (tokens), or 0 when some layer attends to the

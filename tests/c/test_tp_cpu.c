@@ -9,7 +9,8 @@
  * measured 2e-7..4e-7, printed) and greedy tokens equal.
  * Also: llama (untied head) and llama3 (tied) cut to a vocabulary of 251, which 2 and 4 do not
  * divide, take the other path (rank 0 holds the whole head) with the same result; shapes that
- * do not divide are refused with a message naming --tp. */
+ * do not divide are refused with a message naming --tp. Also: asynchronous steps are allowed on
+ * a model that is not split, and not on rank 0 of a multi-process group (model_set_mirror). */
 #include <unistd.h>
 
 #include "c/tp_common.h"
@@ -114,6 +115,29 @@ static void rm_dir(const char *dir) {
   rmdir(dir);
 }
 
+static int no_mirror(struct model *m, const struct step_msg *call, float *logits, void *user) {
+  (void)m, (void)call, (void)logits, (void)user;
+  return -1;
+}
+
+/* model_tp_async_ok: 1 for an unsplit model, 0 once it mirrors its calls to workers (rank 0 of a
+ * multi-process group, whose workers take each step's ids from its message), 1 again after. */
+static void test_async_ok(void) {
+  struct backend *be = backend_cpu_create(1);
+  struct model *m = be ? model_load(test_fixture_path("llama"), be) : NULL;
+  CHECK(m != NULL, "load llama: %s", err_last());
+  if (m) {
+    CHECK(model_tp_async_ok(m) == 1, "an unsplit model refuses asynchronous steps");
+    model_set_mirror(m, no_mirror, NULL);
+    CHECK(model_tp_async_ok(m) == 0, "rank 0 of a multi-process group allows asynchronous steps");
+    model_set_mirror(m, NULL, NULL);
+    CHECK(model_tp_async_ok(m) == 1, "asynchronous steps stay refused after the mirror is gone");
+    model_free(m);
+  }
+  if (be)
+    be->ops->destroy(be);
+}
+
 int main(void) {
   if (!test_fixture_path("llama"))
     return test_skip("no tests/fixtures");
@@ -143,5 +167,6 @@ int main(void) {
   CHECK(tpc_run("cpu", dir, 3, tokens, n, &r) != 0 && strstr(err_last(), "--tp 3"),
         "llama at --tp 3 should be refused naming --tp 3: %s", err_last());
   tpc_free(&r);
+  test_async_ok();
   return test_finish("test_tp_cpu");
 }
