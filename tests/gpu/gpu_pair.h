@@ -168,4 +168,13 @@ static inline void pair_expect(const char *what, const float *gpu, const float *
     printf("  %-48s rel L2 %.3g (tol %.3g)\n", what, e, tol);
 }
 
+/* pair_get_both + pair_expect on buffer B's N elements, both downloads freed. */
+static inline void pair_check(const char *what, struct dbuf b, size_t n, double tol) {
+  float *c, *g;
+  pair_get_both(b, n, &c, &g);
+  pair_expect(what, g, c, n, tol);
+  free(c);
+  free(g);
+}
+
 #endif

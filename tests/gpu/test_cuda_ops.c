@@ -66,30 +66,20 @@ static void test_rmsnorm(int dim, int with_residual) {
     if (pair_be[i]->ops->rmsnorm(pair_be[i], out.p[i], with_residual ? dr.p[i] : NULL, dx.p[i], &w[i], T,
                                  dim, 1e-5f))
       pair_die("rmsnorm");
-  float *c, *g;
   char what[64];
-  pair_get_both(out, n, &c, &g);
   snprintf(what, sizeof what, "rmsnorm dim %d%s", dim, with_residual ? " +residual" : "");
-  pair_expect(what, g, c, n, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, out, n, TOL_BF16_OUT);
   if (with_residual) { /* the fused add's sum, stored back: one bf16 rounding */
-    pair_get_both(dr, n, &c, &g);
     snprintf(what, sizeof what, "rmsnorm dim %d residual sum", dim);
-    pair_expect(what, g, c, n, TOL_BF16_OUT);
-    free(c);
-    free(g);
+    pair_check(what, dr, n, TOL_BF16_OUT);
   }
   /* in place: out aliases x (the forward pass may normalise a buffer into itself) */
   if (!with_residual) {
     for (int i = 0; i < 2; i++)
       if (pair_be[i]->ops->rmsnorm(pair_be[i], dx.p[i], NULL, dx.p[i], &w[i], T, dim, 1e-5f))
         pair_die("rmsnorm");
-    pair_get_both(dx, n, &c, &g);
     snprintf(what, sizeof what, "rmsnorm dim %d in place", dim);
-    pair_expect(what, g, c, n, TOL_BF16_OUT);
-    free(c);
-    free(g);
+    pair_check(what, dx, n, TOL_BF16_OUT);
   }
   for (int i = 0; i < 2; i++)
     pair_be[i]->ops->weight_free(pair_be[i], &w[i]);
@@ -226,18 +216,11 @@ static void test_rope(int head_dim, int n_heads, int n_kv, int neox, int max_pos
     if (pair_be[i]->ops->rope(pair_be[i], dq.p[i], dk.p[i], dpos.p[i], T, n_heads, n_kv, head_dim, &rp))
       pair_die("rope");
   }
-  float *c, *g;
   char what[80];
   snprintf(what, sizeof what, "rope hd%d %s pos<=%d q", head_dim, neox ? "neox" : "gptj", max_pos);
-  pair_get_both(dq, nq, &c, &g);
-  pair_expect(what, g, c, nq, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, dq, nq, TOL_BF16_OUT);
   snprintf(what, sizeof what, "rope hd%d %s pos<=%d k", head_dim, neox ? "neox" : "gptj", max_pos);
-  pair_get_both(dk, nk, &c, &g);
-  pair_expect(what, g, c, nk, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, dk, nk, TOL_BF16_OUT);
   pair_free(dq);
   pair_free(dk);
   pair_free(dpos);
@@ -275,18 +258,11 @@ static void test_rope_longrope(int head_dim, int n_heads, int n_kv) {
     if (pair_be[i]->ops->rope(pair_be[i], dq.p[i], dk.p[i], dpos.p[i], T, n_heads, n_kv, head_dim, &rp))
       pair_die("longrope");
   }
-  float *c, *g;
   char what[80];
   snprintf(what, sizeof what, "longrope hd%d rot%d q", head_dim, rot);
-  pair_get_both(dq, nq, &c, &g);
-  pair_expect(what, g, c, nq, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, dq, nq, TOL_BF16_OUT);
   snprintf(what, sizeof what, "longrope hd%d rot%d k", head_dim, rot);
-  pair_get_both(dk, nk, &c, &g);
-  pair_expect(what, g, c, nk, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, dk, nk, TOL_BF16_OUT);
   pair_free(dq);
   pair_free(dk);
   pair_free(dpos);
@@ -306,18 +282,11 @@ static void test_silu_mul(int T, int F) {
   for (int i = 0; i < 2; i++)
     if (pair_be[i]->ops->silu_mul(pair_be[i], out.p[i], da.p[i], db.p[i], T, F))
       pair_die("silu_mul");
-  float *c, *g;
-  pair_get_both(out, n, &c, &g);
-  pair_expect("silu_mul", g, c, n, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check("silu_mul", out, n, TOL_BF16_OUT);
   for (int i = 0; i < 2; i++) /* out aliases gate */
     if (pair_be[i]->ops->silu_mul(pair_be[i], da.p[i], da.p[i], db.p[i], T, F))
       pair_die("silu_mul");
-  pair_get_both(da, n, &c, &g);
-  pair_expect("silu_mul in place", g, c, n, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check("silu_mul in place", da, n, TOL_BF16_OUT);
   pair_free(da);
   pair_free(db);
   pair_free(out);
@@ -337,11 +306,7 @@ static void test_gather_rows(void) {
   for (int i = 0; i < 2; i++)
     if (pair_be[i]->ops->gather_rows(pair_be[i], out.p[i], dx.p[i], di.p[i], n, dim))
       pair_die("gather_rows");
-  float *c, *g;
-  pair_get_both(out, (size_t)n * dim, &c, &g);
-  pair_expect("gather_rows", g, c, (size_t)n * dim, TOL_EXACT);
-  free(c);
-  free(g);
+  pair_check("gather_rows", out, (size_t)n * dim, TOL_EXACT);
   pair_free(dx);
   pair_free(di);
   pair_free(out);
@@ -582,24 +547,14 @@ static void test_paged(const struct kv_case *kc) {
       pair_die("attention");
   }
   char what[128];
-  float *c, *g;
   snprintf(what, sizeof what, "kv_write bs%d %s h%d/kv%d hd%d (T=%d B=%d)", kc->bs, shape_name[kc->shape],
            kc->n_heads, kc->n_kv, kc->hd, T, hb.B);
-  pair_get_both(dkc, cache_n, &c, &g);
-  pair_expect(what, g, c, cache_n, TOL_EXACT);
-  free(c);
-  free(g);
-  pair_get_both(dvc, cache_n, &c, &g);
-  pair_expect(what, g, c, cache_n, TOL_EXACT);
-  free(c);
-  free(g);
+  pair_check(what, dkc, cache_n, TOL_EXACT);
+  pair_check(what, dvc, cache_n, TOL_EXACT);
   snprintf(what, sizeof what, "attention bs%d %s h%d/kv%d hd%d window %d softcap %g%s%s (T=%d B=%d)", kc->bs,
            shape_name[kc->shape], kc->n_heads, kc->n_kv, kc->hd, kc->window, (double)kc->softcap,
            kc->long_ctx ? " long" : "", kc->loose ? " loose" : "", T, hb.B);
-  pair_get_both(out, nq, &c, &g);
-  pair_expect(what, g, c, nq, TOL_BF16_OUT);
-  free(c);
-  free(g);
+  pair_check(what, out, nq, TOL_BF16_OUT);
   for (int i = 0; i < 2; i++)
     for (int k2 = 0; k2 < 6; k2++)
       pair_be[i]->ops->free(pair_be[i], bufs[i][k2]);
@@ -848,10 +803,7 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
     free(a);
     free(b2);
     if (!f8) {
-      pair_get_both(kvi ? dvc : dkc, cache_n, &c, &g);
-      pair_expect(what, g, c, cache_n, TOL_BF16_OUT);
-      free(c);
-      free(g);
+      pair_check(what, kvi ? dvc : dkc, cache_n, TOL_BF16_OUT);
     }
   }
   for (int i = 0; i < 2; i++)
@@ -945,10 +897,7 @@ static void test_copy_blocks(void) {
     CHECK(memcmp(g + 5 * blk, g + 1 * blk, blk * 4) == 0, "copy_blocks: block 5 is not a copy of 1");
     free(c);
     free(g);
-    pair_get_both(vc[l], cache_n, &c, &g);
-    pair_expect("copy_blocks v", g, c, cache_n, TOL_EXACT);
-    free(c);
-    free(g);
+    pair_check("copy_blocks v", vc[l], cache_n, TOL_EXACT);
     pair_free(kc[l]);
     pair_free(vc[l]);
   }
