@@ -97,6 +97,18 @@ struct rope_params {
   float mscale;
 };
 
+/* The RMSNorm a fused matmul applies to its input first (matmul_n, matmul_silu_mul; NULL: none),
+ * so that the residual stream goes straight into the next block's matmuls with no rmsnorm
+ * launch between them (blocks.c, struct block_res): the matmul reads
+ * x * rsqrt(mean(x^2) + eps) * w, rounded to act_dtype as op rmsnorm (residual NULL) writes it.
+ * XN is a (T, K) act_dtype buffer of the caller's that the backend may write the normalized rows
+ * to (the CPU does; CUDA normalizes on chip and leaves it alone). */
+struct backend_prenorm {
+  const struct weight *w; /* (K) */
+  float eps;
+  void *xn;
+};
+
 /* One row's sampling settings for backend_ops.sample; U is a uniform draw in [0, 1) made by
  * the host sampler, so GPU and host sampling pick the same token from the same draw. */
 struct backend_sample_params {
@@ -312,17 +324,28 @@ struct backend_ops {
    * so a captured graph stays valid. CPU reference: cpu_fused.c (the sequences). ---- */
   /* For i < n (1 <= n <= BACKEND_MATMUL_N_MAX): outs[i](T, ws[i]->rows) = x(T, K) @ ws[i]^T
    * (+ biases[i] when biases and biases[i] are non-NULL), every ws[i]->cols == K; outputs of
-   * act_dtype. As n calls of matmul (q/k/v, gate/up: matrices that read the same input). */
-  int (*matmul_n)(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
-                  const struct weight *const biases[], int T);
+   * act_dtype. As n calls of matmul (q/k/v, gate/up: matrices that read the same input). With
+   * PRE (struct backend_prenorm), x is first normalized: as rmsnorm into PRE->xn, then on xn. */
+  int (*matmul_n)(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                  const struct weight *const ws[], const struct weight *const biases[], int T);
   /* out(T, F) = silu(x @ gate^T) * (x @ up^T), F = gate->rows = up->rows: as matmul into two
-   * buffers, then silu_mul (each product rounded to act_dtype before silu_mul). */
-  int (*matmul_silu_mul)(struct backend *be, void *out, const void *x, const struct weight *gate,
-                         const struct weight *up, int T);
+   * buffers, then silu_mul (each product rounded to act_dtype before silu_mul); PRE as in
+   * matmul_n. */
+  int (*matmul_silu_mul)(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                         const struct weight *gate, const struct weight *up, int T);
   /* rope(q, k, b->positions, T, n_heads, kv->n_kv_heads, kv->head_dim, rp), then
    * kv_write(kv, k, v, b): q and k rotated in place, the rotated k and v stored in the cache. */
   int (*rope_kv_write)(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                        const struct batch *b, int n_heads, const struct rope_params *rp);
+
+  /* resid(T, w->rows) += x(T, w->cols) @ w^T (the o / down projection added into the residual
+   * stream): as matmul into SCRATCH ((T, w->rows) of act_dtype, the op's to overwrite) followed
+   * by rmsnorm's residual add, each sum rounded to act_dtype (cuda keeps the product on chip). */
+  int (*matmul_add)(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T);
+  /* Tensor parallelism: resid(n) += the sum over the ranks of x(n): as all_reduce_sum(x) (x then
+   * holds the sum) followed by rmsnorm's residual add. Called like all_reduce_sum, by every rank
+   * with the same n; answers 1 on every rank alike (it depends only on n and the group). */
+  int (*all_reduce_add)(struct backend *be, void *resid, void *x, size_t n);
 
   /* ---- Single-process tensor parallelism's peer all-reduce (optional; NULL: all_reduce_sum is
    * the collective library's alone). The ranks' devices read each other's memory directly. ---- */

@@ -135,7 +135,7 @@ static int gemma2_forward(const struct fwd *f) {
                                    .scale = 1.0f / sqrtf(c->query_pre_attn_scalar),
                                    .softcap = c->attn_softcap,
                                    .window = block_layer_window(c, l)};
-    TRY(block_attention(f, l, &ap));
+    TRY(block_attention(f, l, &ap, NULL));
     TRY(op->rmsnorm(be, f->xb2, NULL, f->xb2, &L->post_attn_norm, T, dim, eps)); /* in place */
     TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, &L->ffn_norm, T, dim, eps));       /* x += ...; xb = norm */
     TRY(gemma2_mlp(f, l));

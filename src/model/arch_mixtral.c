@@ -112,7 +112,7 @@ static int mixtral_forward(const struct fwd *f) {
     const struct attn_params ap = {.n_heads = c->n_heads,
                                    .scale = 1.0f / sqrtf((float)c->head_dim),
                                    .window = block_layer_window(c, l)};
-    TRY(block_attention(f, l, &ap));
+    TRY(block_attention(f, l, &ap, NULL));
     TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, &f->layers[l].ffn_norm, T, dim, c->rms_eps));
     TRY(mixtral_moe(f, l, &s));
     const struct weight *next = l + 1 < c->n_layers ? &f->layers[l + 1].attn_norm : f->out_norm;

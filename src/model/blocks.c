@@ -62,39 +62,96 @@ void blocks_split_idx_fill(int32_t *idx, const struct model_config *c,
   }
 }
 
-/* The fused ops (backend.h, "Fused small ops") where the backend has them, else the separate
- * ops they stand for. */
-static int blocks_matmul_n(const struct fwd *f, int n, void *const outs[], const void *x,
-                           const struct weight *const ws[], const struct weight *const biases[]) {
+/* ---- The residual stream around a sub-block (struct block_res, blocks.h) ---- */
+
+/* f->xb = rmsnorm(f->x) with RES's norm, adding the output waiting in f->xb2 first. */
+static int res_norm(const struct fwd *f, struct block_res *res) {
   struct backend *be = f->be;
-  int rc = be->ops->matmul_n ? be->ops->matmul_n(be, n, outs, x, ws, biases, f->T) : 1;
-  if (rc != 1)
-    return rc;
-  for (int i = 0; i < n; i++)
-    TRY(be->ops->matmul(be, outs[i], x, ws[i], biases[i], f->T, 0));
+  TRY(be->ops->rmsnorm(be, f->xb, res->pending ? f->x : NULL, res->pending ? f->xb2 : f->x, res->norm, f->T,
+                       f->c->dim, f->c->rms_eps));
+  res->pending = 0;
   return 0;
 }
 
-int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
+/* A sub-block's first matmuls, FN(f, l, x, pre), on its normalized input: without RES on f->xb
+ * (the caller normalized it); with RES first on f->x with the norm as the matmuls' prologue
+ * (when no output is pending), and if the backend answered 1 (FN returns 1 only when given a
+ * prenorm), on f->xb after res_norm. */
+typedef int (*res_input_fn)(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre);
+static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
+  if (res && !res->pending) {
+    const struct backend_prenorm pre = {.w = res->norm, .eps = f->c->rms_eps, .xn = f->xb};
+    int rc = fn(f, l, f->x, &pre);
+    if (rc != 1)
+      return rc;
+  }
+  if (res)
+    TRY(res_norm(f, res));
+  return fn(f, l, f->xb, NULL);
+}
+
+/* A sub-block's last matmul, out = x @ W^T (o / down; a partial sum under tensor parallelism):
+ * without RES into f->xb2 (all-reduced); with RES added into f->x by the fused matmul_add or
+ * all_reduce_add where the backend has them, else left in f->xb2 (res->pending) for the next
+ * res_norm to add. */
+static int res_output(const struct fwd *f, struct block_res *res, const void *x, const struct weight *w) {
+  struct backend *be = f->be;
+  const struct backend_ops *op = be->ops;
+  const size_t n = (size_t)f->T * f->c->dim;
+  int rc = res && f->tp_world == 1 && op->matmul_add ? op->matmul_add(be, f->x, x, w, f->xb2, f->T) : 1;
+  if (rc != 1)
+    return rc;
+  TRY(op->matmul(be, f->xb2, x, w, NULL, f->T, 0));
+  if (f->tp_world > 1) {
+    rc = res && op->all_reduce_add ? op->all_reduce_add(be, f->x, f->xb2, n) : 1;
+    if (rc != 1)
+      return rc;
+    TRY(op->all_reduce_sum(be, f->xb2, n));
+  }
+  if (res)
+    res->pending = 1;
+  return 0;
+}
+
+/* q/k/v from wq/wk/wv (+ biases) as one fused matmul_n where the backend has it, else three
+ * matmuls (1 when given PRE and not fused). */
+static int qkv_separate(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
+  struct backend *be = f->be;
+  const struct layer_weights *L = &f->layers[l];
+  void *const outs[3] = {f->q, f->k, f->v};
+  const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
+  const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
+                                      L->bv.data ? &L->bv : NULL};
+  int rc = be->ops->matmul_n ? be->ops->matmul_n(be, 3, outs, x, pre, ws, bs, f->T) : 1;
+  if (rc != 1 || pre)
+    return rc;
+  for (int i = 0; i < 3; i++)
+    TRY(be->ops->matmul(be, outs[i], x, ws[i], bs[i], f->T, 0));
+  return 0;
+}
+
+/* q/k/v from the fused wqkv (Phi-3): one matmul, then split (no prologue form: 1 with PRE). */
+static int qkv_fused(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
+  if (pre)
+    return 1;
+  struct backend *be = f->be;
+  const struct backend_ops *op = be->ops;
+  const int T = f->T, nh = f->c->n_heads, nkv = f->c->n_kv_heads, hd = f->c->head_dim;
+  const int32_t *qi = f->split_idx, *ki = qi + (size_t)f->max_tokens * nh, *vi = ki + (size_t)f->max_tokens * nkv;
+  TRY(op->matmul(be, f->fused, x, &f->layers[l].wqkv, NULL, T, 0));
+  TRY(op->gather_rows(be, f->q, f->fused, qi, T * nh, hd));
+  TRY(op->gather_rows(be, f->k, f->fused, ki, T * nkv, hd));
+  TRY(op->gather_rows(be, f->v, f->fused, vi, T * nkv, hd));
+  return 0;
+}
+
+int block_attention(const struct fwd *f, int l, const struct attn_params *ap, struct block_res *res) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
   const struct layer_weights *L = &f->layers[l];
   const int T = f->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-  if (L->wqkv.data) {
-    const int32_t *qi = f->split_idx, *ki = qi + (size_t)f->max_tokens * nh,
-                  *vi = ki + (size_t)f->max_tokens * nkv;
-    TRY(op->matmul(be, f->fused, f->xb, &L->wqkv, NULL, T, 0));
-    TRY(op->gather_rows(be, f->q, f->fused, qi, T * nh, hd));
-    TRY(op->gather_rows(be, f->k, f->fused, ki, T * nkv, hd));
-    TRY(op->gather_rows(be, f->v, f->fused, vi, T * nkv, hd));
-  } else {
-    void *const outs[3] = {f->q, f->k, f->v};
-    const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
-    const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
-                                        L->bv.data ? &L->bv : NULL};
-    TRY(blocks_matmul_n(f, 3, outs, f->xb, ws, bs));
-  }
+  TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
   if (L->q_norm.data) /* in place: rows of head_dim */
     TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
   if (L->k_norm.data)
@@ -109,61 +166,66 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap) {
     TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
   }
   TRY(op->attention(be, f->att, f->q, &f->kv[l], f->b, ap));
-  TRY(op->matmul(be, f->xb2, f->att, &L->wo, NULL, T, 0));
-  if (f->tp_world > 1) /* row-parallel o_proj: each rank's partial sum over its heads */
-    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
-  return 0;
+  /* row-parallel o_proj under tensor parallelism: each rank's partial sum over its heads */
+  return res_output(f, res, f->att, &L->wo);
 }
 
-int block_gated_mlp(const struct fwd *f, int l) {
+/* f->gate = silu(gate(x)) * up(x) from w_gate / w_up: matmul_silu_mul, else matmul_n (or two
+ * matmuls) and silu_mul (1 when given PRE and neither fused form takes it). */
+static int mlp_gate_separate(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
-  const struct model_config *c = f->c;
   const struct layer_weights *L = &f->layers[l];
-  const int T = f->T, F = c->ffn_dim;
-  if (L->w_gate_up.data) {
-    const int32_t *gi = f->split_idx + qkv_idx_count(c, &f->layers[0], f->max_tokens),
-                  *ui = gi + f->max_tokens;
-    TRY(op->matmul(be, f->fused, f->xb, &L->w_gate_up, NULL, T, 0));
-    TRY(op->gather_rows(be, f->gate, f->fused, gi, T, F));
-    TRY(op->gather_rows(be, f->up, f->fused, ui, T, F));
-    TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
-  } else {
-    int rc = op->matmul_silu_mul ? op->matmul_silu_mul(be, f->gate, f->xb, &L->w_gate, &L->w_up, T) : 1;
-    if (rc < 0)
-      return -1;
-    if (rc == 1) {
-      void *const outs[2] = {f->gate, f->up};
-      const struct weight *const ws[2] = {&L->w_gate, &L->w_up};
-      const struct weight *const bs[2] = {NULL, NULL};
-      TRY(blocks_matmul_n(f, 2, outs, f->xb, ws, bs));
-      TRY(op->silu_mul(be, f->gate, f->gate, f->up, T, F));
-    }
-  }
-  TRY(op->matmul(be, f->xb2, f->gate, &L->w_down, NULL, T, 0));
-  if (f->tp_world > 1) /* row-parallel down_proj: each rank's partial sum over its ffn columns */
-    TRY(op->all_reduce_sum(be, f->xb2, (size_t)T * c->dim));
-  return 0;
+  int rc = op->matmul_silu_mul ? op->matmul_silu_mul(be, f->gate, x, pre, &L->w_gate, &L->w_up, f->T) : 1;
+  if (rc != 1)
+    return rc;
+  void *const outs[2] = {f->gate, f->up};
+  const struct weight *const ws[2] = {&L->w_gate, &L->w_up};
+  const struct weight *const bs[2] = {NULL, NULL};
+  rc = op->matmul_n ? op->matmul_n(be, 2, outs, x, pre, ws, bs, f->T) : 1;
+  if (rc < 0 || (rc == 1 && pre))
+    return rc;
+  for (int i = 0; i < 2 && rc == 1; i++)
+    TRY(op->matmul(be, outs[i], x, ws[i], NULL, f->T, 0));
+  return op->silu_mul(be, f->gate, f->gate, f->up, f->T, f->c->ffn_dim);
+}
+
+/* The same from the fused w_gate_up (Phi-3): one matmul, split, silu_mul (1 with PRE). */
+static int mlp_gate_fused(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
+  if (pre)
+    return 1;
+  struct backend *be = f->be;
+  const struct backend_ops *op = be->ops;
+  const int T = f->T, F = f->c->ffn_dim;
+  const int32_t *gi = f->split_idx + qkv_idx_count(f->c, &f->layers[0], f->max_tokens), *ui = gi + f->max_tokens;
+  TRY(op->matmul(be, f->fused, x, &f->layers[l].w_gate_up, NULL, T, 0));
+  TRY(op->gather_rows(be, f->gate, f->fused, gi, T, F));
+  TRY(op->gather_rows(be, f->up, f->fused, ui, T, F));
+  return op->silu_mul(be, f->gate, f->gate, f->up, T, F);
+}
+
+int block_gated_mlp(const struct fwd *f, int l, struct block_res *res) {
+  const struct layer_weights *L = &f->layers[l];
+  TRY(res_input(f, l, res, L->w_gate_up.data ? mlp_gate_fused : mlp_gate_separate));
+  /* row-parallel down_proj: each rank's partial sum over its ffn columns */
+  return res_output(f, res, f->gate, &L->w_down);
 }
 
 int blocks_prenorm_forward(const struct fwd *f) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
-  const int T = f->T, dim = c->dim;
-  TRY(op->embed(be, f->x, f->tok_embd, f->b->input_ids, T));
-  TRY(op->rmsnorm(be, f->xb, NULL, f->x, &f->layers[0].attn_norm, T, dim, c->rms_eps));
+  TRY(op->embed(be, f->x, f->tok_embd, f->b->input_ids, f->T));
+  struct block_res res = {0};
   for (int l = 0; l < c->n_layers; l++) {
     const struct attn_params ap = {.n_heads = c->n_heads,
                                    .scale = 1.0f / sqrtf((float)c->head_dim),
                                    .window = block_layer_window(c, l)};
-    TRY(block_attention(f, l, &ap));
-    /* x += attention output; xb = norm(x) for the MLP */
-    TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, &f->layers[l].ffn_norm, T, dim, c->rms_eps));
-    TRY(block_gated_mlp(f, l));
-    /* x += MLP output; xb = norm(x) with the next layer's (or the final) norm */
-    const struct weight *next = l + 1 < c->n_layers ? &f->layers[l + 1].attn_norm : f->out_norm;
-    TRY(op->rmsnorm(be, f->xb, f->x, f->xb2, next, T, dim, c->rms_eps));
+    res.norm = &f->layers[l].attn_norm; /* x += attn(norm(x)) */
+    TRY(block_attention(f, l, &ap, &res));
+    res.norm = &f->layers[l].ffn_norm; /* x += mlp(norm(x)) */
+    TRY(block_gated_mlp(f, l, &res));
   }
-  return 0;
+  res.norm = f->out_norm; /* xb = the final norm(x), for the output head */
+  return res_norm(f, &res);
 }

@@ -20,16 +20,31 @@
  * decided: forward passes and model_kv_window (the KV manager's) both read it. */
 int block_layer_window(const struct model_config *c, int l);
 
-/* Attention sub-block of layer L: f->xb (normed input) -> f->xb2 (after o_proj). q/k/v from
- * wq/wk/wv (+ biases when present) or from the fused wqkv; q_norm / k_norm per head when
- * present; RoPE; KV write; paged attention with AP; o_proj. */
-int block_attention(const struct fwd *f, int l, const struct attn_params *ap);
-/* Gated SiLU MLP of layer L: f->xb -> f->xb2 = down(silu(gate(x)) * up(x)), from w_gate/w_up or
- * the fused w_gate_up. */
-int block_gated_mlp(const struct fwd *f, int l);
+/* The residual stream f->x around the sub-blocks of a pre-norm decoder. A sub-block given one
+ * reads rmsnorm(f->x) with NORM and adds its output into f->x itself. Where the backend has the
+ * fused forms, the norm runs as the prologue of the sub-block's first matmuls (struct
+ * backend_prenorm) and the add in the epilogue of its last one (matmul_add) or in the
+ * all-reduce (all_reduce_add), so no add + rmsnorm launch sits between the sub-blocks of a
+ * decode step. Where it lacks them (answers 1 for these shapes), the output waits in f->xb2 with
+ * PENDING set and the next sub-block's rmsnorm adds it, as one add + rmsnorm op. Both orders
+ * round alike (backend.h), so the choice never changes a token beyond the act_dtype rounding.
+ * Invariant: PENDING is 0 whenever a sub-block's input is read from f->x directly. */
+struct block_res {
+  const struct weight *norm; /* the next sub-block's input norm */
+  int pending;               /* 1 while a sub-block's output waits in f->xb2 */
+};
+
+/* Attention sub-block of layer L: q/k/v from wq/wk/wv (+ biases when present) or from the fused
+ * wqkv; q_norm / k_norm per head when present; RoPE; KV write; paged attention with AP;
+ * o_proj. RES NULL: f->xb (normed input) -> f->xb2 (all-reduced under tensor parallelism);
+ * else the residual stream as struct block_res says. */
+int block_attention(const struct fwd *f, int l, const struct attn_params *ap, struct block_res *res);
+/* Gated SiLU MLP of layer L: down(silu(gate(x)) * up(x)) from w_gate/w_up or the fused
+ * w_gate_up; input and output as block_attention's. */
+int block_gated_mlp(const struct fwd *f, int l, struct block_res *res);
 /* The pre-norm decoder of Llama and its relatives (Mistral, Qwen2, Phi-3, Qwen3): embed, then per
- * layer x += attn(norm(x)); x += mlp(norm(x)), then the final norm into f->xb. Scores are
- * scaled by 1 / sqrt(head_dim) and windowed per block_layer_window. */
+ * layer x += attn(norm(x)); x += mlp(norm(x)) (struct block_res), then the final norm into
+ * f->xb. Scores are scaled by 1 / sqrt(head_dim) and windowed per block_layer_window. */
 int blocks_prenorm_forward(const struct fwd *f);
 
 /* Workspace of the fused projections, from the first layer's weights (every layer has the same

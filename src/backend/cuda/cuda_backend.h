@@ -236,10 +236,11 @@ long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const out
 /* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
  * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes), and always
  * when cb->fused_ops is 0. */
-int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
+int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                     const struct weight *const ws[],
                      const struct weight *const biases[], int T);
-int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
-                            const struct weight *up, int T);
+int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                            const struct weight *gate, const struct weight *up, int T);
 int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                           const struct batch *b, int n_heads, const struct rope_params *rp);
 

@@ -228,11 +228,13 @@ static int gemv_fusable(struct cuda_backend *cb, const struct weight *const *ws,
   return 1;
 }
 
-int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
-                     const struct weight *const biases[], int T) {
+int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                     const struct weight *const ws[], const struct weight *const biases[], int T) {
   struct cuda_backend *cb = cuda_be(be);
   if (n < 1 || n > BACKEND_MATMUL_N_MAX)
     return ERR("cuda matmul_n: n = %d (1..%d)", n, BACKEND_MATMUL_N_MAX);
+  if (pre)
+    return 1; /* the caller's rmsnorm first */
   if (cuda_quant_type(ws[0]->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
     return cuda_quant_matmul_n(be, n, outs, x, ws, biases, T);
   if (be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
@@ -254,9 +256,11 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   return 0;
 }
 
-int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
-                            const struct weight *up, int T) {
+int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                            const struct weight *gate, const struct weight *up, int T) {
   struct cuda_backend *cb = cuda_be(be);
+  if (pre)
+    return 1; /* the caller's rmsnorm first */
   const struct weight *ws[2] = {gate, up};
   if (gate->rows != up->rows)
     return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
