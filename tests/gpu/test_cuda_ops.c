@@ -619,7 +619,7 @@ static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int 
       ws[m] = &w[m][i];
       bs[m] = with_bias && m != 1 ? &b[m][i] : NULL; /* k without bias: mixed NULL and not */
     }
-    int rc = pair_be[i]->ops->matmul_n(pair_be[i], n, outs, dx.p[i], ws, bs, T);
+    int rc = pair_be[i]->ops->matmul_n(pair_be[i], n, outs, dx.p[i], NULL, ws, bs, T);
     if (rc < 0)
       pair_die("matmul_n");
     if (i == 0)
@@ -680,7 +680,7 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
         be->ops->silu_mul(be, gate.p[i], gate.p[i], up.p[i], T, F))
       pair_die("gate/up/silu_mul");
   }
-  int rc = pair_be[1]->ops->matmul_silu_mul(pair_be[1], out.p[1], dx.p[1], &g[1], &u[1], T);
+  int rc = pair_be[1]->ops->matmul_silu_mul(pair_be[1], out.p[1], dx.p[1], NULL, &g[1], &u[1], T);
   if (rc < 0)
     pair_die("matmul_silu_mul");
   CHECK(rc == (expect_fused ? 0 : 1), "cuda matmul_silu_mul T%d: answered %d, expected %d", T, rc,

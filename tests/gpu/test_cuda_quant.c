@@ -358,7 +358,7 @@ static void test_fused(const struct qcase *qc, int K) {
         pair_die("upload");
       free(poison);
     }
-    int rc = be->ops->matmul_n(be, NM, fo, dx, ws, bs, T);
+    int rc = be->ops->matmul_n(be, NM, fo, dx, NULL, ws, bs, T);
     if (rc < 0)
       pair_die("matmul_n");
     CHECK(rc == (T <= 8 ? 0 : 1), "%s matmul_n T=%d K=%d: answered %d", dtype_name(qc->t), T, K, rc);
@@ -380,7 +380,7 @@ static void test_fused(const struct qcase *qc, int K) {
       CHECK(memcmp(g, s, sizeof(float) * T * N[m]) == 0, "%s: differs from the separate matmul", what);
     }
     /* gate / up: k's and v's matrices (24 rows each) */
-    rc = be->ops->matmul_silu_mul(be, fo[0], dx, &w[1], &w[2], T);
+    rc = be->ops->matmul_silu_mul(be, fo[0], dx, NULL, &w[1], &w[2], T);
     if (rc < 0)
       pair_die("matmul_silu_mul");
     CHECK(rc == (T <= 8 ? 0 : 1), "%s matmul_silu_mul T=%d K=%d: answered %d", dtype_name(qc->t), T, K, rc);
@@ -423,9 +423,9 @@ static void test_fused_mixed(void) {
     pair_die("weight_from_host");
   void *dx = pair_alloc1(1, 2 * 512), *o[2] = {pair_alloc1(1, 16), pair_alloc1(1, 16)};
   const struct weight *ws[2] = {&w[0], &w[1]};
-  int rc = be->ops->matmul_n(be, 2, o, dx, ws, NULL, 1);
+  int rc = be->ops->matmul_n(be, 2, o, dx, NULL, ws, NULL, 1);
   CHECK(rc == 1, "matmul_n of Q4_K and Q6_K answered %d (expected 1: separate matmuls)", rc);
-  rc = be->ops->matmul_silu_mul(be, o[0], dx, &w[0], &w[1], 1);
+  rc = be->ops->matmul_silu_mul(be, o[0], dx, NULL, &w[0], &w[1], 1);
   CHECK(rc == 1, "matmul_silu_mul of Q4_K and Q6_K answered %d (expected 1)", rc);
   for (int i = 0; i < 2; i++) {
     be->ops->weight_free(be, &w[i]);
