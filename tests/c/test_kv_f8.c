@@ -14,7 +14,16 @@
  * SmolLM2-135M (trained, head_dim 64, when scripts/setup.sh --model has fetched it) is measured
  * on a chat prompt too: 95.7% agreement, KL 0.0094 on the CPU; uniform scales 4 and 16 (values
  * stored x4, x16: fewer subnormals) gave 94.5% and 93.8%, so there too the loss is e4m3's 3-bit
- * mantissa, not its range. PAGODA_KV_F8_DEVICE=cuda runs it on the GPU (bf16 reference). */
+ * mantissa, not its range. Where the backend has an f16 cache (the CPU), the same steps also run
+ * through it as a yardstick: what a 16-bit cache in llama.cpp's order (q, k, v and the
+ * probabilities rounded to f16) loses. stories260K and the fixtures: 99.6-100%, KL <= 6e-7; but
+ * SmolLM2-135M only 96.9% (KL 0.003): that model's next-token choice is so sensitive to its
+ * attention inputs that rounding K and V alone to f16 (a simulation, k and v rounded and widened
+ * back in the f32 cache) gives 97.7%, so no 8-bit cache reaches 99% on it. Two finer schemes were
+ * simulated the same way and dropped: a normalized Hadamard rotation of each head's k and v before
+ * the e4m3 rounding (stories260K 95.3%, SmolLM2 94.1%) and subtracting each layer's per-channel mean
+ * of k and v measured on the reference run (softmax and the convex sum of v are unchanged by it):
+ * 97.7% and 93.8%. PAGODA_KV_F8_DEVICE=cuda runs it on the GPU (bf16 reference). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +106,52 @@ static int run(struct model *m, enum dtype kvt, const int32_t *prompt, int n_pro
   return rc;
 }
 
+/* Teacher-forced comparison of cache KVT against the reference run (REF_T tokens, REF_L
+ * distributions): agreement and KL as the header says; the free-running count when FREE. */
+static int compare(struct model *m, enum dtype kvt, const char *name, const int32_t *prompt, int n_prompt,
+                   const int32_t *ref_t, const float *ref_l, int vocab, int free_run, struct backend *be) {
+  int32_t *t = malloc(sizeof(int32_t) * MAXTOK);
+  float *l = malloc(sizeof(float) * GEN * vocab);
+  double *lp = malloc(sizeof(double) * vocab), *lq = malloc(sizeof(double) * vocab);
+  int rc = run(m, kvt, prompt, n_prompt, ref_t, t, l, vocab);
+  CHECK(rc == 0, "%s: %s run: %s", name, dtype_name(kvt), err_last());
+  int agree = 0;
+  double kl = 0, kl_max = 0;
+  for (int g = 0; rc == 0 && g < GEN; g++) {
+    const float *a = ref_l + (size_t)g * vocab, *b = l + (size_t)g * vocab;
+    agree += argmax(a, vocab) == argmax(b, vocab);
+    log_softmax(lp, a, vocab);
+    log_softmax(lq, b, vocab);
+    double k = 0;
+    for (int i = 0; i < vocab; i++)
+      k += exp(lp[i]) * (lp[i] - lq[i]);
+    kl += k;
+    kl_max = k > kl_max ? k : kl_max;
+  }
+  kl /= GEN;
+  int same = -1;
+  if (rc == 0 && free_run) {
+    rc = run(m, kvt, prompt, n_prompt, NULL, t, l, vocab); /* free-running */
+    same = 0;
+    while (rc == 0 && same < GEN && t[n_prompt + same] == ref_t[n_prompt + same])
+      same++;
+  }
+  if (rc == 0) {
+    printf("  %-12s %-7s greedy agreement %d/%d = %.2f%%, mean KL %.3g nats (max %.3g)", name, dtype_name(kvt), agree,
+           GEN, 100.0 * agree / GEN, kl, kl_max);
+    if (same >= 0)
+      printf(", free-running greedy identical for %d/%d tokens", same, GEN);
+    printf(" (reference cache %s)\n", dtype_name(be->act_dtype));
+  }
+  free(t), free(l), free(lp), free(lq);
+  if (rc == 0 && kvt == DTYPE_F8E4M3) {
+    if (!strcmp(name, "stories260K"))
+      CHECK(agree >= 0.95 * GEN, "%s: f8e4m3 greedy agreement %d/%d below 95%%", name, agree, GEN);
+    CHECK(kl < 0.02 && kl > 0, "%s: f8e4m3 mean KL %g outside (0, 0.02)", name, kl);
+  }
+  return rc;
+}
+
 static void measure(struct backend *be, const char *name, const char *path, const int32_t *prompt, int n_prompt) {
   struct model *m = model_load(path, be);
   CHECK(m != NULL, "%s: load: %s", name, err_last());
@@ -108,40 +163,16 @@ static void measure(struct backend *be, const char *name, const char *path, cons
     model_free(m);
     return;
   }
-  int32_t *ref_t = malloc(sizeof(int32_t) * MAXTOK), *f8_t = malloc(sizeof(int32_t) * MAXTOK);
-  float *ref_l = malloc(sizeof(float) * GEN * vocab), *f8_l = malloc(sizeof(float) * GEN * vocab);
-  double *lp = malloc(sizeof(double) * vocab), *lq = malloc(sizeof(double) * vocab);
+  int32_t *ref_t = malloc(sizeof(int32_t) * MAXTOK);
+  float *ref_l = malloc(sizeof(float) * GEN * vocab);
   int rc = run(m, be->act_dtype, prompt, n_prompt, NULL, ref_t, ref_l, vocab);
   CHECK(rc == 0, "%s: reference run: %s", name, err_last());
-  rc = rc ? rc : run(m, DTYPE_F8E4M3, prompt, n_prompt, ref_t, f8_t, f8_l, vocab);
-  CHECK(rc == 0, "%s: f8e4m3 run: %s", name, err_last());
-  if (rc == 0) {
-    int agree = 0;
-    double kl = 0, kl_max = 0;
-    for (int g = 0; g < GEN; g++) {
-      const float *a = ref_l + (size_t)g * vocab, *b = f8_l + (size_t)g * vocab;
-      agree += argmax(a, vocab) == argmax(b, vocab);
-      log_softmax(lp, a, vocab);
-      log_softmax(lq, b, vocab);
-      double k = 0;
-      for (int i = 0; i < vocab; i++)
-        k += exp(lp[i]) * (lp[i] - lq[i]);
-      kl += k;
-      kl_max = k > kl_max ? k : kl_max;
-    }
-    kl /= GEN;
-    rc = run(m, DTYPE_F8E4M3, prompt, n_prompt, NULL, f8_t, f8_l, vocab); /* free-running */
-    int same = 0;
-    while (rc == 0 && same < GEN && f8_t[n_prompt + same] == ref_t[n_prompt + same])
-      same++;
-    printf("  %-12s greedy agreement %d/%d = %.2f%%, mean KL %.3g nats (max %.3g), free-running f8 greedy "
-           "identical for %d/%d tokens (reference cache %s)\n",
-           name, agree, GEN, 100.0 * agree / GEN, kl, kl_max, same, GEN, dtype_name(be->act_dtype));
-    if (!strcmp(name, "stories260K"))
-      CHECK(agree >= 0.95 * GEN, "%s: f8e4m3 greedy agreement %d/%d below 95%%", name, agree, GEN);
-    CHECK(kl < 0.02 && kl > 0, "%s: f8e4m3 mean KL %g outside (0, 0.02)", name, kl);
-  }
-  free(ref_t), free(f8_t), free(ref_l), free(f8_l), free(lp), free(lq);
+  if (rc == 0)
+    rc = compare(m, DTYPE_F8E4M3, name, prompt, n_prompt, ref_t, ref_l, vocab, 1, be);
+  /* The yardstick: what a 16-bit cache loses on the same steps, where the backend has one. */
+  if (rc == 0 && be->act_dtype == DTYPE_F32 && backend_kv_dtype_ok(be, DTYPE_F16))
+    compare(m, DTYPE_F16, name, prompt, n_prompt, ref_t, ref_l, vocab, 0, be);
+  free(ref_t), free(ref_l);
   model_free(m);
 }
 
