@@ -50,9 +50,12 @@ gtest() {
   el "$name $*"
   echo "==== $name $*" >>"$out/tests.log"
   if [[ ! -x $T/$name ]]; then echo "$name: missing ($T/$name)"; return; fi
+  local n0 rc
+  n0=$(wc -l <"$out/tests.log")
   env "$@" "$T/$name" >>"$out/tests.log" 2>&1
-  echo "$name $* rc=$?"
-  grep -E "FAIL|CHECK|decode fold: |paged attention: |passed|failed|SKIPPED" "$out/tests.log" | tail -4
+  rc=$?
+  echo "$name $* rc=$rc"
+  tail -n +$((n0 + 1)) "$out/tests.log" | grep -E "FAIL|CHECK|decode fold: |paged attention: |passed|failed|SKIPPED" | tail -6
 }
 gtest test_cuda_ops
 gtest test_cuda_ops PAGODA_ATTN_FOLD=0
@@ -80,8 +83,9 @@ for m in "${models[@]}"; do
   done
   awk -v n="$name" '$1 == n { if (!($2 in best) || $4 < best[$2]) best[$2] = $4; d[$5] = 1 }
     END { k = 0; for (x in d) k++
-          printf "%s: best TPOT p50 reduce kernel %s ms, fold %s ms (%.2f%%); digests %s\n", n, best[0], best[1],
-                 best[0] > 0 ? (best[1] / best[0] - 1) * 100 : 0, k == 1 ? "all equal" : "DIFFER" }' "$out/summary.txt"
+          r = best[0] > 0 ? (best[1] / best[0] - 1) * 100 : 0
+          printf "%s: best TPOT p50 reduce kernel %s ms, fold %s ms (%+.2f%%); digests %s\n", n, best[0], best[1], r,
+                 (k == 1 ? "all equal" : "DIFFER") }' "$out/summary.txt"
 done
 
 left && gtest test_cuda_ops PAGODA_ATTN_DECODE=simd
