@@ -340,6 +340,9 @@ struct host_batch {
   int num_blocks;
 };
 
+static void batch_from_lens(struct host_batch *hb, int B, const int *qlen, const int *cached, int bs,
+                            int extra_blocks, int extra_seq);
+
 static void make_batch(struct host_batch *hb, enum shape shape, int bs, int long_ctx, int loose) {
   int B = pair_int(1, 6);
   int qlen[8], cached[8];
@@ -366,6 +369,14 @@ static void make_batch(struct host_batch *hb, enum shape shape, int bs, int long
   if (loose) /* two padded sequences without a query (a graph's padded batch rows) */
     for (int k = 0; k < 2; k++, B++)
       qlen[B] = 0, cached[B] = 0;
+  batch_from_lens(hb, B, qlen, cached, bs, loose ? 40 : 0, loose ? 40 * bs + 7 : 0);
+}
+
+/* The batch of B sequences, sequence b with qlen[b] new tokens after cached[b] cached ones;
+ * EXTRA_BLOCKS and EXTRA_SEQ loosen the host bounds (block table width, max_seq_len) as a
+ * captured graph's are. */
+static void batch_from_lens(struct host_batch *hb, int B, const int *qlen, const int *cached, int bs,
+                            int extra_blocks, int extra_seq) {
   hb->B = B;
   hb->T = 0;
   hb->max_blocks = 0;
@@ -382,11 +393,8 @@ static void make_batch(struct host_batch *hb, enum shape shape, int bs, int long
     if (qlen[b] > hb->max_q)
       hb->max_q = qlen[b];
   }
-  hb->max_blocks += 1; /* a spare column (0 = null block) as a real engine would have */
-  if (loose) { /* the bounds a captured graph was made with: larger than this batch needs */
-    hb->max_blocks += 40;
-    hb->max_seq += 40 * bs + 7;
-  }
+  hb->max_blocks += 1 + extra_blocks; /* a spare column (0 = null block) as a real engine would have */
+  hb->max_seq += extra_seq;
   hb->num_blocks = 1 + B * hb->max_blocks + 3; /* some blocks stay unused, holding garbage */
   int *perm = malloc(sizeof(int) * hb->num_blocks);
   for (int i = 0; i < hb->num_blocks - 1; i++)
@@ -428,13 +436,14 @@ static void free_batch(struct host_batch *hb) {
   free(hb->tables);
 }
 
-/* The batch in backend i's memory (the struct itself stays host-side, as the contract says). */
-static struct batch dev_batch(int i, const struct host_batch *hb, void *bufs[6]) {
-  struct backend *be = pair_be[i];
+/* The batch in BE's memory (the struct itself stays host-side, as the contract says). */
+static struct batch dev_batch_be(struct backend *be, const struct host_batch *hb, void *bufs[6]) {
   const int32_t *src[6] = {hb->ids, hb->pos, hb->slots, hb->qstart, hb->seq_lens, hb->tables};
   size_t cnt[6] = {hb->T, hb->T, hb->T, hb->B + 1, hb->B, (size_t)hb->B * hb->max_blocks};
   for (int k = 0; k < 6; k++) {
-    bufs[k] = pair_alloc1(i, cnt[k] * 4);
+    bufs[k] = be->ops->alloc(be, cnt[k] ? cnt[k] * 4 : 4);
+    if (!bufs[k])
+      pair_die("alloc");
     if (be->ops->upload(be, bufs[k], src[k], cnt[k] * 4))
       pair_die("upload");
   }
@@ -452,6 +461,10 @@ static struct batch dev_batch(int i, const struct host_batch *hb, void *bufs[6])
                     .num_logits = 0,
                     .logits_idx = NULL};
   return b;
+}
+
+static struct batch dev_batch(int i, const struct host_batch *hb, void *bufs[6]) {
+  return dev_batch_be(pair_be[i], hb, bufs);
 }
 
 /* The f8e4m3 cache: random e4m3 codes (no NaN) stand for the cached prefix, both backends
@@ -569,6 +582,242 @@ static void test_paged(const struct kv_case *kc) {
   free(q);
   free(k);
   free(v);
+  free_batch(&hb);
+}
+
+/* ---- decode attention's split-K fold (cuda_attn_decode.cu): the last partition block of each
+ * (sequence, KV head) combines the partials instead of a second kernel. Two more CUDA backends,
+ * made with PAGODA_ATTN_FOLD=0 (the separate reduce kernel) and 1 (read at create), run the same
+ * decode batches. Their outputs must be the same bytes (one combine arithmetic), the fold's must
+ * match the CPU, and a second launch on the same scratch and CUDA-graph replays (also after the
+ * context lengths changed under the graph) must give those bytes again: the counters are back to
+ * 0 after every launch. ---- */
+static struct backend *fold_be[2]; /* [0]: PAGODA_ATTN_FOLD=0, [1]: the fold */
+
+static void fold_open(void) {
+  static const char *const names[2] = {"PAGODA_ATTN_FOLD", "PAGODA_CUDA_GRAPHS"};
+  char *saved[2];
+  for (int k = 0; k < 2; k++)
+    saved[k] = getenv(names[k]) ? strdup(getenv(names[k])) : NULL;
+  setenv("PAGODA_CUDA_GRAPHS", "1", 1); /* the replay checks need graphs whatever the caller's environment */
+  for (int i = 0; i < 2; i++) {
+    setenv("PAGODA_ATTN_FOLD", i ? "1" : "0", 1);
+    fold_be[i] = backend_create(&(struct backend_params){.device = "cuda"});
+    if (!fold_be[i])
+      pair_die("backend_create (PAGODA_ATTN_FOLD)");
+  }
+  for (int k = 0; k < 2; k++) {
+    if (saved[k])
+      setenv(names[k], saved[k], 1);
+    else
+      unsetenv(names[k]);
+    free(saved[k]);
+  }
+}
+
+static void fold_close(void) {
+  for (int i = 0; i < 2; i++)
+    fold_be[i]->ops->destroy(fold_be[i]);
+}
+
+static void *be_put(struct backend *be, const void *h, size_t bytes) {
+  void *d = be->ops->alloc(be, bytes ? bytes : 4);
+  if (!d)
+    pair_die("alloc");
+  if (bytes && be->ops->upload(be, d, h, bytes))
+    pair_die("upload");
+  return d;
+}
+
+/* BYTES of BE's D (caller frees). */
+static uint8_t *be_get(struct backend *be, const void *d, size_t bytes) {
+  uint8_t *h = malloc(bytes + 1);
+  if (be->ops->download(be, h, d, bytes))
+    pair_die("download");
+  return h;
+}
+
+static void be_poison(struct backend *be, void *d, size_t bytes) {
+  uint8_t *t = malloc(bytes + 1);
+  memset(t, 0xff, bytes);
+  if (be->ops->upload(be, d, t, bytes))
+    pair_die("upload");
+  free(t);
+}
+
+/* Positions of the first differing bf16 element and the count, printed by the caller. */
+static int bytes_differ(const uint8_t *x, const uint8_t *y, size_t n, size_t *first) {
+  int bad = 0;
+  for (size_t i = 0; i < n; i++)
+    if (x[i] != y[i]) {
+      if (!bad)
+        *first = i / 2;
+      bad++;
+    }
+  return bad;
+}
+
+struct fold_rec { /* one attention call, as a graph's record callback */
+  struct backend *be;
+  void *out;
+  const void *q;
+  const struct kv_layer *kv;
+  const struct batch *b;
+  const struct attn_params *ap;
+  int calls;
+};
+
+static int fold_record(void *ctx) {
+  struct fold_rec *r = ctx;
+  r->calls++;
+  return r->be->ops->attention(r->be, r->out, r->q, r->kv, r->b, r->ap);
+}
+
+/* One decode batch through both CUDA backends and the CPU. BATCH1: one sequence of 400-700 keys
+ * under a graph's loose bound of 8192 (the batch-1 step); else five sequences: up to 3000 keys
+ * (dozens of partitions), one key and up to 63 (one partition: written directly), two in
+ * between, and a padded one without a query. KEY: the graph key (unique per call). */
+static void test_decode_fold(int bs, int n_heads, int n_kv, int hd, int f8, int window, float softcap, int batch1,
+                             int key) {
+  int qlen[8], cached[8], B;
+  if (batch1) {
+    B = 1, qlen[0] = 1, cached[0] = pair_int(400, 700);
+  } else {
+    const int lo[5] = {1500, 0, 1, 200, 63}, hi[5] = {3000, 0, 62, 900, 300};
+    for (B = 0; B < 5; B++)
+      qlen[B] = 1, cached[B] = pair_int(lo[B], hi[B]);
+    qlen[B] = 0, cached[B] = 0, B++;
+  }
+  struct host_batch hb;
+  int max_seq = 0;
+  for (int b = 0; b < B; b++)
+    max_seq = cached[b] + qlen[b] > max_seq ? cached[b] + qlen[b] : max_seq;
+  int extra_seq = batch1 ? 8192 - max_seq : 40 * bs + 7;
+  batch_from_lens(&hb, B, qlen, cached, bs, (extra_seq + bs - 1) / bs, extra_seq);
+  const int T = hb.T;
+  const size_t cache_n = (size_t)hb.num_blocks * n_kv * bs * hd, nq = (size_t)T * n_heads * hd;
+  float *kf = malloc(cache_n * 4), *vf = malloc(cache_n * 4), *q = malloc(nq * 4);
+  uint8_t *k8 = malloc(cache_n * 2), *v8 = malloc(cache_n * 2); /* the CUDA cache bytes */
+  uint16_t *qb = malloc(nq * 2);
+  pair_fill(kf, cache_n, f8 ? 2.0f : 1.0f);
+  pair_fill(vf, cache_n, f8 ? 2.0f : 1.0f);
+  pair_fill(q, nq, 1.0f);
+  for (size_t i = 0; i < cache_n; i++) {
+    if (f8) {
+      k8[i] = f32_to_f8e4m3(kf[i]), v8[i] = f32_to_f8e4m3(vf[i]);
+    } else {
+      uint16_t kb = f32_to_bf16(kf[i]), vb = f32_to_bf16(vf[i]);
+      memcpy(k8 + 2 * i, &kb, 2), memcpy(v8 + 2 * i, &vb, 2);
+    }
+  }
+  for (size_t i = 0; i < nq; i++)
+    qb[i] = f32_to_bf16(q[i]);
+  const size_t cache_bytes = cache_n * (f8 ? 1 : 2), out_bytes = nq * 2;
+  struct attn_params ap = {.n_heads = n_heads, .scale = 1.0f / sqrtf((float)hd), .softcap = softcap, .window = window};
+  char what[160];
+  snprintf(what, sizeof what, "decode fold %s bs%d h%d/kv%d hd%d window %d softcap %g%s (B=%d)",
+           f8 ? "f8e4m3" : "bf16", bs, n_heads, n_kv, hd, window, (double)softcap, batch1 ? " batch-1" : "", B);
+
+  /* the CPU reference */
+  struct backend *cpu = pair_be[0];
+  void *cb[6], *ck, *cv, *cq = pair_alloc1(0, nq * pair_esz(0)), *cout = pair_alloc1(0, nq * pair_esz(0));
+  if (f8) {
+    ck = be_put(cpu, k8, cache_n), cv = be_put(cpu, v8, cache_n);
+  } else {
+    ck = pair_alloc1(0, cache_n * pair_esz(0)), cv = pair_alloc1(0, cache_n * pair_esz(0));
+    pair_put_act(0, ck, kf, cache_n), pair_put_act(0, cv, vf, cache_n);
+  }
+  pair_put_act(0, cq, q, nq);
+  struct kv_layer ckv = {.k = ck, .v = cv, .k_scale = f8 ? 0.5f : 1.0f, .v_scale = f8 ? 2.0f : 1.0f,
+                         .dtype = f8 ? DTYPE_F8E4M3 : cpu->act_dtype, .num_blocks = hb.num_blocks, .block_size = bs,
+                         .n_kv_heads = n_kv, .head_dim = hd};
+  struct batch cbat = dev_batch_be(cpu, &hb, cb);
+  if (cpu->ops->attention(cpu, cout, cq, &ckv, &cbat, &ap))
+    pair_die("attention (cpu)");
+  float *ref = malloc(nq * 4 + 4), *got = malloc(nq * 4 + 4);
+  pair_get_act(0, ref, cout, nq);
+
+  /* both CUDA backends: fold off ([0]) and on ([1]) */
+  void *db[2][6], *dk[2], *dv[2], *dq[2], *dout[2];
+  struct kv_layer dkv[2];
+  struct batch dbat[2];
+  uint8_t *out[2];
+  for (int j = 0; j < 2; j++) {
+    struct backend *be = fold_be[j];
+    dk[j] = be_put(be, k8, cache_bytes), dv[j] = be_put(be, v8, cache_bytes), dq[j] = be_put(be, qb, nq * 2);
+    dout[j] = be->ops->alloc(be, out_bytes);
+    if (!dout[j])
+      pair_die("alloc");
+    be_poison(be, dout[j], out_bytes);
+    dkv[j] = ckv;
+    dkv[j].k = dk[j], dkv[j].v = dv[j], dkv[j].dtype = f8 ? DTYPE_F8E4M3 : DTYPE_BF16;
+    dbat[j] = dev_batch_be(be, &hb, db[j]);
+    if (be->ops->attention(be, dout[j], dq[j], &dkv[j], &dbat[j], &ap))
+      pair_die("attention (fold)");
+    out[j] = be_get(be, dout[j], out_bytes);
+  }
+  size_t first = 0;
+  int bad = bytes_differ(out[1], out[0], out_bytes, &first);
+  CHECK(bad == 0, "%s: %d of %zu outputs differ between the fold and the reduce kernel (first at %zu)", what, bad,
+        nq, first);
+  for (size_t i = 0; i < nq; i++) {
+    uint16_t x;
+    memcpy(&x, out[1] + 2 * i, 2);
+    got[i] = bf16_to_f32(x);
+  }
+  pair_expect(what, got, ref, nq, TOL_BF16_OUT);
+
+  /* a second launch on the same scratch */
+  struct backend *be = fold_be[1];
+  be_poison(be, dout[1], out_bytes);
+  if (be->ops->attention(be, dout[1], dq[1], &dkv[1], &dbat[1], &ap))
+    pair_die("attention (fold, again)");
+  uint8_t *again = be_get(be, dout[1], out_bytes);
+  bad = bytes_differ(again, out[0], out_bytes, &first);
+  CHECK(bad == 0, "%s: the second launch differs in %d outputs (first at %zu)", what, bad, first);
+  free(again);
+
+  /* CUDA graphs: a warm-up, the capture, one replay; then a replay after every context was
+   * shortened under the graph (fewer partitions), against a direct launch of the reduce kernel */
+  struct fold_rec rec = {be, dout[1], dq[1], &dkv[1], &dbat[1], &ap, 0};
+  for (int run = 0; run < 4; run++) {
+    if (run == 3) {
+      int32_t *sl = malloc(sizeof(int32_t) * (size_t)B);
+      for (int b = 0; b < B; b++)
+        sl[b] = hb.seq_lens[b] > 1 ? hb.seq_lens[b] - pair_int(0, hb.seq_lens[b] - 1) : hb.seq_lens[b];
+      for (int j = 0; j < 2; j++)
+        if (fold_be[j]->ops->upload(fold_be[j], db[j][4], sl, sizeof(int32_t) * (size_t)B))
+          pair_die("upload");
+      free(sl);
+      be_poison(fold_be[0], dout[0], out_bytes);
+      if (fold_be[0]->ops->attention(fold_be[0], dout[0], dq[0], &dkv[0], &dbat[0], &ap))
+        pair_die("attention (reduce, shorter)");
+      free(out[0]);
+      out[0] = be_get(fold_be[0], dout[0], out_bytes);
+    }
+    be_poison(be, dout[1], out_bytes);
+    if (be->ops->graph_run(be, 7000 + key, fold_record, &rec))
+      pair_die("graph_run (fold)");
+    uint8_t *g = be_get(be, dout[1], out_bytes);
+    bad = bytes_differ(g, out[0], out_bytes, &first);
+    CHECK(bad == 0, "%s: graph run %d differs from the reduce kernel in %d outputs (first at %zu)", what, run, bad,
+          first);
+    free(g);
+  }
+  CHECK(rec.calls == 2, "%s: the graph was recorded %d times in 4 runs (2 expected: warm-up, capture)", what,
+        rec.calls);
+
+  for (int j = 0; j < 2; j++) {
+    for (int k = 0; k < 6; k++)
+      fold_be[j]->ops->free(fold_be[j], db[j][k]);
+    fold_be[j]->ops->free(fold_be[j], dk[j]), fold_be[j]->ops->free(fold_be[j], dv[j]);
+    fold_be[j]->ops->free(fold_be[j], dq[j]), fold_be[j]->ops->free(fold_be[j], dout[j]);
+    free(out[j]);
+  }
+  for (int k = 0; k < 6; k++)
+    cpu->ops->free(cpu, cb[k]);
+  cpu->ops->free(cpu, ck), cpu->ops->free(cpu, cv), cpu->ops->free(cpu, cq), cpu->ops->free(cpu, cout);
+  free(kf), free(vf), free(q), free(k8), free(v8), free(qb), free(ref), free(got);
   free_batch(&hb);
 }
 
@@ -1220,6 +1469,28 @@ int main(void) {
         test_paged(&c[k]);
     }
   printf("  paged attention: %d cases\n", cases);
+  /* the split-K fold against the reduce kernel: every head_dim of the tensor-core kernel (64 and
+   * 128 also of the CUDA-core one, PAGODA_ATTN_DECODE=simd), G in {1, 2, 4, 8}, bf16 and f8e4m3,
+   * the block sizes in turn; a window and softcap; the batch-1 shapes of Llama-3.2-1B and
+   * Llama-3.1-8B (32 / 8 heads) at every block size */
+  fold_open();
+  int fcases = 0;
+  static const int fold_hd[] = {64, 128, 80, 96, 256}, fold_g[] = {1, 2, 4, 8};
+  for (int hi = 0; hi < 5; hi++)
+    for (int gi = 0; gi < 4; gi++)
+      for (int f8 = 0; f8 < 2; f8++, fcases++)
+        test_decode_fold(bss[(hi + gi + f8) % 3], 2 * fold_g[gi], 2, fold_hd[hi], f8, 0, 0, 0, fcases);
+  for (int f8 = 0; f8 < 2; f8++, fcases += 2) {
+    test_decode_fold(16, 8, 2, 128, f8, 300, 0, 0, fcases);
+    test_decode_fold(8, 32, 8, 64, f8, 0, 30.0f, 0, fcases + 1);
+  }
+  for (int bi = 0; bi < 3; bi++)
+    for (int f8 = 0; f8 < 2; f8++, fcases += 2) {
+      test_decode_fold(bss[bi], 32, 8, 64, f8, 0, 0, 1, fcases);
+      test_decode_fold(bss[bi], 32, 8, 128, f8, 0, 0, 1, fcases + 1);
+    }
+  fold_close();
+  printf("  decode fold: %d cases\n", fcases);
   test_sample(1000, 120);
   test_sample(128256, 60);
   pair_close();

@@ -148,6 +148,7 @@ struct attn_args {
   float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum) */
   int n_parts;  /* the grid's partitions per (sequence, KV head) */
   int part_len; /* the granule of a partition's length (keys); see dec_part_len */
+  int *part_cnt; /* (B, n_kv) partitions done, 0 between launches; NULL: the separate reduce kernel */
 };
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a

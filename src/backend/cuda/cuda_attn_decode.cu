@@ -11,8 +11,23 @@
  * online softmax (max, sum, its N output dims per head) updated once per U keys. The groups
  * and the DEC_WARPS warps are merged at the end (butterfly, then shared memory). A sequence whose
  * keys fit one partition writes its output directly; otherwise each partition writes its
- * unnormalized output and (max, sum) to the split-K scratch and attn_decode_reduce_kernel
- * combines them.
+ * unnormalized output and (max, sum) to the split-K scratch, and the partitions are combined
+ * (dec_comb_max / dec_comb_dim, one arithmetic for both ways) either by the last partition
+ * block of the (sequence, KV head) to finish (the fold, dec_fold: the default) or, with
+ * PAGODA_ATTN_FOLD=0 (cb->attn_fold, read at create) or when a captured batch has more
+ * sequences than there are counters, by attn_decode_reduce_kernel, a second launch. The output
+ * is the same bits either way.
+ *
+ * The fold ("threadfence reduction"): every partition block writes its partials, fences them
+ * (__threadfence) and counts itself on its (sequence, KV head) counter (one atomicAdd); the
+ * block that draws nparts - 1 is the last, fences again, reads the others' partials through L2
+ * (__ldcg: never the non-coherent path, which may hold stale lines), combines the G heads'
+ * partitions in order p = 0 .. nparts - 1 and writes the output. INVARIANT: the counters (the
+ * first attn_cnt_n ints of the scratch) are 0 between launches: zeroed (cudaMemsetAsync) when
+ * the scratch is (re)allocated, outside any capture, and reset to 0 by the last block of each
+ * (sequence, KV head) that counted (every partition of a split sequence counts, exactly once;
+ * partitions past its end and unsplit sequences never touch it), so the next launch and every
+ * CUDA-graph replay start from 0.
  *
  * CUDA-graph safety: the launch shape depends only on num_seqs and the host bound max_seq_len
  * (which may be loose), never on device data; the real context comes from seq_lens, and
@@ -43,6 +58,66 @@ __device__ __forceinline__ int dec_part_len(const attn_args &a, int nkeys) {
   int per = (nkeys + a.n_parts - 1) / a.n_parts;
   per = (per + a.part_len - 1) / a.part_len * a.part_len;
   return per > a.part_len ? per : a.part_len;
+}
+
+/* The combine of one head's NPARTS partitions, whose partials start at index P0 of the scratch
+ * (p0 = (b * n_heads + h) * n_parts): their largest max, then output dim D as the softmax-weighted
+ * sum in partition order, normalised. The reduce kernel and the fold's last block both call these
+ * two, so the two ways give the same bits (explicit fmaf: no contraction left to the compiler).
+ * Loads through L2 (__ldcg): in the fold the partials were written by other blocks of the same
+ * grid. Unrolled so that several partitions' loads are in flight at once (the order of the sums
+ * stays p = 0, 1, ...). */
+__device__ __forceinline__ float dec_comb_max(const attn_args &a, size_t p0, int nparts) {
+  float mm = -INFINITY;
+#pragma unroll 4
+  for (int p = 0; p < nparts; p++)
+    mm = fmaxf(mm, __ldcg(a.part_ml + p0 + p).x);
+  return mm;
+}
+
+__device__ __forceinline__ bf16 dec_comb_dim(const attn_args &a, size_t p0, int nparts, float mm, int d) {
+  float ls = 0.0f, as = 0.0f;
+#pragma unroll 4
+  for (int p = 0; p < nparts; p++) {
+    float2 ml = __ldcg(a.part_ml + p0 + p);
+    float f = __expf(ml.x - mm);
+    ls = __fmaf_rn(ml.y, f, ls);
+    as = __fmaf_rn(__ldcg(a.part_acc + (p0 + p) * a.hd + d), f, as);
+  }
+  return __float2bfloat16(as / ls);
+}
+
+/* The fold (see the top of the file): called by every thread of partition block (b, kvh) of a
+ * sequence split in NPARTS > 1 partitions once its partials are written (block-uniform: no thread
+ * has returned); the last block of the (b, kvh) to get here combines the G heads of kvh into the
+ * output row of token TOK and resets the counter. SM: 9 words of the kernel's shared memory,
+ * free once every thread is past the partials' writes (the e4m3 kernel at head_dim 128 has no
+ * byte of static shared memory left for more). */
+template <int HD>
+__device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int G, int tok, int nparts, float *sm) {
+  float *s_mm = sm;                           /* [G <= 8]: each head's largest partition max */
+  volatile int *s_last = (volatile int *)(sm + 8); /* this block is the last */
+  __threadfence(); /* this thread's partials reach the GPU before the count says they are there */
+  __syncthreads(); /* ... and every thread is done with SM's earlier contents */
+  if (threadIdx.x == 0) {
+    int *cnt = a.part_cnt + (size_t)b * a.n_kv + kvh;
+    const int last = atomicAdd(cnt, 1) == nparts - 1;
+    if (last)
+      atomicExch(cnt, 0); /* every partition has counted: 0 again for the next launch / replay */
+    *s_last = last;
+  }
+  __syncthreads();
+  if (!*s_last)
+    return;
+  __threadfence(); /* the other blocks' partials, fenced before their counts, are read after ours */
+  if ((int)threadIdx.x < G)
+    s_mm[threadIdx.x] = dec_comb_max(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.n_parts, nparts);
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD, h = kvh * G + g;
+    a.out[((size_t)tok * a.n_heads + h) * HD + d] =
+        dec_comb_dim(a, ((size_t)b * a.n_heads + h) * a.n_parts, nparts, s_mm[g], d);
+  }
 }
 
 template <int BS, int HD, int G, class KV, int U>
@@ -206,6 +281,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
         a.part_ml[pi] = make_float2(mm, ls);
     }
   }
+  if (nparts > 1 && a.part_cnt)
+    dec_fold<HD>(a, b, kvh, G, t, nparts, &sm_acc[0][0][0]);
 }
 
 /* ---- the tensor-core variant (the default): mma.sync m16n8k16 with f32 accumulators, bf16
@@ -417,10 +494,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
         a.part_ml[pi] = make_float2(mm, ls);
     }
   }
+  if (nparts > 1 && a.part_cnt)
+    dec_fold<HD>(a, b, kvh, G, tok, nparts, (float *)sm_raw);
 }
 
-/* Combines the partitions of sequences split in more than one: one block per (sequence, head),
- * one thread per output dim. */
+/* Combines the partitions of sequences split in more than one when the kernels above do not
+ * (no fold): one block per (sequence, head), one thread per output dim. */
 __global__ void attn_decode_reduce_kernel(const attn_args a) {
   PDL_ENTER(); /* cuda_pdl.cuh */
   const int b = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
@@ -432,19 +511,9 @@ __global__ void attn_decode_reduce_kernel(const attn_args a) {
   if (tk.q_len <= 0 || nparts <= 1)
     return; /* written by the main kernel */
   const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
-  float mm = -INFINITY;
-  for (int p = 0; p < nparts; p++)
-    mm = fmaxf(mm, a.part_ml[p0 + p].x);
-  for (int d = threadIdx.x; d < a.hd; d += blockDim.x) {
-    float ls = 0.0f, as = 0.0f;
-    for (int p = 0; p < nparts; p++) {
-      float2 ml = a.part_ml[p0 + p];
-      float f = __expf(ml.x - mm);
-      ls += ml.y * f;
-      as += a.part_acc[(p0 + p) * a.hd + d] * f;
-    }
-    a.out[((size_t)t * a.n_heads + h) * a.hd + d] = __float2bfloat16(as / ls);
-  }
+  const float mm = dec_comb_max(a, p0, nparts);
+  for (int d = threadIdx.x; d < a.hd; d += blockDim.x)
+    a.out[((size_t)t * a.n_heads + h) * a.hd + d] = dec_comb_dim(a, p0, nparts, mm, d);
 }
 
 /* Keys each lane group loads before using them (U): as many as the registers allow without
@@ -514,15 +583,24 @@ extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_
   return 0;
 }
 
-/* Grows the scratch to BYTES outside a capture; 0, or -1 with err_last() set. */
-static int dec_scratch_grow(struct cuda_backend *cb, size_t bytes) {
-  if (bytes <= cb->attn_scratch_bytes)
+/* Grows the scratch, outside a capture, to hold CNT_N fold counters and PART_BYTES of partials
+ * (never less than it holds now); a new allocation's counters are zeroed on the stream (the fold's
+ * invariant). The counters' region changes only with a new allocation. 0, or -1 with err_last() set. */
+static int dec_scratch_grow(struct cuda_backend *cb, int cnt_n, size_t part_bytes) {
+  size_t have = cb->attn_scratch_bytes - cb->attn_cnt_bytes;
+  if (cnt_n <= cb->attn_cnt_n && part_bytes <= have)
     return 0;
+  if (cnt_n < cb->attn_cnt_n)
+    cnt_n = cb->attn_cnt_n;
+  if (part_bytes < have)
+    part_bytes = have;
+  size_t cnt_bytes = ((size_t)cnt_n * sizeof(int) + 255) / 256 * 256, bytes = cnt_bytes + part_bytes;
   if (cb->attn_scratch) {
     CUDA_CHECK(cudaStreamSynchronize(cb->stream));
     CUDA_CHECK(cudaFree(cb->attn_scratch));
     cb->attn_scratch = NULL;
-    cb->attn_scratch_bytes = 0;
+    cb->attn_scratch_bytes = cb->attn_cnt_bytes = 0;
+    cb->attn_cnt_n = 0;
   }
   cudaError_t e = cudaMalloc(&cb->attn_scratch, bytes);
   if (e != cudaSuccess) {
@@ -530,7 +608,10 @@ static int dec_scratch_grow(struct cuda_backend *cb, size_t bytes) {
     return ERR("CUDA out of memory: cannot allocate the %.1f MiB attention split-K scratch (%s); lower "
                "--max-num-seqs", (double)bytes / 1048576.0, cudaGetErrorString(e));
   }
+  CUDA_CHECK(cudaMemsetAsync(cb->attn_scratch, 0, cnt_bytes, cb->stream));
   cb->attn_scratch_bytes = bytes;
+  cb->attn_cnt_bytes = cnt_bytes;
+  cb->attn_cnt_n = (int)(cnt_bytes / sizeof(int));
   return 0;
 }
 
@@ -564,7 +645,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
      * not): size the scratch for every decode batch of up to max(reserved, this) sequences. The
      * partitions of s sequences are at most ceil(sms * dec_ctas_per_sm() / (s * n_kv)) whatever the
      * context, so the size does not depend on it (a few MiB: 8.1 MiB for 256 sequences of
-     * Llama-3.1-8B's 32 / 8 heads on 132 SMs). */
+     * Llama-3.1-8B's 32 / 8 heads on 132 SMs), plus one fold counter per (sequence, KV head). */
     int rs = cb->attn_reserve_seqs > a->B ? cb->attn_reserve_seqs : a->B;
     int key[5] = {rs, 0, a->n_heads, a->n_kv, a->hd * 2 + f8};
     if (memcmp(key, cb->attn_sized_for, sizeof key) != 0) {
@@ -573,7 +654,9 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
         size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile, f8));
         need = by > need ? by : need;
       }
-      if (dec_scratch_grow(cb, need))
+      if ((int64_t)rs * a->n_kv > 0x7fffffff / (int)sizeof(int))
+        return ERR("cuda attention: batch too large (%d sequences)", rs);
+      if (dec_scratch_grow(cb, rs * a->n_kv, need))
         return -1;
       memcpy(cb->attn_sized_for, key, sizeof key);
     }
@@ -582,14 +665,17 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
     return 1; /* not a decode batch: the prefill kernels */
   int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
   int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile, f8);
-  while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes)
+  while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes - cb->attn_cnt_bytes)
     P--; /* capturing with too small a scratch: fewer, longer partitions */
   int step = DEC_WARPS * tile; /* the granule: whole warp steps, at least DEC_MIN_PART keys */
+  /* the fold, unless it is off or a captured batch has more (sequence, KV head) pairs than counters */
+  const int fold = P > 1 && cb->attn_fold && (int64_t)a->B * a->n_kv <= cb->attn_cnt_n;
   a->n_parts = P;
   a->part_len = (DEC_MIN_PART + step - 1) / step * step;
   size_t nml = (size_t)a->B * a->n_heads * P;
-  a->part_ml = (float2 *)cb->attn_scratch;
-  a->part_acc = (float *)((char *)cb->attn_scratch + nml * sizeof(float2));
+  a->part_cnt = fold ? (int *)cb->attn_scratch : NULL;
+  a->part_ml = (float2 *)((char *)cb->attn_scratch + cb->attn_cnt_bytes);
+  a->part_acc = (float *)((char *)a->part_ml + nml * sizeof(float2));
   if ((int64_t)a->B * a->n_kv > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
@@ -606,7 +692,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   CUDA_CHECK(bs == 8 ? DEC_BS(8) : bs == 16 ? DEC_BS(16) : DEC_BS(32));
 #undef DEC_BS
 #undef DEC_MMA
-  if (P > 1)
+  if (P > 1 && !fold)
     CUDA_CHECK(cuda_pdl_launch(cb, attn_decode_reduce_kernel, dim3((unsigned)(a->B * a->n_heads)), dim3(a->hd), 0,
                                *a));
   return 0;

@@ -449,6 +449,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");
   cb->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+  /* Decode attention's split-K reduction folded into its last partition block (cuda_attn_decode.cu);
+   * PAGODA_ATTN_FOLD=0 keeps the separate reduce kernel (same bits; for measuring and bisecting). */
+  const char *fold = getenv("PAGODA_ATTN_FOLD");
+  cb->attn_fold = !(fold && strcmp(fold, "0") == 0);
   cb->qgemv_max_t = CUDA_QGEMV_MAX_T;
   const char *qmax = getenv("PAGODA_QGEMV_MAX_T"); /* for measuring the GEMV/GEMM crossover */
   if (qmax && *qmax)

@@ -105,9 +105,14 @@ struct cuda_backend {
   size_t deq_scratch_bytes;
   int qgemv_max_t;           /* T up to this takes the fused GEMV (CUDA_QGEMV_MAX_T; env override) */
   /* split-K decode attention (cuda_attn_decode.cu): scratch allocated outside any capture, at the
-   * largest size for the reserved bounds (cuda_attention_reserve) or the first call's */
+   * largest size for the reserved bounds (cuda_attention_reserve) or the first call's; it starts
+   * with attn_cnt_n int counters (attn_cnt_bytes with padding; zeroed at allocation, 0 between
+   * launches), then the partials */
   void *attn_scratch;
-  size_t attn_scratch_bytes;
+  size_t attn_scratch_bytes, attn_cnt_bytes;
+  int attn_cnt_n;
+  int attn_fold;             /* the last partition block of a (sequence, KV head) combines the partials
+                              * (no reduce kernel); 0 when PAGODA_ATTN_FOLD=0 (read at create) */
   int attn_reserve_seqs, attn_reserve_ctx;
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
