@@ -64,7 +64,6 @@ struct ctx {
   int answer[W];     /* what all_reduce_add answered on each rank */
   const struct call *calls;
   int n_calls, records;
-  int rc_cpu;
 };
 
 enum { P_CREATE, P_INIT, P_CONNECT, P_UPLOAD, P_ADD, P_SEQ, P_DOWNLOAD, P_CALLS, P_GRAPH, P_FREE };
