@@ -366,7 +366,11 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
     /* .matmul_add = */ NULL,
-    /* .all_reduce_add = */ NULL,
+#ifdef PAGODA_HAVE_NCCL
+    /* .all_reduce_add = */ cuda_all_reduce_add,
+#else
+    NULL,
+#endif
 #ifdef PAGODA_HAVE_NCCL
     /* .peer_ar_alloc = */ cuda_peer_ar_alloc,
     /* .peer_ar_connect = */ cuda_peer_ar_connect,
