@@ -5,22 +5,26 @@
 #   1b/8b  `pagoda bench` at batch 1, 1 x (512 in, 128 out), greedy, on random bf16 weights of the
 #          Llama-3.2-1B / -3.1-8B shape (tools/make_dummy_model.py, made in the background while
 #          the tests run): PAGODA_FUSED_NORM=0 (before), then the fused norm with each prologue
-#          shape ROWS:LOOP in $GEMVFUSE_CFGS (default "8:1 4:1 16:1 8:2 8:4": PAGODA_GEMV_PRE_ROWS
-#          warps per block, PAGODA_GEMV_PRE_LOOP rows per warp), each twice, printing TPOT p50
-#          and output_digest. The digests of a model must ALL be equal (the fused forms change no
+#          shape ROWS:LOOP:L2 in $GEMVFUSE_CFGS (default "8:1:1 4:1:1 16:1:1 8:2:1 8:1:0 8:2:0":
+#          PAGODA_GEMV_PRE_ROWS warps per block, PAGODA_GEMV_PRE_LOOP rows per warp,
+#          PAGODA_GEMV_PRE_L2 the first weight steps into L2 (1, the default) or registers), each twice,
+#          printing TPOT p50 and output_digest. The digests of a model must ALL be equal (the fused forms change no
 #          bit); main's were 1B a6f09d2d2647cb48, 8B 1b4f4076412816e8 (bench/RESULTS.md);
 #   large  1B 64 x (512, 256) with the fused norm off and on (no regression at large batch, where
 #          T > 8 takes neither form; main's digest 26288d814548b329).
 # Argument: all (default: tests, 1b, large, 8b, each while $GEMVFUSE_BUDGET_S lasts) or any of
 # tests / 1b / 8b / large. All of it may not fit one 600 s call (the 8B runs load 16 GB each):
 # then `... tests 1b large` in one call and `... 8b` in the next.
-# Stage first (here):  tools/device_bundle.sh && tools/device_stage.sh /work/main/.gpu-gemvfuse bench
-# Run (device tool):   cd .gpu-gemvfuse && bash bench/gemvfuse_h200.sh 2>&1 | tee $OUT/run.log
+# Stage first (here, on the branch's checkout):
+#   tools/device_bundle.sh -DCMAKE_CUDA_ARCHITECTURES=90 && tools/device_stage.sh /work/main/.gpu-gemvfuse bench
+# Run (device tool, kind nvidia-h200, carry .gpu-gemvfuse):
+#   cd .gpu-gemvfuse && bash bench/gemvfuse_h200.sh [parts] 2>&1 | tee $OUT/run.log
+# Outputs in $OUT: the tests' logs, bench.json (every run's JSON line), bench.err.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 source tools/device_env.sh # root, out, P, B, el; the libraries' paths
 budget=${GEMVFUSE_BUDGET_S:-540} # seconds after which the remaining parts are skipped
-cfgs=${GEMVFUSE_CFGS:-8:1 4:1 16:1 8:2 8:4}
+cfgs=${GEMVFUSE_CFGS:-8:1:1 4:1:1 16:1:1 8:2:1 8:1:0 8:2:0}
 parts=${*:-all}
 want() { [[ " $parts " == *" all "* || " $parts " == *" $1 "* ]]; }
 left() { (($(date +%s) - t0 < budget)) || { el "budget of $budget s spent: skipping $1"; return 1; }; }
@@ -89,11 +93,13 @@ EOF
 }
 one=(--num-prompts 1 --input-len 512 --output-len 128)
 batch1() { # NAME MODEL
-  el "$1 batch 1, 1 x (512, 128): fused norm off, then on with ROWS:LOOP in ($cfgs), each twice"
+  el "$1 batch 1, 1 x (512, 128): fused norm off, then on with ROWS:LOOP:L2 in ($cfgs), each twice"
   for rep in 1 2; do
     run "$1 before (PAGODA_FUSED_NORM=0) #$rep" "$2" PAGODA_FUSED_NORM=0 -- "${one[@]}"
     for c in $cfgs; do
-      run "$1 fused norm #$rep" "$2" PAGODA_FUSED_NORM=1 PAGODA_GEMV_PRE_ROWS="${c%:*}" PAGODA_GEMV_PRE_LOOP="${c#*:}" -- "${one[@]}"
+      IFS=: read -r rows loop l2 <<<"$c"
+      run "$1 fused norm #$rep" "$2" PAGODA_FUSED_NORM=1 PAGODA_GEMV_PRE_ROWS="$rows" PAGODA_GEMV_PRE_LOOP="$loop" \
+        PAGODA_GEMV_PRE_L2="${l2:-1}" -- "${one[@]}"
     done
   done
   python3 - "$1" "$out/bench.json" <<'EOF'

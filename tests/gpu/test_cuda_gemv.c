@@ -85,6 +85,47 @@ static float *chain_get(struct backend *b, const void *src, size_t n) {
   return h;
 }
 
+/* A chain's input: X (N random values, bf16-exact) as f32 and as bf16, and N elements' worth of
+ * 0xff bytes (NaN in both dtypes) for buffers that must be written before they are read. */
+struct chain_in {
+  float *x;
+  uint16_t *xb, *poison;
+};
+
+static struct chain_in chain_in_make(size_t n) {
+  struct chain_in c = {malloc(n * 4), malloc(n * 2), malloc(n * 4)};
+  pair_fill(c.x, n, 1.0f);
+  for (size_t d = 0; d < n; d++)
+    c.xb[d] = f32_to_bf16(c.x[d]);
+  memset(c.poison, 0xff, n * 4);
+  return c;
+}
+
+static void chain_in_free(struct chain_in *c) {
+  free(c->x);
+  free(c->xb);
+  free(c->poison);
+}
+
+/* Uploads C's x to B's buffer D in B's activation dtype. */
+static int chain_put_x(struct backend *b, void *d, const struct chain_in *c, size_t n) {
+  return b->act_dtype == DTYPE_BF16 ? b->ops->upload(b, d, c->xb, n * 2) : b->ops->upload(b, d, c->x, n * 4);
+}
+
+/* A chain's results GOT[i][k] of N values (i: the CPU, the CUDA backend, the one with
+ * PAGODA_PDL=0; k: x and the buffer named B): CUDA within 2e-2 of the CPU and byte-equal with PDL
+ * off. Frees them. */
+static void chain_expect(const char *what, const char *b, float *got[3][2], size_t n) {
+  for (int k = 0; k < 2; k++) {
+    char w[128];
+    snprintf(w, sizeof w, "%s: %s", what, k ? b : "x");
+    pair_expect(w, got[1][k], got[0][k], n, 2e-2);
+    CHECK(memcmp(got[1][k], got[2][k], n * 4) == 0, "%s: differs between PDL on and PAGODA_PDL=0", w);
+    for (int i = 0; i < 3; i++)
+      free(got[i][k]);
+  }
+}
+
 /* Programmatic dependent launch (cuda_pdl.cuh): ROUNDS of y = h W^T (the GEMV), then h =
  * rmsnorm(x += y) (the fused add), enqueued without a sync, each launch reading what the one
  * before wrote, on the pair's CUDA backend (PDL on unless PAGODA_PDL=0 is set) and on a second
@@ -94,15 +135,11 @@ static float *chain_get(struct backend *b, const void *src, size_t n) {
 static void check_pdl_chain(int D, int rounds) {
   struct backend *be[3] = {pair_be[0], pair_be[1], cuda_pdl_off()};
   size_t n = (size_t)D;
-  float *x = malloc(n * 4), *wv = malloc(n * n * 4), *nv = malloc(n * 4), *got[3][2];
-  pair_fill(x, n, 1.0f);
+  struct chain_in in = chain_in_make(n);
+  float *wv = malloc(n * n * 4), *nv = malloc(n * 4), *got[3][2];
   pair_fill(wv, n * n, 0.1f);
   for (size_t d = 0; d < n; d++)
     nv[d] = 1.0f + pair_rnd(0.5f);
-  uint16_t *xb = malloc(n * 2), *poison = malloc(n * 4);
-  for (size_t d = 0; d < n; d++)
-    xb[d] = f32_to_bf16(x[d]);
-  memset(poison, 0xff, n * 4);
   for (int i = 0; i < 3; i++) {
     struct backend *b = be[i];
     size_t esz = dtype_row_bytes(b->act_dtype, 1);
@@ -112,11 +149,10 @@ static void check_pdl_chain(int D, int rounds) {
     void *dx = b->ops->alloc(b, n * esz), *dh = b->ops->alloc(b, n * esz), *dy = b->ops->alloc(b, n * esz);
     if (!dx || !dh || !dy)
       pair_die("alloc");
-    if ((esz == 2 ? b->ops->upload(b, dx, xb, n * 2) : b->ops->upload(b, dx, x, n * 4)) ||
-        b->ops->rmsnorm(b, dh, NULL, dx, &nw, 1, D, 1e-5f))
+    if (chain_put_x(b, dx, &in, n) || b->ops->rmsnorm(b, dh, NULL, dx, &nw, 1, D, 1e-5f))
       pair_die("upload / rmsnorm");
     for (int r = 0; r < rounds; r++)
-      if (b->ops->upload(b, dy, poison, n * esz) || b->ops->matmul(b, dy, dh, &w, NULL, 1, 0) ||
+      if (b->ops->upload(b, dy, in.poison, n * esz) || b->ops->matmul(b, dy, dh, &w, NULL, 1, 0) ||
           b->ops->rmsnorm(b, dh, dx, dy, &nw, 1, D, 1e-5f))
         pair_die("chain");
     got[i][0] = chain_get(b, dx, n);
@@ -127,20 +163,13 @@ static void check_pdl_chain(int D, int rounds) {
     b->ops->weight_free(b, &w);
     b->ops->weight_free(b, &nw);
   }
-  for (int k = 0; k < 2; k++) {
-    char what[96];
-    snprintf(what, sizeof what, "PDL chain D%d x%d rounds: %s", D, rounds, k ? "h" : "x");
-    pair_expect(what, got[1][k], got[0][k], n, 2e-2);
-    CHECK(memcmp(got[1][k], got[2][k], n * 4) == 0, "%s: differs between PDL on and PAGODA_PDL=0", what);
-    for (int i = 0; i < 3; i++)
-      free(got[i][k]);
-  }
+  char what[96];
+  snprintf(what, sizeof what, "PDL chain D%d x%d rounds", D, rounds);
+  chain_expect(what, "h", got, n);
   be[2]->ops->destroy(be[2]);
-  free(x);
+  chain_in_free(&in);
   free(wv);
   free(nv);
-  free(xb);
-  free(poison);
 }
 
 /* The same with the fused forms of the decode step (cuda_gemv.cu): ROUNDS of y = rmsnorm(x) W1^T
@@ -151,17 +180,12 @@ static void check_pdl_chain(int D, int rounds) {
 static void check_pdl_fused_chain(int D, int T, int rounds) {
   struct backend *be[3] = {pair_be[0], pair_be[1], cuda_pdl_off()};
   size_t n = (size_t)T * D;
-  float *x = malloc(n * 4), *w1 = malloc((size_t)D * D * 4), *w2 = malloc((size_t)D * D * 4), *nv = malloc((size_t)D * 4),
-        *got[3][2];
-  pair_fill(x, n, 1.0f);
+  struct chain_in in = chain_in_make(n);
+  float *w1 = malloc((size_t)D * D * 4), *w2 = malloc((size_t)D * D * 4), *nv = malloc((size_t)D * 4), *got[3][2];
   pair_fill(w1, (size_t)D * D, 0.1f);
   pair_fill(w2, (size_t)D * D, 0.02f);
   for (int d = 0; d < D; d++)
     nv[d] = 1.0f + pair_rnd(0.5f);
-  uint16_t *xb = malloc(n * 2), *poison = malloc(n * 4);
-  for (size_t d = 0; d < n; d++)
-    xb[d] = f32_to_bf16(x[d]);
-  memset(poison, 0xff, n * 4);
   for (int i = 0; i < 3; i++) {
     struct backend *b = be[i];
     size_t esz = dtype_row_bytes(b->act_dtype, 1);
@@ -173,8 +197,7 @@ static void check_pdl_fused_chain(int D, int T, int rounds) {
          *ds = b->ops->alloc(b, n * esz);
     if (!dx || !dy || !dn || !ds)
       pair_die("alloc");
-    if ((esz == 2 ? b->ops->upload(b, dx, xb, n * 2) : b->ops->upload(b, dx, x, n * 4)) ||
-        b->ops->upload(b, dy, poison, n * esz))
+    if (chain_put_x(b, dx, &in, n) || b->ops->upload(b, dy, in.poison, n * esz))
       pair_die("upload");
     const struct weight *ws[1] = {&a}, *bs[1] = {NULL};
     void *outs[1] = {dy};
@@ -196,21 +219,14 @@ static void check_pdl_fused_chain(int D, int T, int rounds) {
     b->ops->weight_free(b, &c);
     b->ops->weight_free(b, &nw);
   }
-  for (int k = 0; k < 2; k++) {
-    char what[96];
-    snprintf(what, sizeof what, "PDL fused chain D%d T%d x%d rounds: %s", D, T, rounds, k ? "y" : "x");
-    pair_expect(what, got[1][k], got[0][k], n, 2e-2);
-    CHECK(memcmp(got[1][k], got[2][k], n * 4) == 0, "%s: differs between PDL on and PAGODA_PDL=0", what);
-    for (int i = 0; i < 3; i++)
-      free(got[i][k]);
-  }
+  char what[96];
+  snprintf(what, sizeof what, "PDL fused chain D%d T%d x%d rounds", D, T, rounds);
+  chain_expect(what, "y", got, n);
   be[2]->ops->destroy(be[2]);
-  free(x);
+  chain_in_free(&in);
   free(w1);
   free(w2);
   free(nv);
-  free(xb);
-  free(poison);
 }
 
 int main(void) {

@@ -606,35 +606,62 @@ static void fused_expect(const char *what, const char *seq, const void *c, const
   free(hf);
 }
 
+/* The matrices of a matmul_n check on both backends: N[m] x K weights (+-0.1) and their biases
+ * (+-0.5), with WS / BS the arrays matmul_n takes per backend (biases on every matrix but k,
+ * m = 1, when WITH_BIAS: mixed NULL and not). The CPU's weights alias WV / BV, freed after the
+ * weights (matset_free). Used in place: WS points into the struct. */
+struct matset {
+  int n;
+  struct weight w[3][2], b[3][2];
+  const struct weight *ws[2][3], *bs[2][3];
+  float *wv[3], *bv[3];
+};
+
+static void matset_make(struct matset *s, int n, const int *N, int K, int with_bias) {
+  s->n = n;
+  for (int m = 0; m < n; m++) {
+    s->wv[m] = malloc(sizeof(float) * N[m] * K);
+    s->bv[m] = malloc(4 * N[m]);
+    pair_fill(s->wv[m], (size_t)N[m] * K, 0.1f);
+    pair_fill(s->bv[m], (size_t)N[m], 0.5f);
+    for (int i = 0; i < 2; i++) {
+      s->w[m][i] = pair_weight(i, s->wv[m], N[m], K);
+      s->b[m][i] = pair_weight(i, s->bv[m], 1, N[m]);
+      s->ws[i][m] = &s->w[m][i];
+      s->bs[i][m] = with_bias && m != 1 ? &s->b[m][i] : NULL;
+    }
+  }
+}
+
+static void matset_free(struct matset *s) {
+  for (int m = 0; m < s->n; m++) {
+    for (int i = 0; i < 2; i++) {
+      pair_be[i]->ops->weight_free(pair_be[i], &s->w[m][i]);
+      pair_be[i]->ops->weight_free(pair_be[i], &s->b[m][i]);
+    }
+    free(s->wv[m]);
+    free(s->bv[m]);
+  }
+}
+
 /* q/k/v (n = 3, Qwen2's biases) or gate/up (n = 2) through matmul_n. */
 static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int expect_fused) {
   float *x = malloc(sizeof(float) * T * K);
   pair_fill(x, (size_t)T * K, 1.0f);
-  struct weight w[3][2], b[3][2];
+  struct matset ms;
+  matset_make(&ms, n, N, K, with_bias);
   struct dbuf out[3];
   void *sep[3];
-  float *wv[3], *bv[3]; /* the CPU's weights alias them: freed after the weights */
   for (int m = 0; m < n; m++) {
-    wv[m] = malloc(sizeof(float) * N[m] * K);
-    bv[m] = malloc(4 * N[m]);
-    pair_fill(wv[m], (size_t)N[m] * K, 0.1f);
-    pair_fill(bv[m], (size_t)N[m], 0.5f);
-    for (int i = 0; i < 2; i++) {
-      w[m][i] = pair_weight(i, wv[m], N[m], K);
-      b[m][i] = pair_weight(i, bv[m], 1, N[m]);
-    }
     out[m] = pair_poisoned((size_t)T * N[m]);
     sep[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
   }
   struct dbuf dx = pair_acts(x, (size_t)T * K);
   for (int i = 0; i < 2; i++) {
     void *outs[3];
-    const struct weight *ws[3], *bs[3];
-    for (int m = 0; m < n; m++) {
+    const struct weight *const *ws = ms.ws[i], *const *bs = ms.bs[i];
+    for (int m = 0; m < n; m++)
       outs[m] = out[m].p[i];
-      ws[m] = &w[m][i];
-      bs[m] = with_bias && m != 1 ? &b[m][i] : NULL; /* k without bias: mixed NULL and not */
-    }
     int rc = pair_be[i]->ops->matmul_n(pair_be[i], n, outs, dx.p[i], NULL, ws, bs, T);
     if (rc < 0)
       pair_die("matmul_n");
@@ -656,13 +683,8 @@ static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int 
     fused_expect(what, "the separate matmul", out[m].p[0], sep[m], out[m].p[1], (size_t)T * N[m]);
     pair_free(out[m]);
     pair_be[1]->ops->free(pair_be[1], sep[m]);
-    for (int i = 0; i < 2; i++) {
-      pair_be[i]->ops->weight_free(pair_be[i], &w[m][i]);
-      pair_be[i]->ops->weight_free(pair_be[i], &b[m][i]);
-    }
-    free(wv[m]);
-    free(bv[m]);
   }
+  matset_free(&ms);
   pair_free(dx);
   free(x);
 }
@@ -722,10 +744,10 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
 #define PRE_EPS 1e-5f
 
 /* The CUDA backends the fused forms run on: pair_be[1] (the prologue's default shape unless
- * PAGODA_GEMV_PRE_ROWS / PAGODA_GEMV_PRE_LOOP are set), then PAGODA_GEMV_PRE_ROWS=4 and 16 (warps
- * per block), PAGODA_GEMV_PRE_LOOP=2 and 4 (rows per warp); and one made with
- * PAGODA_FUSED_NORM=0, which must answer 1 to all of them. */
-#define PRE_BES 5
+ * PAGODA_GEMV_PRE_* are set), then PAGODA_GEMV_PRE_ROWS=4 and 16 (warps per block),
+ * PAGODA_GEMV_PRE_LOOP=2 and 4 (rows per warp), PAGODA_GEMV_PRE_L2=0 (the first weight steps
+ * loaded into registers, not L2); and one made with PAGODA_FUSED_NORM=0, which must answer 1 to all of them. */
+#define PRE_BES 6
 static struct backend *pre_be[PRE_BES], *pre_off_be;
 
 /* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
@@ -749,14 +771,16 @@ static void pre_open(void) {
   pre_be[2] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "16");
   pre_be[3] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "2");
   pre_be[4] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
+  pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "0");
   pre_off_be = cuda_with_env("PAGODA_FUSED_NORM", "0");
   for (int k = 1; k < PRE_BES; k++)
     if (!pre_be[k])
-      pair_die("cuda backend with PAGODA_GEMV_PRE_ROWS / PAGODA_GEMV_PRE_LOOP");
+      pair_die("cuda backend with PAGODA_GEMV_PRE_*");
   if (!pre_off_be)
     pair_die("cuda backend with PAGODA_FUSED_NORM=0");
-  static const char *bad_env[][2] = {{"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}};
-  for (int k = 0; k < 2; k++) { /* an unknown value is an error naming the variable */
+  static const char *bad_env[][2] = {
+      {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"}};
+  for (int k = 0; k < 3; k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
     if (bad)
@@ -825,34 +849,23 @@ static int pre_covered(int T, int K) { return T <= 8 && (size_t)T * K * 2 <= PRE
 static void test_prenorm_matmul_n(int T, int n, const int *N, int K, int with_bias, int norm_bf16) {
   const int expect = pre_covered(T, K);
   const size_t nx = (size_t)T * K;
-  float *x = malloc(nx * 4), *nv = pre_norm_values(K), *wv[3], *bv[3];
+  float *x = malloc(nx * 4), *nv = pre_norm_values(K);
   pair_fill(x, nx, 2.0f);
-  struct weight nw[2], w[3][2], b[3][2];
+  struct weight nw[2];
+  struct matset ms;
   struct dbuf ref[3];
-  void *fused[3];
+  void *fused[3], *outs[2][3];
   for (int i = 0; i < 2; i++)
     nw[i] = pre_norm_weight(i, nv, K, norm_bf16);
+  matset_make(&ms, n, N, K, with_bias);
+  const struct weight *const *const ws[2] = {ms.ws[0], ms.ws[1]}, *const *const bs[2] = {ms.bs[0], ms.bs[1]};
   for (int m = 0; m < n; m++) {
-    wv[m] = malloc(sizeof(float) * N[m] * K);
-    bv[m] = malloc(4 * N[m]);
-    pair_fill(wv[m], (size_t)N[m] * K, 0.1f);
-    pair_fill(bv[m], (size_t)N[m], 0.5f);
-    for (int i = 0; i < 2; i++) {
-      w[m][i] = pair_weight(i, wv[m], N[m], K);
-      b[m][i] = pair_weight(i, bv[m], 1, N[m]);
-    }
     ref[m] = pair_poisoned((size_t)T * N[m]); /* cpu: the reference; cuda: its own sequence */
     fused[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
+    for (int i = 0; i < 2; i++)
+      outs[i][m] = ref[m].p[i];
   }
   struct dbuf dx = pair_acts(x, nx), xn = pair_poisoned(nx);
-  const struct weight *ws[2][3], *bs[2][3];
-  void *outs[2][3];
-  for (int i = 0; i < 2; i++)
-    for (int m = 0; m < n; m++) {
-      ws[i][m] = &w[m][i];
-      bs[i][m] = with_bias && m != 1 ? &b[m][i] : NULL;
-      outs[i][m] = ref[m].p[i];
-    }
   const struct backend_prenorm pre0 = {.w = &nw[0], .eps = PRE_EPS, .xn = xn.p[0]};
   int rc = pair_be[0]->ops->matmul_n(pair_be[0], n, outs[0], dx.p[0], &pre0, ws[0], bs[0], T);
   CHECK(rc == 0, "cpu matmul_n with a prenorm answered %d", rc);
@@ -892,13 +905,8 @@ static void test_prenorm_matmul_n(int T, int n, const int *N, int K, int with_bi
   for (int m = 0; m < n; m++) {
     pair_free(ref[m]);
     pair_be[1]->ops->free(pair_be[1], fused[m]);
-    for (int i = 0; i < 2; i++) {
-      pair_be[i]->ops->weight_free(pair_be[i], &w[m][i]);
-      pair_be[i]->ops->weight_free(pair_be[i], &b[m][i]);
-    }
-    free(wv[m]);
-    free(bv[m]);
   }
+  matset_free(&ms);
   for (int i = 0; i < 2; i++)
     pair_be[i]->ops->weight_free(pair_be[i], &nw[i]);
   pair_free(dx);

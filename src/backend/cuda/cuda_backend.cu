@@ -448,9 +448,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   /* The RMSNorm in the GEMV's prologue and the residual add in its epilogue (cuda_gemv.cu):
    * PAGODA_FUSED_NORM=0 turns both off (the add + rmsnorm op between the sub-blocks instead);
    * PAGODA_GEMV_PRE_ROWS=4|8|16 sets the prologue's warps per block, PAGODA_GEMV_PRE_LOOP=1|2|4
-   * its rows per warp. For measuring them. */
+   * its rows per warp, PAGODA_GEMV_PRE_L2=0 loads the first weight steps into registers rather
+   * than L2. For measuring them. */
   const char *fn = getenv("PAGODA_FUSED_NORM"), *pr = getenv("PAGODA_GEMV_PRE_ROWS"),
-             *pl = getenv("PAGODA_GEMV_PRE_LOOP");
+             *pl = getenv("PAGODA_GEMV_PRE_LOOP"), *p2 = getenv("PAGODA_GEMV_PRE_L2");
   cb->fused_norm = cb->fused_ops && !(fn && strcmp(fn, "0") == 0);
   cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
   if (pr && *pr) {
@@ -464,6 +465,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       return ERR("PAGODA_GEMV_PRE_LOOP=%s: expected 1, 2 or 4 (weight rows per warp of the prenorm GEMV)", pl);
     cb->gemv_pre_loop = atoi(pl);
   }
+  if (p2 && *p2 && strcmp(p2, "0") && strcmp(p2, "1"))
+    return ERR("PAGODA_GEMV_PRE_L2=%s: expected 0 or 1 (the prenorm GEMV's first weight steps into registers "
+               "or L2)", p2);
+  cb->gemv_pre_l2 = p2 && *p2 ? strcmp(p2, "1") == 0 : CUDA_GEMV_PRE_L2;
   /* Programmatic dependent launch (cuda_pdl.cuh): Hopper and newer; PAGODA_PDL=0 turns it off
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");

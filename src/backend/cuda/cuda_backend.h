@@ -120,6 +120,8 @@ struct cuda_backend {
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
                               * (CUDA_GEMV_PRE_LOOP; PAGODA_GEMV_PRE_LOOP) */
+  int gemv_pre_l2;           /* 1 (CUDA_GEMV_PRE_L2): the prenorm GEMVs prefetch their first weight steps
+                              * into L2; 0 (PAGODA_GEMV_PRE_L2=0): into registers, live across the prologue */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
@@ -226,11 +228,13 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
  * shared memory, so they take T * K * 2 <= CUDA_GEMV_PRE_SMEM bytes (T <= 8 at K = 2048, T <= 4
  * at K = 4096; more answers 1: the separate rmsnorm first). Each block normalizes for itself:
  * CUDA_GEMV_PRE_ROWS warps per block and CUDA_GEMV_PRE_LOOP rows per warp by default,
- * PAGODA_GEMV_PRE_ROWS=4|8|16 and PAGODA_GEMV_PRE_LOOP=1|2|4 for measuring. */
+ * PAGODA_GEMV_PRE_ROWS=4|8|16, PAGODA_GEMV_PRE_LOOP=1|2|4 and PAGODA_GEMV_PRE_L2=0|1 (the first
+ * weight steps into registers or L2 before the prologue; CUDA_GEMV_PRE_L2 by default) for measuring. */
 #define CUDA_GEMV_PRE_SMEM 32768
 #define CUDA_GEMV_PRE_ROWS 8
 #define CUDA_GEMV_PRE_ROWS_MAX 16
 #define CUDA_GEMV_PRE_LOOP 1
+#define CUDA_GEMV_PRE_L2 1
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

@@ -245,9 +245,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * most CUDA_GEMV_PRE_SMEM bytes): a copy of x (16-byte loads), each row's 1 / rms by norm_inv
  * (cuda_norm.cuh: rmsnorm_kernel's summation order replayed on NW warps), then every element
  * rounded as rmsnorm_kernel writes it (norm_elem), in place. The GEMV then reads x from there.
- * Its weight rows' first four steps are loaded into registers before pdl_wait (the weights never
- * change during a step, cuda_pdl.cuh), so they stream while the block normalizes; the main loop
- * holds four steps anyway, so this costs no registers at its peak. The products are those of
+ * Its weight rows' first four steps are requested before pdl_wait (the weights never change
+ * during a step, cuda_pdl.cuh), so they stream while the block normalizes: by default prefetched
+ * into L2, as gemv_rows does (T = 1: 44 registers at 8 warps, the plain kernel's 38), or with
+ * PAGODA_GEMV_PRE_L2=0 loaded into registers, which then stay live across the prologue (64: fewer
+ * warps per SM, but the first steps are at hand after it). The products are those of
  * rmsnorm followed by the plain GEMV bit for bit: the same bf16 inputs, gemv_loop's summation
  * order. Every block normalizes for itself (T * K * 2 bytes read from L2 per block), so blocks
  * of NW = cb->gemv_pre_rows warps (PAGODA_GEMV_PRE_ROWS: 4, 8 or 16) each taking RPW =
@@ -296,11 +298,13 @@ __device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv
   __syncthreads();
 }
 
-/* gemv_rows with the prologue: the first four steps of the R rows WR[r] loaded before the wait,
- * then gemv_prenorm (every warp of the block, VALID or not: it has barriers), then the sums over
- * the normalized x into acc[r][t] (warps whose row is past the matrix, !VALID, stop after the
- * prologue and must not store). */
-template <int NT, int R, int NW>
+/* gemv_rows with the prologue: the first four steps of the R rows WR[r] requested before the
+ * wait, then gemv_prenorm (every warp of the block, VALID or not: it has barriers), then the sums
+ * over the normalized x into acc[r][t] (warps whose row is past the matrix, !VALID, stop after the
+ * prologue and must not store). REG (cb->gemv_pre_l2 0): those four steps are loaded into
+ * registers, which stay live across the prologue (more registers, fewer warps per SM); else
+ * prefetched into L2 as gemv_rows does, and loaded from there after it. */
+template <int NT, int R, int NW, bool REG>
 __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
                                               int K, int lane, float (*acc)[NT]) {
   bf16 *xs = (bf16 *)gemv_xs;
@@ -310,24 +314,38 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
     for (int t = 0; t < NT; t++)
       acc[r][t] = 0.0f;
   const int e = lane * 8;
-  uint4 w0[R][4];
+  if constexpr (!REG) {
 #pragma unroll
-  for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int j = 0; j < 4; j++)
-      w0[r][j] = valid && e + 256 * j < K ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
-  pdl_wait();    /* x is written by the kernel before */
-  pdl_trigger(); /* as gemv_rows */
-  gemv_prenorm<NT, NW>(xs, x, pre, K);
-  if (!valid)
-    return;
+      for (int j = 0; j < 4; j++)
+        if (valid && e + 256 * j < K)
+          prefetch_l2(wr[r] + e + 256 * j);
+    pdl_wait();    /* x is written by the kernel before */
+    pdl_trigger(); /* as gemv_rows */
+    gemv_prenorm<NT, NW>(xs, x, pre, K);
+    if (valid)
+      gemv_loop<NT, R, true>(wr, xs, K, e, acc);
+  } else {
+    uint4 w0[R][4];
 #pragma unroll
-  for (int j = 0; j < 4; j++) /* the first four steps, in gemv_loop's order */
-    if (e + 256 * j < K)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-      for (int r = 0; r < R; r++)
-        gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
-  gemv_loop<NT, R, true>(wr, xs, K, e + 1024, acc);
+      for (int j = 0; j < 4; j++)
+        w0[r][j] = valid && e + 256 * j < K ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    pdl_trigger();
+    gemv_prenorm<NT, NW>(xs, x, pre, K);
+    if (!valid)
+      return;
+#pragma unroll
+    for (int j = 0; j < 4; j++) /* the first four steps, in gemv_loop's order */
+      if (e + 256 * j < K)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
+    gemv_loop<NT, R, true>(wr, xs, K, e + 1024, acc);
+  }
 }
 
 /* The matrix of grid row G of M (0 past the last: i is then only a placeholder). */
@@ -343,7 +361,7 @@ __device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
  * NW * RPW consecutive grid rows, warp w the rows w, w + NW, ... (RPW = cb->gemv_pre_loop): the
  * first with the weights loaded before the prologue, the others after it, so the prologue is paid
  * once per NW * RPW rows. */
-template <int NT, int NW>
+template <int NT, int NW, bool REG>
 __global__ void __launch_bounds__(NW * 32)
     gemv_multi_pre_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K, const __grid_constant__ gemv_pre pre,
                           int rpw) {
@@ -354,7 +372,7 @@ __global__ void __launch_bounds__(NW * 32)
   int row = valid ? g - m.row0[i] : 0;
   const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
   float acc[1][NT];
-  gemv_rows_pre<NT, 1, NW>(wr, valid, x, pre, K, lane, acc);
+  gemv_rows_pre<NT, 1, NW, REG>(wr, valid, x, pre, K, lane, acc);
   if (!valid)
     return;
   if (lane == 0)
@@ -375,7 +393,7 @@ __global__ void __launch_bounds__(NW * 32)
 
 /* matmul_silu_mul with the prenorm: gemv_silu_mul_kernel over the normalized x, NW warps per
  * block, RPW gate/up pairs per warp as gemv_multi_pre_kernel. */
-template <int NT, int NW>
+template <int NT, int NW, bool REG>
 __global__ void __launch_bounds__(NW * 32)
     gemv_silu_mul_pre_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K,
                              const __grid_constant__ gemv_pre pre, int rpw) {
@@ -385,7 +403,7 @@ __global__ void __launch_bounds__(NW * 32)
   size_t off = (size_t)(valid ? row : 0) * K;
   const bf16 *wr[2] = {Wg + off, Wu + off};
   float acc[2][NT];
-  gemv_rows_pre<NT, 2, NW>(wr, valid, x, pre, K, lane, acc);
+  gemv_rows_pre<NT, 2, NW, REG>(wr, valid, x, pre, K, lane, acc);
   if (!valid)
     return;
   if (lane == 0)
@@ -457,31 +475,48 @@ static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm 
   return 1;
 }
 
-/* The prenorm kernels for NW warps per block (a template so the switch over T names both). */
-template <int NW>
+/* The prenorm kernels for NW warps per block and REG (a template so the switch over T names them). */
+template <int NW, bool REG>
 static cudaError_t gemv_multi_pre_launch(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X,
                                          int K, const gemv_pre &p, int T) {
   const int rpw = cb->gemv_pre_loop;
   const dim3 grid((rows + NW * rpw - 1) / (NW * rpw)), thr(NW * 32);
   const size_t smem = (size_t)T * K * 2;
 #define GEMV_CASE(c) \
-  case c: return cuda_pdl_launch(cb, gemv_multi_pre_kernel<c, NW>, grid, thr, smem, m, X, K, p, rpw);
+  case c: return cuda_pdl_launch(cb, gemv_multi_pre_kernel<c, NW, REG>, grid, thr, smem, m, X, K, p, rpw);
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   return cudaErrorInvalidValue;
 }
 
-template <int NW>
+template <int NW, bool REG>
 static cudaError_t gemv_silu_pre_launch(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu,
                                         const bf16 *X, int F, int K, const gemv_pre &p, int T) {
   const int rpw = cb->gemv_pre_loop;
   const dim3 grid((unsigned)((F + NW * rpw - 1) / (NW * rpw))), thr(NW * 32);
   const size_t smem = (size_t)T * K * 2;
 #define GEMV_CASE(c) \
-  case c: return cuda_pdl_launch(cb, gemv_silu_mul_pre_kernel<c, NW>, grid, thr, smem, out, Wg, Wu, X, F, K, p, rpw);
+  case c: return cuda_pdl_launch(cb, gemv_silu_mul_pre_kernel<c, NW, REG>, grid, thr, smem, out, Wg, Wu, X, F, K, p, rpw);
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   return cudaErrorInvalidValue;
+}
+
+/* The launchers for cb->gemv_pre_rows warps per block. */
+template <bool REG>
+static cudaError_t gemv_multi_pre_rows(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X, int K,
+                                       const gemv_pre &p, int T) {
+  return cb->gemv_pre_rows == 4    ? gemv_multi_pre_launch<4, REG>(cb, rows, m, X, K, p, T)
+         : cb->gemv_pre_rows == 16 ? gemv_multi_pre_launch<16, REG>(cb, rows, m, X, K, p, T)
+                                   : gemv_multi_pre_launch<8, REG>(cb, rows, m, X, K, p, T);
+}
+
+template <bool REG>
+static cudaError_t gemv_silu_pre_rows(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *X,
+                                      int F, int K, const gemv_pre &p, int T) {
+  return cb->gemv_pre_rows == 4    ? gemv_silu_pre_launch<4, REG>(cb, out, Wg, Wu, X, F, K, p, T)
+         : cb->gemv_pre_rows == 16 ? gemv_silu_pre_launch<16, REG>(cb, out, Wg, Wu, X, F, K, p, T)
+                                   : gemv_silu_pre_launch<8, REG>(cb, out, Wg, Wu, X, F, K, p, T);
 }
 
 /* matmul_n with PRE: bf16 weights the GEMV takes (gemv_fusable) and the prologue's terms, else 1
@@ -489,7 +524,7 @@ static cudaError_t gemv_silu_pre_launch(struct cuda_backend *cb, bf16 *out, cons
 static int gemv_multi_pre(struct cuda_backend *cb, int n, void *const outs[], const void *x,
                           const struct backend_prenorm *pre, const struct weight *const ws[],
                           const struct weight *const biases[], int T) {
-  gemv_pre p;
+  gemv_pre p = {};
   if (cuda_quant_type(ws[0]->dtype) >= 0 || cb->base.act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
     return 1;
   int terms = gemv_pre_terms(cb, pre, ws[0]->cols, T, &p);
@@ -501,10 +536,8 @@ static int gemv_multi_pre(struct cuda_backend *cb, int n, void *const outs[], co
     return rows < 0 ? -1 : 1;
   const bf16 *X = (const bf16 *)x;
   const int K = (int)ws[0]->cols;
-  cudaError_t err = cb->gemv_pre_rows == 4   ? gemv_multi_pre_launch<4>(cb, (unsigned)rows, m, X, K, p, T)
-                    : cb->gemv_pre_rows == 16 ? gemv_multi_pre_launch<16>(cb, (unsigned)rows, m, X, K, p, T)
-                                              : gemv_multi_pre_launch<8>(cb, (unsigned)rows, m, X, K, p, T);
-  CUDA_CHECK(err);
+  CUDA_CHECK(cb->gemv_pre_l2 ? gemv_multi_pre_rows<false>(cb, (unsigned)rows, m, X, K, p, T)
+                             : gemv_multi_pre_rows<true>(cb, (unsigned)rows, m, X, K, p, T));
   return 0;
 }
 
@@ -550,15 +583,13 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
   cudaError_t err = cudaSuccess;
   if (pre) { /* 1: matmul_n with PRE next (blocks.c), then the caller's rmsnorm */
-    gemv_pre p;
+    gemv_pre p = {};
     int terms = gemv_pre_terms(cb, pre, K, T, &p);
     if (terms <= 0)
       return terms < 0 ? -1 : 1;
     bf16 *o = (bf16 *)out;
-    err = cb->gemv_pre_rows == 4    ? gemv_silu_pre_launch<4>(cb, o, Wg, Wu, X, F, K, p, T)
-          : cb->gemv_pre_rows == 16 ? gemv_silu_pre_launch<16>(cb, o, Wg, Wu, X, F, K, p, T)
-                                    : gemv_silu_pre_launch<8>(cb, o, Wg, Wu, X, F, K, p, T);
-    CUDA_CHECK(err);
+    CUDA_CHECK(cb->gemv_pre_l2 ? gemv_silu_pre_rows<false>(cb, o, Wg, Wu, X, F, K, p, T)
+                               : gemv_silu_pre_rows<true>(cb, o, Wg, Wu, X, F, K, p, T));
     return 0;
   }
   dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
