@@ -179,6 +179,15 @@ long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const out
   return rows;
 }
 
+/* The matrix of grid row G of M (past the last row: the last slot, a placeholder). */
+__device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
+  int i = 0;
+#pragma unroll
+  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
+    i += g >= m.row0[j];
+  return i;
+}
+
 /* Row ROW of matrix I of M: the T sums ACC rounded to bf16, then + its bias rounded again (as the
  * bias kernel adds it to the product), into its output. */
 template <int NT>
@@ -202,10 +211,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (g >= m.row0[BACKEND_MATMUL_N_MAX])
     return;
-  int i = 0;
-#pragma unroll
-  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
-    i += g >= m.row0[j];
+  const int i = gemv_multi_matrix(m, g);
   const int row = g - m.row0[i];
   const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
   float acc[1][NT];
@@ -346,15 +352,6 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
           gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
     gemv_loop<NT, R, true>(wr, xs, K, e + 1024, acc);
   }
-}
-
-/* The matrix of grid row G of M (0 past the last: i is then only a placeholder). */
-__device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
-  int i = 0;
-#pragma unroll
-  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
-    i += g >= m.row0[j];
-  return i;
 }
 
 /* matmul_n with the prenorm: gemv_multi_kernel over the normalized x. A block of NW warps takes
