@@ -138,6 +138,17 @@ static void test_matmul(int T, int N, int K, int out_f32, int with_bias) {
 /* Weights stored as F16, BF16 or Q8_0 (GGUF files): the CPU backend computes with them as they
  * are, the CUDA backend converts them to bf16 at load, one rounding of each weight (relative
  * error <= 2^-9), so the bf16-output tolerance applies. */
+/* N values of random Q8_0 blocks (scales around 0.002, quants in [-127, 127]) into W. */
+static void fill_q8_0(uint8_t *w, size_t n) {
+  for (size_t blk = 0; blk < n / Q8_0_BLOCK; blk++) {
+    uint8_t *b = w + blk * Q8_0_BYTES;
+    uint16_t sc = f32_to_f16(0.001f + 0.002f * (test_randf(&pair_rng) + 1));
+    memcpy(b, &sc, 2);
+    for (int i = 0; i < Q8_0_BLOCK; i++)
+      b[2 + i] = (uint8_t)(int8_t)pair_int(-127, 127);
+  }
+}
+
 static void test_matmul_src(enum dtype src_t) {
   int T = 5, N = 96, K = 256;
   size_t n = (size_t)N * K;
@@ -146,13 +157,7 @@ static void test_matmul_src(enum dtype src_t) {
   size_t bytes = dtype_row_bytes(src_t, K) * N;
   uint8_t *w = malloc(bytes);
   if (src_t == DTYPE_Q8_0) {
-    for (size_t blk = 0; blk < n / Q8_0_BLOCK; blk++) {
-      uint8_t *b = w + blk * Q8_0_BYTES;
-      uint16_t sc = f32_to_f16(0.001f + 0.002f * (test_randf(&pair_rng) + 1));
-      memcpy(b, &sc, 2);
-      for (int i = 0; i < Q8_0_BLOCK; i++)
-        b[2 + i] = (uint8_t)(int8_t)pair_int(-127, 127);
-    }
+    fill_q8_0(w, n);
   } else {
     for (size_t i = 0; i < n; i++) {
       float v = test_randf(&pair_rng) * 0.1f;
@@ -839,35 +844,73 @@ static void *cuda_act_copy(const float *h, size_t n) {
   return d;
 }
 
+/* A fused op's output F (cuda, N act elements) against C, the CPU's sequence (within bf16
+ * tolerance), and S, the CUDA backend's own separate ops (byte for byte); SEQ names them. */
+static void fused_expect(const char *what, const char *seq, const void *c, const void *s, const void *f, size_t n) {
+  float *hc = get_act_copy(0, c, n), *hs = get_act_copy(1, s, n), *hf = get_act_copy(1, f, n);
+  pair_expect(what, hf, hc, n, TOL_BF16_OUT);
+  CHECK(memcmp(hf, hs, n * 4) == 0, "%s: differs from %s on cuda", what, seq);
+  free(hc);
+  free(hs);
+  free(hf);
+}
+
+/* The matrices of a matmul_n check on both backends: N[m] x K weights (+-0.1) and their biases
+ * (+-0.5), with WS / BS the arrays matmul_n takes per backend (biases on every matrix but k,
+ * m = 1, when WITH_BIAS: mixed NULL and not). The CPU's weights alias WV / BV, freed after the
+ * weights (matset_free). Used in place: WS points into the struct. */
+struct matset {
+  int n;
+  struct weight w[3][2], b[3][2];
+  const struct weight *ws[2][3], *bs[2][3];
+  float *wv[3], *bv[3];
+};
+
+static void matset_make(struct matset *s, int n, const int *N, int K, int with_bias) {
+  s->n = n;
+  for (int m = 0; m < n; m++) {
+    s->wv[m] = malloc(sizeof(float) * N[m] * K);
+    s->bv[m] = malloc(4 * N[m]);
+    pair_fill(s->wv[m], (size_t)N[m] * K, 0.1f);
+    pair_fill(s->bv[m], (size_t)N[m], 0.5f);
+    for (int i = 0; i < 2; i++) {
+      s->w[m][i] = pair_weight(i, s->wv[m], N[m], K);
+      s->b[m][i] = pair_weight(i, s->bv[m], 1, N[m]);
+      s->ws[i][m] = &s->w[m][i];
+      s->bs[i][m] = with_bias && m != 1 ? &s->b[m][i] : NULL;
+    }
+  }
+}
+
+static void matset_free(struct matset *s) {
+  for (int m = 0; m < s->n; m++) {
+    for (int i = 0; i < 2; i++) {
+      pair_be[i]->ops->weight_free(pair_be[i], &s->w[m][i]);
+      pair_be[i]->ops->weight_free(pair_be[i], &s->b[m][i]);
+    }
+    free(s->wv[m]);
+    free(s->bv[m]);
+  }
+}
+
 /* q/k/v (n = 3, Qwen2's biases) or gate/up (n = 2) through matmul_n. */
 static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int expect_fused) {
   float *x = malloc(sizeof(float) * T * K);
   pair_fill(x, (size_t)T * K, 1.0f);
-  struct weight w[3][2], b[3][2];
+  struct matset ms;
+  matset_make(&ms, n, N, K, with_bias);
   struct dbuf out[3];
   void *sep[3];
-  float *wv[3], *bv[3]; /* the CPU's weights alias them: freed after the weights */
   for (int m = 0; m < n; m++) {
-    wv[m] = malloc(sizeof(float) * N[m] * K);
-    bv[m] = malloc(4 * N[m]);
-    pair_fill(wv[m], (size_t)N[m] * K, 0.1f);
-    pair_fill(bv[m], (size_t)N[m], 0.5f);
-    for (int i = 0; i < 2; i++) {
-      w[m][i] = pair_weight(i, wv[m], N[m], K);
-      b[m][i] = pair_weight(i, bv[m], 1, N[m]);
-    }
     out[m] = pair_poisoned((size_t)T * N[m]);
     sep[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
   }
   struct dbuf dx = pair_acts(x, (size_t)T * K);
   for (int i = 0; i < 2; i++) {
     void *outs[3];
-    const struct weight *ws[3], *bs[3];
-    for (int m = 0; m < n; m++) {
+    const struct weight *const *ws = ms.ws[i], *const *bs = ms.bs[i];
+    for (int m = 0; m < n; m++)
       outs[m] = out[m].p[i];
-      ws[m] = &w[m][i];
-      bs[m] = with_bias && m != 1 ? &b[m][i] : NULL; /* k without bias: mixed NULL and not */
-    }
     int rc = pair_be[i]->ops->matmul_n(pair_be[i], n, outs, dx.p[i], NULL, ws, bs, T);
     if (rc < 0)
       pair_die("matmul_n");
@@ -884,25 +927,13 @@ static void test_matmul_n(int T, int n, const int *N, int K, int with_bias, int 
           pair_die("matmul");
   }
   for (int m = 0; m < n; m++) {
-    size_t cnt = (size_t)T * N[m];
-    float *c, *g, *s = get_act_copy(1, sep[m], cnt);
     char what[96];
-    pair_get_both(out[m], cnt, &c, &g);
     snprintf(what, sizeof what, "matmul_n T%d n%d [%d] N%d K%d%s", T, n, m, N[m], K, with_bias ? " +bias" : "");
-    pair_expect(what, g, c, cnt, TOL_BF16_OUT);
-    CHECK(memcmp(g, s, cnt * 4) == 0, "%s: differs from the separate cuda matmul", what);
-    free(c);
-    free(g);
-    free(s);
+    fused_expect(what, "the separate matmul", out[m].p[0], sep[m], out[m].p[1], (size_t)T * N[m]);
     pair_free(out[m]);
     pair_be[1]->ops->free(pair_be[1], sep[m]);
-    for (int i = 0; i < 2; i++) {
-      pair_be[i]->ops->weight_free(pair_be[i], &w[m][i]);
-      pair_be[i]->ops->weight_free(pair_be[i], &b[m][i]);
-    }
-    free(wv[m]);
-    free(bv[m]);
   }
+  matset_free(&ms);
   pair_free(dx);
   free(x);
 }
@@ -935,14 +966,9 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
   CHECK(rc == (expect_fused ? 0 : 1), "cuda matmul_silu_mul T%d: answered %d, expected %d", T, rc,
         expect_fused ? 0 : 1);
   if (rc == 0) {
-    float *c = get_act_copy(0, gate.p[0], no), *s = get_act_copy(1, gate.p[1], no), *f = get_act_copy(1, out.p[1], no);
     char what[80];
     snprintf(what, sizeof what, "matmul_silu_mul T%d F%d K%d", T, F, K);
-    pair_expect(what, f, c, no, TOL_BF16_OUT);
-    CHECK(memcmp(f, s, no * 4) == 0, "%s: differs from matmul, matmul, silu_mul on cuda", what);
-    free(c);
-    free(s);
-    free(f);
+    fused_expect(what, "matmul, matmul, silu_mul", gate.p[0], gate.p[1], out.p[1], no);
   }
   for (int i = 0; i < 2; i++) {
     pair_be[i]->ops->weight_free(pair_be[i], &g[i]);
@@ -955,6 +981,378 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
   free(x);
   free(wg);
   free(wu);
+}
+
+/* ---- The RMSNorm in the GEMV's prologue (struct backend_prenorm: matmul_n, matmul_silu_mul) and
+ * the residual add in its epilogue (matmul_add). Each fused form must equal, byte for byte, the
+ * CUDA backend's own sequence (rmsnorm, then the op without the prenorm; matmul into a buffer,
+ * then rmsnorm's residual add), and the CPU's sequence within bf16 tolerance. Shapes the kernels
+ * do not cover answer 1 with nothing written: T past the GEMV, x's rows past the prologue's
+ * shared memory, quantized weights, and every call on a backend made with PAGODA_FUSED_NORM=0. */
+#define PRE_SMEM 32768 /* cuda_backend.h CUDA_GEMV_PRE_SMEM: T * K * 2 bytes above it answer 1 */
+#define PRE_EPS 1e-5f
+
+/* The CUDA backends the fused forms run on: pair_be[1] (the prologue's default shape unless
+ * PAGODA_GEMV_PRE_* are set), then PAGODA_GEMV_PRE_ROWS=4 and 16 (warps per block),
+ * PAGODA_GEMV_PRE_LOOP=2 and 4 (rows per warp), PAGODA_GEMV_PRE_L2=0 (the first weight steps
+ * loaded into registers, not L2); and one made with PAGODA_FUSED_NORM=0, which must answer 1 to all of them. */
+#define PRE_BES 6
+static struct backend *pre_be[PRE_BES], *pre_off_be;
+
+/* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
+static struct backend *cuda_with_env(const char *var, const char *val) {
+  const char *prev = getenv(var);
+  char *saved = prev ? strdup(prev) : NULL;
+  setenv(var, val, 1);
+  struct backend *be = backend_create(&(struct backend_params){.device = "cuda"});
+  if (saved) {
+    setenv(var, saved, 1);
+    free(saved);
+  } else {
+    unsetenv(var);
+  }
+  return be;
+}
+
+static void pre_open(void) {
+  pre_be[0] = pair_be[1];
+  pre_be[1] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "4");
+  pre_be[2] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "16");
+  pre_be[3] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "2");
+  pre_be[4] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
+  pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "0");
+  pre_off_be = cuda_with_env("PAGODA_FUSED_NORM", "0");
+  for (int k = 1; k < PRE_BES; k++)
+    if (!pre_be[k])
+      pair_die("cuda backend with PAGODA_GEMV_PRE_*");
+  if (!pre_off_be)
+    pair_die("cuda backend with PAGODA_FUSED_NORM=0");
+  static const char *bad_env[][2] = {
+      {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"}};
+  for (int k = 0; k < 3; k++) { /* an unknown value is an error naming the variable */
+    struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
+    CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
+    if (bad)
+      bad->ops->destroy(bad);
+    else
+      CHECK(strstr(err_last(), bad_env[k][0]) != NULL, "%s=%s: message %s", bad_env[k][0], bad_env[k][1], err_last());
+  }
+}
+
+static void pre_close(void) {
+  for (int k = 1; k < PRE_BES; k++)
+    pre_be[k]->ops->destroy(pre_be[k]);
+  pre_off_be->ops->destroy(pre_off_be);
+}
+
+/* Norm weights sit near 1 in real models; bf16-exact, so the bf16 form holds the same values. */
+static float *pre_norm_values(int K) {
+  float *nv = malloc(sizeof(float) * K);
+  for (int d = 0; d < K; d++)
+    nv[d] = bf16_to_f32(f32_to_bf16(1.0f + pair_rnd(0.5f)));
+  return nv;
+}
+
+/* The norm weight NV(K) on backend i: f32 (what the loader makes of 1-D tensors) or, on cuda when
+ * AS_BF16, bf16 (rmsnorm and the prologue take both). */
+static struct weight pre_norm_weight(int i, const float *nv, int K, int as_bf16) {
+  if (i == 0 || !as_bf16)
+    return pair_weight(i, nv, 1, K);
+  struct weight w = {.data = pair_alloc1(1, (size_t)K * 2), .dtype = DTYPE_BF16, .rows = 1, .cols = K};
+  uint16_t *h = malloc((size_t)K * 2);
+  for (int d = 0; d < K; d++)
+    h[d] = f32_to_bf16(nv[d]);
+  if (pair_be[1]->ops->upload(pair_be[1], w.data, h, (size_t)K * 2))
+    pair_die("upload");
+  free(h);
+  return w;
+}
+
+/* Fills cuda buffer D (n act elements) with 0xff bytes (NaN) through pair_be[1], synchronised. */
+static void cuda_poison(void *d, size_t n) {
+  size_t bytes = n * pair_esz(1);
+  void *t = malloc(bytes);
+  memset(t, 0xff, bytes);
+  if (pair_be[1]->ops->upload(pair_be[1], d, t, bytes) || pair_be[1]->ops->sync(pair_be[1]))
+    pair_die("upload");
+  free(t);
+}
+
+/* 1 when every byte of cuda buffer D (n act elements) is still 0xff. */
+static int cuda_still_poisoned(const void *d, size_t n) {
+  size_t bytes = n * pair_esz(1);
+  unsigned char *t = malloc(bytes);
+  if (pair_be[1]->ops->download(pair_be[1], t, d, bytes))
+    pair_die("download");
+  size_t k = 0;
+  while (k < bytes && t[k] == 0xff)
+    k++;
+  free(t);
+  return k == bytes;
+}
+
+/* Whether the prologue covers T rows of K (T within the GEMV, the rows within its shared memory). */
+static int pre_covered(int T, int K) { return T <= 8 && (size_t)T * K * 2 <= PRE_SMEM; }
+
+/* matmul_n with a prenorm: q/k/v (n = 3, biases on q and v when WITH_BIAS) or gate/up (n = 2). */
+static void test_prenorm_matmul_n(int T, int n, const int *N, int K, int with_bias, int norm_bf16) {
+  const int expect = pre_covered(T, K);
+  const size_t nx = (size_t)T * K;
+  float *x = malloc(nx * 4), *nv = pre_norm_values(K);
+  pair_fill(x, nx, 2.0f);
+  struct weight nw[2];
+  struct matset ms;
+  struct dbuf ref[3];
+  void *fused[3], *outs[2][3];
+  for (int i = 0; i < 2; i++)
+    nw[i] = pre_norm_weight(i, nv, K, norm_bf16);
+  matset_make(&ms, n, N, K, with_bias);
+  const struct weight *const *const ws[2] = {ms.ws[0], ms.ws[1]}, *const *const bs[2] = {ms.bs[0], ms.bs[1]};
+  for (int m = 0; m < n; m++) {
+    ref[m] = pair_poisoned((size_t)T * N[m]); /* cpu: the reference; cuda: its own sequence */
+    fused[m] = pair_alloc1(1, (size_t)T * N[m] * pair_esz(1));
+    for (int i = 0; i < 2; i++)
+      outs[i][m] = ref[m].p[i];
+  }
+  struct dbuf dx = pair_acts(x, nx), xn = pair_poisoned(nx);
+  const struct backend_prenorm pre0 = {.w = &nw[0], .eps = PRE_EPS, .xn = xn.p[0]};
+  int rc = pair_be[0]->ops->matmul_n(pair_be[0], n, outs[0], dx.p[0], &pre0, ws[0], bs[0], T);
+  CHECK(rc == 0, "cpu matmul_n with a prenorm answered %d", rc);
+  struct backend *g = pair_be[1]; /* the sequence blocks.c falls back to */
+  if (g->ops->rmsnorm(g, xn.p[1], NULL, dx.p[1], &nw[1], T, K, PRE_EPS))
+    pair_die("rmsnorm");
+  rc = g->ops->matmul_n(g, n, outs[1], xn.p[1], NULL, ws[1], bs[1], T);
+  for (int m = 0; m < n && rc == 1; m++)
+    if (g->ops->matmul(g, outs[1][m], xn.p[1], ws[1][m], bs[1][m], T, 0))
+      pair_die("matmul");
+  if (rc < 0 || g->ops->sync(g))
+    pair_die("matmul_n");
+  char what[128];
+  snprintf(what, sizeof what, "prenorm matmul_n T%d n%d N%d K%d%s, %s norm weight", T, n, N[0], K,
+           with_bias ? " +bias" : "", norm_bf16 ? "bf16" : "f32");
+  for (int k = 0; k <= PRE_BES; k++) {
+    struct backend *be = k < PRE_BES ? pre_be[k] : pre_off_be;
+    const int want = k < PRE_BES ? expect : 0;
+    for (int m = 0; m < n; m++)
+      cuda_poison(fused[m], (size_t)T * N[m]);
+    const struct backend_prenorm pre = {.w = &nw[1], .eps = PRE_EPS, .xn = xn.p[1]};
+    rc = be->ops->matmul_n(be, n, fused, dx.p[1], &pre, ws[1], bs[1], T);
+    if (rc < 0 || be->ops->sync(be))
+      pair_die("matmul_n with a prenorm");
+    CHECK(rc == (want ? 0 : 1), "%s, cuda backend %d: answered %d, expected %d", what, k, rc, want ? 0 : 1);
+    for (int m = 0; m < n; m++) {
+      size_t cnt = (size_t)T * N[m];
+      if (rc != 0) {
+        CHECK(cuda_still_poisoned(fused[m], cnt), "%s, cuda backend %d: answered 1 but wrote output %d", what, k, m);
+        continue;
+      }
+      char w2[160];
+      snprintf(w2, sizeof w2, "%s [%d], backend %d", what, m, k);
+      fused_expect(w2, "rmsnorm + matmul_n", ref[m].p[0], ref[m].p[1], fused[m], cnt);
+    }
+  }
+  for (int m = 0; m < n; m++) {
+    pair_free(ref[m]);
+    pair_be[1]->ops->free(pair_be[1], fused[m]);
+  }
+  matset_free(&ms);
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &nw[i]);
+  pair_free(dx);
+  pair_free(xn);
+  free(x);
+  free(nv);
+}
+
+/* matmul_silu_mul with a prenorm. CPU reference: rmsnorm, two matmuls, silu_mul (its op is NULL);
+ * CUDA: rmsnorm, then matmul_silu_mul without the prenorm (byte-equal to the separate ops). */
+static void test_prenorm_silu_mul(int T, int F, int K, int norm_bf16) {
+  const int expect = pre_covered(T, K);
+  const size_t nx = (size_t)T * K, no = (size_t)T * F;
+  float *x = malloc(nx * 4), *nv = pre_norm_values(K), *wg = malloc((size_t)F * K * 4), *wu = malloc((size_t)F * K * 4);
+  pair_fill(x, nx, 2.0f);
+  pair_fill(wg, (size_t)F * K, 0.1f);
+  pair_fill(wu, (size_t)F * K, 0.1f);
+  struct weight nw[2], g[2], u[2];
+  for (int i = 0; i < 2; i++) {
+    nw[i] = pre_norm_weight(i, nv, K, norm_bf16);
+    g[i] = pair_weight(i, wg, F, K);
+    u[i] = pair_weight(i, wu, F, K);
+  }
+  struct dbuf dx = pair_acts(x, nx), xn = pair_poisoned(nx), gate = pair_poisoned(no), up = pair_poisoned(no);
+  void *fused = pair_alloc1(1, no * pair_esz(1));
+  for (int i = 0; i < 2; i++) {
+    struct backend *be = pair_be[i];
+    if (be->ops->rmsnorm(be, xn.p[i], NULL, dx.p[i], &nw[i], T, K, PRE_EPS))
+      pair_die("rmsnorm");
+    int rc = i == 1 ? be->ops->matmul_silu_mul(be, gate.p[1], xn.p[1], NULL, &g[1], &u[1], T) : 1;
+    if (rc < 0)
+      pair_die("matmul_silu_mul");
+    if (rc == 1 && (be->ops->matmul(be, gate.p[i], xn.p[i], &g[i], NULL, T, 0) ||
+                    be->ops->matmul(be, up.p[i], xn.p[i], &u[i], NULL, T, 0) ||
+                    be->ops->silu_mul(be, gate.p[i], gate.p[i], up.p[i], T, F)))
+      pair_die("gate/up/silu_mul");
+    if (be->ops->sync(be))
+      pair_die("sync");
+  }
+  char what[128];
+  snprintf(what, sizeof what, "prenorm matmul_silu_mul T%d F%d K%d, %s norm weight", T, F, K, norm_bf16 ? "bf16" : "f32");
+  for (int k = 0; k <= PRE_BES; k++) {
+    struct backend *be = k < PRE_BES ? pre_be[k] : pre_off_be;
+    const int want = k < PRE_BES ? expect : 0;
+    cuda_poison(fused, no);
+    const struct backend_prenorm pre = {.w = &nw[1], .eps = PRE_EPS, .xn = xn.p[1]};
+    int rc = be->ops->matmul_silu_mul(be, fused, dx.p[1], &pre, &g[1], &u[1], T);
+    if (rc < 0 || be->ops->sync(be))
+      pair_die("matmul_silu_mul with a prenorm");
+    CHECK(rc == (want ? 0 : 1), "%s, cuda backend %d: answered %d, expected %d", what, k, rc, want ? 0 : 1);
+    if (rc != 0) {
+      CHECK(cuda_still_poisoned(fused, no), "%s, cuda backend %d: answered 1 but wrote the output", what, k);
+      continue;
+    }
+    char w2[160];
+    snprintf(w2, sizeof w2, "%s, backend %d", what, k);
+    fused_expect(w2, "rmsnorm + matmul_silu_mul", gate.p[0], gate.p[1], fused, no);
+  }
+  for (int i = 0; i < 2; i++) {
+    pair_be[i]->ops->weight_free(pair_be[i], &nw[i]);
+    pair_be[i]->ops->weight_free(pair_be[i], &g[i]);
+    pair_be[i]->ops->weight_free(pair_be[i], &u[i]);
+  }
+  pair_be[1]->ops->free(pair_be[1], fused);
+  pair_free(dx);
+  pair_free(xn);
+  pair_free(gate);
+  pair_free(up);
+  free(x);
+  free(nv);
+  free(wg);
+  free(wu);
+}
+
+/* matmul_add: resid(T, N) += x(T, K) @ W^T. CUDA sequence: matmul into a buffer, then rmsnorm with
+ * that buffer as x and RESID as its residual (the add + rmsnorm op the forward ran between the
+ * sub-blocks); the residual buffers must be byte-equal. CPU: its matmul_add (the sequence). */
+static void test_matmul_add(int T, int N, int K, int expect) {
+  const size_t nx = (size_t)T * K, nr = (size_t)T * N;
+  float *x = malloc(nx * 4), *r = malloc(nr * 4), *wv = malloc((size_t)N * K * 4), *nv = pre_norm_values(N);
+  pair_fill(x, nx, 1.0f);
+  pair_fill(r, nr, 2.0f);
+  pair_fill(wv, (size_t)N * K, 0.1f);
+  struct weight w[2];
+  for (int i = 0; i < 2; i++)
+    w[i] = pair_weight(i, wv, N, K);
+  struct weight nw = pair_weight(1, nv, 1, N);
+  struct dbuf dx = pair_acts(x, nx), resid = pair_acts(r, nr), scratch = pair_poisoned(nr);
+  void *seq = cuda_act_copy(r, nr), *normed = pair_alloc1(1, nr * pair_esz(1));
+  int rc = pair_be[0]->ops->matmul_add(pair_be[0], resid.p[0], dx.p[0], &w[0], scratch.p[0], T);
+  CHECK(rc == 0, "cpu matmul_add answered %d", rc);
+  struct backend *g = pair_be[1];
+  if (g->ops->matmul(g, scratch.p[1], dx.p[1], &w[1], NULL, T, 0) ||
+      g->ops->rmsnorm(g, normed, seq, scratch.p[1], &nw, T, N, PRE_EPS))
+    pair_die("matmul + rmsnorm's residual add");
+  rc = g->ops->matmul_add(g, resid.p[1], dx.p[1], &w[1], scratch.p[1], T);
+  if (rc < 0)
+    pair_die("matmul_add");
+  CHECK(rc == (expect ? 0 : 1), "cuda matmul_add T%d N%d K%d: answered %d, expected %d", T, N, K, rc, expect ? 0 : 1);
+  char what[96];
+  snprintf(what, sizeof what, "matmul_add T%d N%d K%d", T, N, K);
+  float *f = get_act_copy(1, resid.p[1], nr);
+  if (rc == 0)
+    fused_expect(what, "matmul + rmsnorm's residual add", resid.p[0], seq, resid.p[1], nr);
+  else
+    CHECK(memcmp(f, r, nr * 4) == 0, "%s: answered 1 but changed the residual", what);
+  /* PAGODA_FUSED_NORM=0: 1, the residual untouched */
+  rc = pre_off_be->ops->matmul_add(pre_off_be, resid.p[1], dx.p[1], &w[1], scratch.p[1], T);
+  CHECK(rc == 1, "%s with PAGODA_FUSED_NORM=0: answered %d", what, rc);
+  float *f2 = get_act_copy(1, resid.p[1], nr);
+  CHECK(memcmp(f, f2, nr * 4) == 0, "%s with PAGODA_FUSED_NORM=0: changed the residual", what);
+  free(f);
+  free(f2);
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &w[i]);
+  pair_be[1]->ops->weight_free(pair_be[1], &nw);
+  pair_be[1]->ops->free(pair_be[1], seq);
+  pair_be[1]->ops->free(pair_be[1], normed);
+  pair_free(dx);
+  pair_free(resid);
+  pair_free(scratch);
+  free(x);
+  free(r);
+  free(wv);
+  free(nv);
+}
+
+/* What the fused forms leave to the separate ops, besides the shapes above: quantized weights
+ * (no prologue or epilogue form in the integer-dot GEMV yet) answer 1; a norm weight whose size
+ * is not K is an error naming it, and the backend stays usable. */
+static void test_prenorm_refusals(void) {
+  const int N = 64, K = 256, T = 1;
+  size_t qbytes = dtype_row_bytes(DTYPE_Q8_0, K) * N;
+  uint8_t *q = malloc(qbytes);
+  fill_q8_0(q, (size_t)N * K);
+  float *x = malloc(sizeof(float) * T * K), *nv = pre_norm_values(K), *wv = malloc(sizeof(float) * N * K);
+  pair_fill(x, (size_t)T * K, 1.0f);
+  pair_fill(wv, (size_t)N * K, 0.1f);
+  struct backend *g = pair_be[1];
+  struct weight wq, wb, nw = pair_weight(1, nv, 1, K), nw_short = pair_weight(1, nv, 1, K - 8);
+  if (g->ops->weight_from_host(g, &wq, q, DTYPE_Q8_0, N, K))
+    pair_die("weight_from_host q8_0");
+  wb = pair_weight(1, wv, N, K);
+  void *dx = cuda_act_copy(x, (size_t)T * K), *xn = pair_alloc1(1, (size_t)T * K * 2), *o1 = pair_alloc1(1, (size_t)T * N * 2),
+       *o2 = pair_alloc1(1, (size_t)T * N * 2), *resid = pair_alloc1(1, (size_t)T * N * 2);
+  void *outs[2] = {o1, o2};
+  const struct weight *wqs[2] = {&wq, &wq}, *nob[2] = {NULL, NULL};
+  const struct backend_prenorm pre = {.w = &nw, .eps = PRE_EPS, .xn = xn};
+  CHECK(g->ops->matmul_n(g, 2, outs, dx, &pre, wqs, nob, T) == 1, "prenorm matmul_n on q8_0 weights did not answer 1");
+  CHECK(g->ops->matmul_silu_mul(g, o1, dx, &pre, &wq, &wq, T) == 1, "prenorm matmul_silu_mul on q8_0 did not answer 1");
+  CHECK(g->ops->matmul_add(g, resid, dx, &wq, o2, T) == 1, "matmul_add on q8_0 weights did not answer 1");
+  const struct weight *wbs[1] = {&wb};
+  const struct backend_prenorm bad = {.w = &nw_short, .eps = PRE_EPS, .xn = xn};
+  CHECK(g->ops->matmul_n(g, 1, outs, dx, &bad, wbs, nob, T) == -1, "a norm weight of K - 8 elements was accepted");
+  CHECK(strstr(err_last(), "norm weight has 248 elements") != NULL, "norm weight size message: %s", err_last());
+  CHECK(g->ops->sync(g) == 0, "the stream is not usable after a refused prenorm: %s", err_last());
+  g->ops->weight_free(g, &wq);
+  g->ops->weight_free(g, &wb);
+  g->ops->weight_free(g, &nw);
+  g->ops->weight_free(g, &nw_short);
+  g->ops->free(g, dx);
+  g->ops->free(g, xn);
+  g->ops->free(g, o1);
+  g->ops->free(g, o2);
+  g->ops->free(g, resid);
+  free(q);
+  free(x);
+  free(nv);
+  free(wv);
+}
+
+/* The grid of the prenorm / matmul_add checks: T = 1..9 (9: past the GEMV) over K = 2048 and 4096
+ * (Llama-3.2-1B's and -3.1-8B's dim; at 4096 T > 4 exceeds the prologue's shared memory), K not a
+ * multiple of 256 and dims around rmsnorm's 1024-thread switch (520, 1000, 1024, 1032), f32 and
+ * bf16 norm weights alternating; row counts that leave the last block of 4, 8 and 16 warps part
+ * empty; then Llama-3.2-1B's own q/k/v and gate/up at T = 1. */
+static void test_prenorm_grid(void) {
+  pre_open();
+  static const int Ks[] = {2048, 4096, 1000, 520, 1024, 1032};
+  const int qkv[3] = {384, 128, 124}, gu[2] = {1001, 1001};
+  int cases = 0;
+  for (int T = 1; T <= 9; T++)
+    for (size_t k = 0; k < sizeof Ks / sizeof Ks[0]; k++, cases += 4) {
+      const int K = Ks[k], nb = (T + (int)k) % 2;
+      test_prenorm_matmul_n(T, 3, qkv, K, T % 2 == 0, nb);
+      test_prenorm_matmul_n(T, 2, gu, K, 0, !nb);
+      test_prenorm_silu_mul(T, gu[0], K, nb);
+      test_matmul_add(T, qkv[0] + 5, K, T <= 8);
+    }
+  const int qkv1b[3] = {2048, 512, 512};
+  test_prenorm_matmul_n(1, 3, qkv1b, 2048, 0, 0);
+  test_prenorm_silu_mul(1, 8192, 2048, 0);
+  test_matmul_add(1, 2048, 8192, 1); /* down */
+  test_matmul_add(1, 2048, 2048, 1); /* o */
+  test_prenorm_refusals();
+  printf("  prenorm / matmul_add: %d cases + the 1B shapes\n", cases);
+  pre_close();
 }
 
 /* rope_kv_write over a mixed batch (decode and prompt tokens, padded sequences, one padding
@@ -1381,6 +1779,7 @@ int main(void) {
       test_rope_kv_write(8, 8, 4, 32, 1, 8, 0, f8);      /* stories260K */
     }
   }
+  test_prenorm_grid();
   test_errors();
   /* the grid: every block size x batch shape x GQA ratio (head_dim 64, as Llama-3.2-1B) */
   static const int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}};

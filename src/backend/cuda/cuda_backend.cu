@@ -365,7 +365,7 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_n = */ cuda_op_matmul_n,
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
-    /* .matmul_add = */ NULL,
+    /* .matmul_add = */ cuda_op_matmul_add,
 #ifdef PAGODA_HAVE_NCCL
     /* .all_reduce_add = */ cuda_all_reduce_add,
 #else
@@ -449,6 +449,30 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   const char *fo = getenv("PAGODA_FUSED_OPS"), *fs = getenv("PAGODA_FUSED_SILU");
   cb->fused_ops = !(fo && strcmp(fo, "0") == 0);
   cb->fused_silu = !(fs && strcmp(fs, "0") == 0);
+  /* The RMSNorm in the GEMV's prologue and the residual add in its epilogue (cuda_gemv.cu):
+   * PAGODA_FUSED_NORM=0 turns both off (the add + rmsnorm op between the sub-blocks instead);
+   * PAGODA_GEMV_PRE_ROWS=4|8|16 sets the prologue's warps per block, PAGODA_GEMV_PRE_LOOP=1|2|4
+   * its rows per warp, PAGODA_GEMV_PRE_L2=0 loads the first weight steps into registers rather
+   * than L2. For measuring them. */
+  const char *fn = getenv("PAGODA_FUSED_NORM"), *pr = getenv("PAGODA_GEMV_PRE_ROWS"),
+             *pl = getenv("PAGODA_GEMV_PRE_LOOP"), *p2 = getenv("PAGODA_GEMV_PRE_L2");
+  cb->fused_norm = cb->fused_ops && !(fn && strcmp(fn, "0") == 0);
+  cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
+  if (pr && *pr) {
+    if (strcmp(pr, "4") && strcmp(pr, "8") && strcmp(pr, "16"))
+      return ERR("PAGODA_GEMV_PRE_ROWS=%s: expected 4, 8 or 16 (warps per block of the prenorm GEMV)", pr);
+    cb->gemv_pre_rows = atoi(pr);
+  }
+  cb->gemv_pre_loop = CUDA_GEMV_PRE_LOOP;
+  if (pl && *pl) {
+    if (strcmp(pl, "1") && strcmp(pl, "2") && strcmp(pl, "4"))
+      return ERR("PAGODA_GEMV_PRE_LOOP=%s: expected 1, 2 or 4 (weight rows per warp of the prenorm GEMV)", pl);
+    cb->gemv_pre_loop = atoi(pl);
+  }
+  if (p2 && *p2 && strcmp(p2, "0") && strcmp(p2, "1"))
+    return ERR("PAGODA_GEMV_PRE_L2=%s: expected 0 or 1 (the prenorm GEMV's first weight steps into registers "
+               "or L2)", p2);
+  cb->gemv_pre_l2 = p2 && *p2 ? strcmp(p2, "1") == 0 : CUDA_GEMV_PRE_L2;
   /* Programmatic dependent launch (cuda_pdl.cuh): Hopper and newer; PAGODA_PDL=0 turns it off
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");

@@ -123,6 +123,14 @@ struct cuda_backend {
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write answer 1 */
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
+  int fused_norm;            /* 0 when PAGODA_FUSED_NORM=0 (or PAGODA_FUSED_OPS=0): the prenorm forms of
+                              * matmul_n / matmul_silu_mul and matmul_add answer 1 (cuda_gemv.cu) */
+  int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
+                              * PAGODA_GEMV_PRE_ROWS) */
+  int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
+                              * (CUDA_GEMV_PRE_LOOP; PAGODA_GEMV_PRE_LOOP) */
+  int gemv_pre_l2;           /* 1 (CUDA_GEMV_PRE_L2): the prenorm GEMVs prefetch their first weight steps
+                              * into L2; 0 (PAGODA_GEMV_PRE_L2=0): into registers, live across the prologue */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
@@ -234,6 +242,17 @@ void cuda_step_timing_report(struct cuda_backend *cb);
  * PAGODA_GEMV_MAX_T says otherwise; 0 = always cuBLAS) and K a multiple of 8. */
 #define CUDA_GEMV_MAX_T 8
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32);
+/* The prenorm GEMVs (struct backend_prenorm; cuda_gemv.cu): x's T rows, normalized, are kept in
+ * shared memory, so they take T * K * 2 <= CUDA_GEMV_PRE_SMEM bytes (T <= 8 at K = 2048, T <= 4
+ * at K = 4096; more answers 1: the separate rmsnorm first). Each block normalizes for itself:
+ * CUDA_GEMV_PRE_ROWS warps per block and CUDA_GEMV_PRE_LOOP rows per warp by default,
+ * PAGODA_GEMV_PRE_ROWS=4|8|16, PAGODA_GEMV_PRE_LOOP=1|2|4 and PAGODA_GEMV_PRE_L2=0|1 (the first
+ * weight steps into registers or L2 before the prologue; CUDA_GEMV_PRE_L2 by default) for measuring. */
+#define CUDA_GEMV_PRE_SMEM 32768
+#define CUDA_GEMV_PRE_ROWS 8
+#define CUDA_GEMV_PRE_ROWS_MAX 16
+#define CUDA_GEMV_PRE_LOOP 1
+#define CUDA_GEMV_PRE_L2 1
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's
@@ -252,13 +271,17 @@ struct cuda_matmul_set {
 long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const outs[], const struct weight *const ws[],
                                const struct weight *const biases[], long long max_rows);
 /* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
- * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes), and always
+ * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes; with a
+ * prenorm also quantized weights, rows past CUDA_GEMV_PRE_SMEM, cb->fused_norm 0), and always
  * when cb->fused_ops is 0. */
 int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
                      const struct weight *const ws[],
                      const struct weight *const biases[], int T);
 int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
                             const struct weight *gate, const struct weight *up, int T);
+/* resid += x @ W^T for bf16 W on the GEMV (backend.h matmul_add): 1 where matmul would not take the
+ * GEMV (T > gemv_max_t, K not a multiple of 8, quantized weights) and when cb->fused_norm is 0. */
+int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T);
 int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                           const struct batch *b, int n_heads, const struct rope_params *rp);
 

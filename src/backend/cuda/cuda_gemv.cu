@@ -15,8 +15,14 @@
  * matrices that read the same x (q/k/v with their biases, gate/up), and matmul_silu_mul gives
  * each warp a gate row and its up row and writes silu(g) * u, so the (T, F) products never go
  * to memory. Both round like the separate ops (the product to bf16, then + bias to bf16; g and
- * u to bf16 before silu_mul's f32 arithmetic), so they equal them up to summation order. */
+ * u to bf16 before silu_mul's f32 arithmetic), so they equal them up to summation order.
+ *
+ * The residual stream's forms (blocks.c, struct block_res): with a struct backend_prenorm both
+ * normalize x themselves in a prologue (gemv_prenorm, below: rmsnorm_kernel's arithmetic bit for
+ * bit, into shared memory), and matmul_add adds its product into the residual stream in the
+ * epilogue (gemv_kernel<NT, true>), so the add + rmsnorm launch between the sub-blocks goes. */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
 
@@ -24,14 +30,18 @@ typedef __nv_bfloat16 bf16;
 
 #define GEMV_WARPS 4 /* rows per block */
 
-template <int NT>
+/* One weight step: acc[t] += the dot product of the 8 weights WU with columns [e, e + 8) of x's
+ * row t. SX: x is the block's normalized copy in shared memory (the prenorm kernels), else the
+ * activations in global memory, read through the read-only cache. */
+template <int NT, bool SX = false>
 __device__ __forceinline__ void gemv_step(uint4 wu, const bf16 *x, int K, int e, float *acc) {
   float wv[8];
   cq_bf16x8_f32(wu, wv);
 #pragma unroll
   for (int t = 0; t < NT; t++) {
     float xv[8];
-    cq_bf16x8_f32(__ldg((const uint4 *)(x + (size_t)t * K + e)), xv);
+    const uint4 *xp = (const uint4 *)(x + (size_t)t * K + e);
+    cq_bf16x8_f32(SX ? *xp : __ldg(xp), xv);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
@@ -49,8 +59,38 @@ __device__ __forceinline__ float warp_total(float v) {
 /* Asks L2 for the 128-byte line holding P, without waiting for it or holding a register. */
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-/* The dot products of R weight rows WR[r] with the T activation rows of x, lane LANE's share
- * into acc[r][t] (not yet reduced over the warp). Four steps' loads per row go out first.
+/* The steps of lane E's columns from E on (E = lane * 8 + 1024 i), four steps' loads first, then
+ * the sums reduced over the warp (every lane gets the totals: the xor tree adds the same pairs on
+ * every lane). Each acc[r][t] takes its steps in increasing column order, whatever the grouping,
+ * so every caller's sums have the same bits. SX as gemv_step. */
+template <int NT, int R, bool SX>
+__device__ __forceinline__ void gemv_loop(const bf16 *const *wr, const bf16 *x, int K, int e, float (*acc)[NT]) {
+  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
+    uint4 w[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        w[r][j] = __ldg((const uint4 *)(wr[r] + e + 256 * j));
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        gemv_step<NT, SX>(w[r][j], x, K, e + 256 * j, acc[r]);
+  }
+  for (; e < K; e += 256)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      gemv_step<NT, SX>(__ldg((const uint4 *)(wr[r] + e)), x, K, e, acc[r]);
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = warp_total(acc[r][t]);
+}
+
+/* The dot products of R weight rows WR[r] with the T activation rows of x into acc[r][t], summed
+ * over the warp (gemv_loop: every lane holds the totals). Four steps' loads per row go out first.
  * Before pdl_wait() the rows' first four steps are prefetched into L2 (the weights never change
  * during a step, cuda_pdl.cuh), so the matrix starts streaming while the kernel before this one
  * drains; into L2 rather than registers, because holding them in registers across the wait
@@ -75,31 +115,14 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
         prefetch_l2(wr[r] + e + 256 * j);
   pdl_wait();    /* x is written by the kernel before */
   pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
-  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
-    uint4 w[R][4];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        w[r][j] = __ldg((const uint4 *)(wr[r] + e + 256 * j));
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        gemv_step<NT>(w[r][j], x, K, e + 256 * j, acc[r]);
-  }
-  for (; e < K; e += 256)
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      gemv_step<NT>(__ldg((const uint4 *)(wr[r] + e)), x, K, e, acc[r]);
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-      acc[r][t] = warp_total(acc[r][t]);
+  gemv_loop<NT, R, false>(wr, x, K, e, acc);
 }
 
-template <int NT>
+/* out(T, N) = x @ W^T (f32 when OUT_F32, else bf16). ADD (matmul_add): out is the residual
+ * stream instead, and each sum, rounded to bf16 as matmul stores it, is added as rmsnorm_kernel's
+ * residual add does (bf16(product + resid), f32 sum), in place; lane t updates token t (every
+ * lane holds the totals), so the T read-modify-writes overlap. */
+template <int NT, bool ADD = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
   const int lane = threadIdx.x & 31;
@@ -109,7 +132,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const bf16 *wr[1] = {W + (size_t)row * K};
   float acc[1][NT];
   gemv_rows<NT, 1>(wr, x, K, lane, acc);
-  if (lane == 0)
+  if (ADD) {
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      if (lane == t) {
+        bf16 *r = (bf16 *)out + (size_t)t * N + row;
+        *r = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + __bfloat162float(*r));
+      }
+  } else if (lane == 0) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       if (out_f32)
@@ -117,6 +147,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       else
         ((bf16 *)out)[(size_t)t * N + row] = __float2bfloat16(acc[0][t]);
     }
+  }
 }
 
 /* Up to BACKEND_MATMUL_N_MAX matrices in one grid (struct cuda_matmul_set, cuda_backend.h). */
@@ -148,6 +179,31 @@ long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const out
   return rows;
 }
 
+/* The matrix of grid row G of M (past the last row: the last slot, a placeholder). */
+__device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
+  int i = 0;
+#pragma unroll
+  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
+    i += g >= m.row0[j];
+  return i;
+}
+
+/* Row ROW of matrix I of M: the T sums ACC rounded to bf16, then + its bias rounded again (as the
+ * bias kernel adds it to the product), into its output. */
+template <int NT>
+__device__ __forceinline__ void gemv_multi_store(const gemv_multi &m, int i, int row, const float *acc) {
+  const void *bias = m.bias[i];
+  const int N = m.N[i];
+  float b = !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    bf16 v = __float2bfloat16(acc[t]);
+    if (bias)
+      v = __float2bfloat16(__bfloat162float(v) + b);
+    ((bf16 *)m.out[i])[(size_t)t * N + row] = v;
+  }
+}
+
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K) {
@@ -155,24 +211,23 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (g >= m.row0[BACKEND_MATMUL_N_MAX])
     return;
-  int i = 0;
-#pragma unroll
-  for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
-    i += g >= m.row0[j];
-  const int row = g - m.row0[i], N = m.N[i];
+  const int i = gemv_multi_matrix(m, g);
+  const int row = g - m.row0[i];
   const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
   float acc[1][NT];
   gemv_rows<NT, 1>(wr, x, K, lane, acc);
-  if (lane == 0) {
-    const void *bias = m.bias[i];
-    float b = !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
+  if (lane == 0)
+    gemv_multi_store<NT>(m, i, row, acc[0]);
+}
+
+/* out[t][row] = silu(g) * u from the gate and up sums ACC[0][t], ACC[1][t], as silu_mul_kernel
+ * computes it on the bf16 products. */
+template <int NT>
+__device__ __forceinline__ void gemv_silu_store(bf16 *out, int row, int F, const float (*acc)[NT]) {
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-      bf16 v = __float2bfloat16(acc[0][t]);
-      if (bias)
-        v = __float2bfloat16(__bfloat162float(v) + b);
-      ((bf16 *)m.out[i])[(size_t)t * N + row] = v;
-    }
+  for (int t = 0; t < NT; t++) {
+    float gv = __bfloat162float(__float2bfloat16(acc[0][t])), uv = __bfloat162float(__float2bfloat16(acc[1][t]));
+    out[(size_t)t * F + row] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
   }
 }
 
@@ -188,11 +243,182 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   float acc[2][NT];
   gemv_rows<NT, 2>(wr, x, K, lane, acc);
   if (lane == 0)
+    gemv_silu_store<NT>(out, row, F, acc);
+}
+
+/* ---- The RMSNorm in the GEMV's prologue (struct backend_prenorm) ----
+ * A prenorm kernel's thread block first normalizes x's T rows into shared memory (T * K bf16, at
+ * most CUDA_GEMV_PRE_SMEM bytes): a copy of x (16-byte loads), each row's 1 / rms by norm_inv
+ * (cuda_norm.cuh: rmsnorm_kernel's summation order replayed on NW warps), then every element
+ * rounded as rmsnorm_kernel writes it (norm_elem), in place. The GEMV then reads x from there.
+ * Its weight rows' first four steps are requested before pdl_wait (the weights never change
+ * during a step, cuda_pdl.cuh), so they stream while the block normalizes: by default prefetched
+ * into L2, as gemv_rows does (T = 1: 44 registers at 8 warps, the plain kernel's 38), or with
+ * PAGODA_GEMV_PRE_L2=0 loaded into registers, which then stay live across the prologue (64: fewer
+ * warps per SM, but the first steps are at hand after it). The products are those of
+ * rmsnorm followed by the plain GEMV bit for bit: the same bf16 inputs, gemv_loop's summation
+ * order. Every block normalizes for itself (T * K * 2 bytes read from L2 per block), so blocks
+ * of NW = cb->gemv_pre_rows warps (PAGODA_GEMV_PRE_ROWS: 4, 8 or 16) each taking RPW =
+ * cb->gemv_pre_loop weight rows, or gate/up pairs, one after the other (PAGODA_GEMV_PRE_LOOP: 1,
+ * 2 or 4) spread that over more rows; which pays is for the GPU to say (bench/gemvfuse_h200.sh). */
+struct gemv_pre {
+  const void *w; /* the norm weight (K), f32 or bf16 */
+  int w_f32;
+  float eps;
+};
+
+extern __shared__ uint4 gemv_xs[]; /* the prenorm kernels' normalized x: (T, K) bf16 */
+
+/* XS(T, K) = rmsnorm(x(T, K)) * pre.w, rounded to bf16, as rmsnorm_kernel (residual NULL) writes
+ * it. Every thread of the block calls it, after pdl_wait; it ends with a barrier. */
+template <int NT, int NW>
+__device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv_pre &pre, int K) {
+  __shared__ float part[32]; /* norm_inv's per-warp sums */
+  uint4 *xs4 = (uint4 *)xs;
+  const int c16 = K / 8; /* 16-byte chunks per row */
+  for (int i = threadIdx.x; i < NT * c16; i += NW * 32)
+    xs4[i] = __ldg((const uint4 *)x + i);
+  __syncthreads();
+  float inv[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) { /* as silu_mul_kernel on the bf16 products */
-      float gv = __bfloat162float(__float2bfloat16(acc[0][t])), uv = __bfloat162float(__float2bfloat16(acc[1][t]));
-      out[(size_t)t * F + row] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+  for (int t = 0; t < NT; t++)
+    inv[t] = norm_inv<NW>(xs + (size_t)t * K, K, pre.eps, part);
+  for (int c = threadIdx.x; c < c16; c += NW * 32) {
+    float w[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      w[j] = norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      uint4 u = xs4[t * c16 + c];
+      uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int k = 0; k < 4; k++) { /* element 2k in the low half, 2k + 1 in the high half */
+        bf16 lo = norm_elem(__ushort_as_bfloat16((unsigned short)(wd[k] & 0xffffu)), inv[t], w[2 * k]);
+        bf16 hi = norm_elem(__ushort_as_bfloat16((unsigned short)(wd[k] >> 16)), inv[t], w[2 * k + 1]);
+        wd[k] = (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+      }
+      xs4[t * c16 + c] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
+  }
+  __syncthreads();
+}
+
+/* gemv_rows with the prologue: the first four steps of the R rows WR[r] requested before the
+ * wait, then gemv_prenorm (every warp of the block, VALID or not: it has barriers), then the sums
+ * over the normalized x into acc[r][t] (warps whose row is past the matrix, !VALID, stop after the
+ * prologue and must not store). REG (cb->gemv_pre_l2 0): those four steps are loaded into
+ * registers, which stay live across the prologue (more registers, fewer warps per SM); else
+ * prefetched into L2 as gemv_rows does, and loaded from there after it. */
+template <int NT, int R, int NW, bool REG>
+__device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
+                                              int K, int lane, float (*acc)[NT]) {
+  bf16 *xs = (bf16 *)gemv_xs;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = 0.0f;
+  const int e = lane * 8;
+  if constexpr (!REG) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (valid && e + 256 * j < K)
+          prefetch_l2(wr[r] + e + 256 * j);
+    pdl_wait();    /* x is written by the kernel before */
+    pdl_trigger(); /* as gemv_rows */
+    gemv_prenorm<NT, NW>(xs, x, pre, K);
+    if (valid)
+      gemv_loop<NT, R, true>(wr, xs, K, e, acc);
+  } else {
+    uint4 w0[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        w0[r][j] = valid && e + 256 * j < K ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
+    pdl_wait();
+    pdl_trigger();
+    gemv_prenorm<NT, NW>(xs, x, pre, K);
+    if (!valid)
+      return;
+#pragma unroll
+    for (int j = 0; j < 4; j++) /* the first four steps, in gemv_loop's order */
+      if (e + 256 * j < K)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
+    gemv_loop<NT, R, true>(wr, xs, K, e + 1024, acc);
+  }
+}
+
+/* matmul_n with the prenorm: gemv_multi_kernel over the normalized x. A block of NW warps takes
+ * NW * RPW consecutive grid rows, warp w the rows w, w + NW, ... (RPW = cb->gemv_pre_loop): the
+ * first with the weights loaded before the prologue, the others after it, so the prologue is paid
+ * once per NW * RPW rows. */
+template <int NT, int NW, bool REG>
+__global__ void __launch_bounds__(NW * 32)
+    gemv_multi_pre_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K, const __grid_constant__ gemv_pre pre,
+                          int rpw) {
+  const int lane = threadIdx.x & 31, total = m.row0[BACKEND_MATMUL_N_MAX];
+  int g = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
+  const bool valid = g < total;
+  int i = gemv_multi_matrix(m, g);
+  int row = valid ? g - m.row0[i] : 0;
+  const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
+  float acc[1][NT];
+  gemv_rows_pre<NT, 1, NW, REG>(wr, valid, x, pre, K, lane, acc);
+  if (!valid)
+    return;
+  if (lane == 0)
+    gemv_multi_store<NT>(m, i, row, acc[0]);
+  const bf16 *xs = (const bf16 *)gemv_xs;
+  for (int k = 1; k < rpw && (g += NW) < total; k++) {
+    i = gemv_multi_matrix(m, g);
+    row = g - m.row0[i];
+    wr[0] = (const bf16 *)m.W[i] + (size_t)row * K;
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[0][t] = 0.0f;
+    gemv_loop<NT, 1, true>(wr, xs, K, lane * 8, acc);
+    if (lane == 0)
+      gemv_multi_store<NT>(m, i, row, acc[0]);
+  }
+}
+
+/* matmul_silu_mul with the prenorm: gemv_silu_mul_kernel over the normalized x, NW warps per
+ * block, RPW gate/up pairs per warp as gemv_multi_pre_kernel. */
+template <int NT, int NW, bool REG>
+__global__ void __launch_bounds__(NW * 32)
+    gemv_silu_mul_pre_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K,
+                             const __grid_constant__ gemv_pre pre, int rpw) {
+  const int lane = threadIdx.x & 31;
+  int row = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
+  const bool valid = row < F;
+  size_t off = (size_t)(valid ? row : 0) * K;
+  const bf16 *wr[2] = {Wg + off, Wu + off};
+  float acc[2][NT];
+  gemv_rows_pre<NT, 2, NW, REG>(wr, valid, x, pre, K, lane, acc);
+  if (!valid)
+    return;
+  if (lane == 0)
+    gemv_silu_store<NT>(out, row, F, acc);
+  const bf16 *xs = (const bf16 *)gemv_xs;
+  for (int k = 1; k < rpw && (row += NW) < F; k++) {
+    off = (size_t)row * K;
+    wr[0] = Wg + off;
+    wr[1] = Wu + off;
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        acc[r][t] = 0.0f;
+    gemv_loop<NT, 2, true>(wr, xs, K, lane * 8, acc);
+    if (lane == 0)
+      gemv_silu_store<NT>(out, row, F, acc);
+  }
 }
 
 #define GEMV_SWITCH(T, CASE)                                                                        \
@@ -228,13 +454,97 @@ static int gemv_fusable(struct cuda_backend *cb, const struct weight *const *ws,
   return 1;
 }
 
+/* The prologue's terms for PRE over T rows of K (struct gemv_pre into P): 1 when it takes them (a
+ * norm weight of f32 or bf16 values, x's rows within CUDA_GEMV_PRE_SMEM bytes of shared memory),
+ * 0 when not (the caller's rmsnorm first), -1 when the norm weight does not have K elements. */
+static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm *pre, int64_t K, int T,
+                          gemv_pre *p) {
+  const struct weight *w = pre->w;
+  if (w->rows * w->cols != K)
+    return ERR("cuda prenorm: the norm weight has %lld elements, the matrices have %lld columns",
+               (long long)(w->rows * w->cols), (long long)K);
+  if (!cb->fused_norm || (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16) ||
+      (size_t)T * (size_t)K * 2 > CUDA_GEMV_PRE_SMEM)
+    return 0;
+  p->w = w->data;
+  p->w_f32 = w->dtype == DTYPE_F32;
+  p->eps = pre->eps;
+  return 1;
+}
+
+/* The prenorm kernels for NW warps per block and REG (a template so the switch over T names them). */
+template <int NW, bool REG>
+static cudaError_t gemv_multi_pre_launch(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X,
+                                         int K, const gemv_pre &p, int T) {
+  const int rpw = cb->gemv_pre_loop;
+  const dim3 grid((rows + NW * rpw - 1) / (NW * rpw)), thr(NW * 32);
+  const size_t smem = (size_t)T * K * 2;
+#define GEMV_CASE(c) \
+  case c: return cuda_pdl_launch(cb, gemv_multi_pre_kernel<c, NW, REG>, grid, thr, smem, m, X, K, p, rpw);
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  return cudaErrorInvalidValue;
+}
+
+template <int NW, bool REG>
+static cudaError_t gemv_silu_pre_launch(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu,
+                                        const bf16 *X, int F, int K, const gemv_pre &p, int T) {
+  const int rpw = cb->gemv_pre_loop;
+  const dim3 grid((unsigned)((F + NW * rpw - 1) / (NW * rpw))), thr(NW * 32);
+  const size_t smem = (size_t)T * K * 2;
+#define GEMV_CASE(c) \
+  case c: return cuda_pdl_launch(cb, gemv_silu_mul_pre_kernel<c, NW, REG>, grid, thr, smem, out, Wg, Wu, X, F, K, p, rpw);
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  return cudaErrorInvalidValue;
+}
+
+/* The launchers for cb->gemv_pre_rows warps per block. */
+template <bool REG>
+static cudaError_t gemv_multi_pre_rows(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X, int K,
+                                       const gemv_pre &p, int T) {
+  return cb->gemv_pre_rows == 4    ? gemv_multi_pre_launch<4, REG>(cb, rows, m, X, K, p, T)
+         : cb->gemv_pre_rows == 16 ? gemv_multi_pre_launch<16, REG>(cb, rows, m, X, K, p, T)
+                                   : gemv_multi_pre_launch<8, REG>(cb, rows, m, X, K, p, T);
+}
+
+template <bool REG>
+static cudaError_t gemv_silu_pre_rows(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *X,
+                                      int F, int K, const gemv_pre &p, int T) {
+  return cb->gemv_pre_rows == 4    ? gemv_silu_pre_launch<4, REG>(cb, out, Wg, Wu, X, F, K, p, T)
+         : cb->gemv_pre_rows == 16 ? gemv_silu_pre_launch<16, REG>(cb, out, Wg, Wu, X, F, K, p, T)
+                                   : gemv_silu_pre_launch<8, REG>(cb, out, Wg, Wu, X, F, K, p, T);
+}
+
+/* matmul_n with PRE: bf16 weights the GEMV takes (gemv_fusable) and the prologue's terms, else 1
+ * (quantized weights too, for now: their kernel has no prologue yet). */
+static int gemv_multi_pre(struct cuda_backend *cb, int n, void *const outs[], const void *x,
+                          const struct backend_prenorm *pre, const struct weight *const ws[],
+                          const struct weight *const biases[], int T) {
+  gemv_pre p = {};
+  if (cuda_quant_type(ws[0]->dtype) >= 0 || cb->base.act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
+    return 1;
+  int terms = gemv_pre_terms(cb, pre, ws[0]->cols, T, &p);
+  if (terms <= 0)
+    return terms < 0 ? -1 : 1;
+  gemv_multi m;
+  long long rows = cuda_matmul_set_fill(&m, n, outs, ws, biases, INT32_MAX - CUDA_GEMV_PRE_ROWS_MAX * 4);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
+  const bf16 *X = (const bf16 *)x;
+  const int K = (int)ws[0]->cols;
+  CUDA_CHECK(cb->gemv_pre_l2 ? gemv_multi_pre_rows<false>(cb, (unsigned)rows, m, X, K, p, T)
+                             : gemv_multi_pre_rows<true>(cb, (unsigned)rows, m, X, K, p, T));
+  return 0;
+}
+
 int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
                      const struct weight *const ws[], const struct weight *const biases[], int T) {
   struct cuda_backend *cb = cuda_be(be);
   if (n < 1 || n > BACKEND_MATMUL_N_MAX)
     return ERR("cuda matmul_n: n = %d (1..%d)", n, BACKEND_MATMUL_N_MAX);
-  if (pre)
-    return 1; /* the caller's rmsnorm first */
+  if (pre) /* 1: the caller's rmsnorm first, then this op again without PRE */
+    return gemv_multi_pre(cb, n, outs, x, pre, ws, biases, T);
   if (cuda_quant_type(ws[0]->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
     return cuda_quant_matmul_n(be, n, outs, x, ws, biases, T);
   if (be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
@@ -259,22 +569,50 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
 int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
                             const struct weight *gate, const struct weight *up, int T) {
   struct cuda_backend *cb = cuda_be(be);
-  if (pre)
-    return 1; /* the caller's rmsnorm first */
   const struct weight *ws[2] = {gate, up};
   if (gate->rows != up->rows)
     return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
-  if (cuda_quant_type(gate->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
-    return cuda_quant_matmul_silu_mul(be, out, x, gate, up, T);
+  if (cuda_quant_type(gate->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu (no prologue yet) */
+    return pre ? 1 : cuda_quant_matmul_silu_mul(be, out, x, gate, up, T);
   if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || !gemv_fusable(cb, ws, 2, T))
     return 1; /* matmul_n, then silu_mul */
   int F = (int)gate->rows, K = (int)gate->cols;
-  dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
   const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
-  const dim3 thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
+  if (pre) { /* 1: matmul_n with PRE next (blocks.c), then the caller's rmsnorm */
+    gemv_pre p = {};
+    int terms = gemv_pre_terms(cb, pre, K, T, &p);
+    if (terms <= 0)
+      return terms < 0 ? -1 : 1;
+    bf16 *o = (bf16 *)out;
+    CUDA_CHECK(cb->gemv_pre_l2 ? gemv_silu_pre_rows<false>(cb, o, Wg, Wu, X, F, K, p, T)
+                               : gemv_silu_pre_rows<true>(cb, o, Wg, Wu, X, F, K, p, T));
+    return 0;
+  }
+  dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
+  const dim3 thr(GEMV_WARPS * 32);
 #define GEMV_CASE(c) \
   case c: err = cuda_pdl_launch(cb, gemv_silu_mul_kernel<c>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K); break;
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  CUDA_CHECK(err);
+  return 0;
+}
+
+int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  (void)scratch; /* the product stays on chip */
+  const struct weight *ws[1] = {w};
+  /* what matmul would not run on the GEMV (quantized weights: no epilogue form yet), or off */
+  if (!cb->fused_norm || be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, 1, T))
+    return 1;
+  const int N = (int)w->rows, K = (int)w->cols;
+  const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS)), thr(GEMV_WARPS * 32);
+  bf16 *R = (bf16 *)resid;
+  const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
+  cudaError_t err = cudaSuccess;
+#define GEMV_CASE(c) \
+  case c: err = cuda_pdl_launch(cb, gemv_kernel<c, true>, grid, thr, 0, (void *)R, 0, W, X, N, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);
