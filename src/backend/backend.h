@@ -338,6 +338,13 @@ struct backend_ops {
   int (*rope_kv_write)(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                        const struct batch *b, int n_heads, const struct rope_params *rp);
 
+  /* The attention input of a decode step in one op: matmul_n(3, {q, k, v}, x, pre, ws, biases,
+   * b->num_tokens) followed by rope_kv_write(q, k, v, kv, b, n_heads, rp). For layers without
+   * per-head q/k norms (those sit between the two). */
+  int (*matmul_qkv_rope)(struct backend *be, void *q, void *k, void *v, const void *x,
+                         const struct backend_prenorm *pre, const struct weight *const ws[3],
+                         const struct weight *const biases[3], const struct kv_layer *kv, const struct batch *b,
+                         int n_heads, const struct rope_params *rp);
   /* resid(T, w->rows) += x(T, w->cols) @ w^T (the o / down projection added into the residual
    * stream): as matmul into SCRATCH ((T, w->rows) of act_dtype, the op's to overwrite) followed
    * by rmsnorm's residual add, each sum rounded to act_dtype (cuda keeps the product on chip). */

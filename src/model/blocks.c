@@ -70,22 +70,24 @@ static int res_norm(const struct fwd *f, struct block_res *res) {
   TRY(be->ops->rmsnorm(be, f->xb, res->pending ? f->x : NULL, res->pending ? f->xb2 : f->x, res->norm, f->T,
                        f->c->dim, f->c->rms_eps));
   res->pending = 0;
+  res->normed = 1;
   return 0;
 }
 
 /* A sub-block's first matmuls, FN(f, l, x, pre), on its normalized input: without RES on f->xb
  * (the caller normalized it); with RES first on f->x with the norm as the matmuls' prologue
- * (when no output is pending), and if the backend answered 1 (FN returns 1 only when given a
- * prenorm), on f->xb after res_norm. */
+ * (when no output is pending and f->xb does not hold the norm already), and if the backend
+ * answered 1, on f->xb after res_norm. Returns FN's answer: 1 only when FN covers no form of
+ * these shapes (the caller then tries another FN; f->xb may hold the norm by then). */
 typedef int (*res_input_fn)(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre);
 static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
-  if (res && !res->pending) {
+  if (res && !res->pending && !res->normed) {
     const struct backend_prenorm pre = {.w = res->norm, .eps = f->c->rms_eps, .xn = f->xb};
     int rc = fn(f, l, f->x, &pre);
     if (rc != 1)
       return rc;
   }
-  if (res)
+  if (res && !res->normed)
     TRY(res_norm(f, res));
   return fn(f, l, f->xb, NULL);
 }
@@ -94,7 +96,7 @@ static int res_input(const struct fwd *f, int l, struct block_res *res, res_inpu
  * without RES into f->xb2 (all-reduced); with RES added into f->x by the fused matmul_add or
  * all_reduce_add where the backend has them, else left in f->xb2 (res->pending) for the next
  * res_norm to add. */
-static int res_output(const struct fwd *f, struct block_res *res, const void *x, const struct weight *w) {
+static int res_output_ops(const struct fwd *f, struct block_res *res, const void *x, const struct weight *w) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const size_t n = (size_t)f->T * f->c->dim;
@@ -111,6 +113,13 @@ static int res_output(const struct fwd *f, struct block_res *res, const void *x,
   if (res)
     res->pending = 1;
   return 0;
+}
+
+static int res_output(const struct fwd *f, struct block_res *res, const void *x, const struct weight *w) {
+  int rc = res_output_ops(f, res, x, w);
+  if (res && rc == 0)
+    res->normed = 0; /* f->x moved on (or an output is pending): the next input is not normalized yet */
+  return rc;
 }
 
 /* q/k/v from wq/wk/wv (+ biases) as one fused matmul_n where the backend has it, else three
@@ -145,25 +154,42 @@ static int qkv_fused(const struct fwd *f, int l, const void *x, const struct bac
   return 0;
 }
 
+/* q/k/v, RoPE and the KV write in one op (matmul_qkv_rope), for layers of wq/wk/wv without
+ * per-head q/k norms; 1 when the backend has no such form for these shapes. */
+static int qkv_rope(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
+  struct backend *be = f->be;
+  const struct layer_weights *L = &f->layers[l];
+  const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
+  const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
+                                      L->bv.data ? &L->bv : NULL};
+  return be->ops->matmul_qkv_rope(be, f->q, f->k, f->v, x, pre, ws, bs, &f->kv[l], f->b, f->c->n_heads, f->rope);
+}
+
 int block_attention(const struct fwd *f, int l, const struct attn_params *ap, struct block_res *res) {
   struct backend *be = f->be;
   const struct backend_ops *op = be->ops;
   const struct model_config *c = f->c;
   const struct layer_weights *L = &f->layers[l];
   const int T = f->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-  TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
-  if (L->q_norm.data) /* in place: rows of head_dim */
-    TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
-  if (L->k_norm.data)
-    TRY(op->rmsnorm(be, f->k, NULL, f->k, &L->k_norm, T * nkv, hd, c->rms_eps));
-  int rc = op->rope_kv_write && f->kv[l].n_kv_heads == nkv && f->kv[l].head_dim == hd
-               ? op->rope_kv_write(be, f->q, f->k, f->v, &f->kv[l], f->b, nh, f->rope)
+  const int kv_ok = f->kv[l].n_kv_heads == nkv && f->kv[l].head_dim == hd;
+  int rc = op->matmul_qkv_rope && kv_ok && !L->wqkv.data && !L->q_norm.data && !L->k_norm.data
+               ? res_input(f, l, res, qkv_rope)
                : 1;
   if (rc < 0)
     return -1;
-  if (rc == 1) {
-    TRY(op->rope(be, f->q, f->k, f->b->positions, T, nh, nkv, hd, f->rope));
-    TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
+  if (rc == 1) { /* the projections, the per-head norms, then RoPE and the KV write */
+    TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
+    if (L->q_norm.data) /* in place: rows of head_dim */
+      TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
+    if (L->k_norm.data)
+      TRY(op->rmsnorm(be, f->k, NULL, f->k, &L->k_norm, T * nkv, hd, c->rms_eps));
+    rc = op->rope_kv_write && kv_ok ? op->rope_kv_write(be, f->q, f->k, f->v, &f->kv[l], f->b, nh, f->rope) : 1;
+    if (rc < 0)
+      return -1;
+    if (rc == 1) {
+      TRY(op->rope(be, f->q, f->k, f->b->positions, T, nh, nkv, hd, f->rope));
+      TRY(op->kv_write(be, &f->kv[l], f->k, f->v, f->b));
+    }
   }
   TRY(op->attention(be, f->att, f->q, &f->kv[l], f->b, ap));
   /* row-parallel o_proj under tensor parallelism: each rank's partial sum over its heads */

@@ -32,6 +32,7 @@ int block_layer_window(const struct model_config *c, int l);
 struct block_res {
   const struct weight *norm; /* the next sub-block's input norm */
   int pending;               /* 1 while a sub-block's output waits in f->xb2 */
+  int normed;                /* 1 while f->xb holds the next sub-block's normalized input */
 };
 
 /* Attention sub-block of layer L: q/k/v from wq/wk/wv (+ biases when present) or from the fused

@@ -193,6 +193,7 @@ static const struct backend_ops cpu_ops = {
     .comm_abort = cpu_comm_abort,
     .gather_cols = cpu_gather_cols,
     .matmul_n = cpu_matmul_n,
+    .matmul_qkv_rope = cpu_matmul_qkv_rope,
     .matmul_add = cpu_matmul_add,
     .all_reduce_add = cpu_all_reduce_add,
     .rope_kv_write = cpu_rope_kv_write,

@@ -65,6 +65,9 @@ int cpu_copy_blocks(struct backend *be, struct kv_layer *layers, int n_layers, c
 /* Fused ops (cpu_fused.c): the sequences of separate ops they stand for (backend.h). */
 int cpu_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
                  const struct weight *const ws[], const struct weight *const biases[], int T);
+int cpu_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[3], const struct weight *const biases[3], const struct kv_layer *kv,
+                        const struct batch *b, int n_heads, const struct rope_params *rp);
 int cpu_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T);
 int cpu_all_reduce_add(struct backend *be, void *resid, void *x, size_t n);
 int cpu_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,

@@ -51,3 +51,12 @@ int cpu_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const
     return -1;
   return cpu_kv_write(be, kv, k, v, b);
 }
+
+int cpu_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[3], const struct weight *const biases[3], const struct kv_layer *kv,
+                        const struct batch *b, int n_heads, const struct rope_params *rp) {
+  void *const outs[3] = {q, k, v};
+  if (cpu_matmul_n(be, 3, outs, x, pre, ws, biases, b->num_tokens))
+    return -1;
+  return cpu_rope_kv_write(be, q, k, v, kv, b, n_heads, rp);
+}

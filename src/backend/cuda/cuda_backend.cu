@@ -365,6 +365,7 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_n = */ cuda_op_matmul_n,
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
+    /* .matmul_qkv_rope = */ NULL,
     /* .matmul_add = */ cuda_op_matmul_add,
 #ifdef PAGODA_HAVE_NCCL
     /* .all_reduce_add = */ cuda_all_reduce_add,
