@@ -1475,6 +1475,339 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
   free_batch(&hb);
 }
 
+/* ---- matmul_qkv_rope (q/k/v, RoPE and the KV write in one kernel, cuda_gemv.cu) against the CUDA
+ * backend's own sequence, matmul_n then rope_kv_write (with a prenorm: rmsnorm first), byte for
+ * byte in q, k, v and both caches, and against the CPU's op (its sequence, cpu_fused.c) within
+ * bf16 tolerance (the caches too when bf16). A decode batch of T sequences with distinct
+ * positions and slots, one slot -1 (padding) when T > 1, in a pool of random blocks holding
+ * random bytes. What the kernel does not cover must answer 1 and leave every buffer as it was. */
+struct qkv_case {
+  int hd, nh, nkv, rot, neox, K;
+};
+
+/* The initial contents of a cache of N elements: random bf16-exact values and their e4m3 codes. */
+struct qkv_cache0 {
+  float *h;
+  uint8_t *f8;
+};
+
+/* A CUDA cache holding the initial contents C0 (F8: the e4m3 codes). */
+static void *qkv_cache_copy(const struct qkv_cache0 *c0, size_t n, int f8) {
+  return f8 ? be_put(pair_be[1], c0->f8, n) : cuda_act_copy(c0->h, n);
+}
+
+/* Backends for the fused op: those of the prenorm checks (pre_be: the prologue's shapes), which
+ * all take it; one made with PAGODA_FUSED_ROPE=0 and one with PAGODA_FUSED_OPS=0, which answer 1. */
+static struct backend *qkv_off_be[2];
+
+/* Checks cuda buffer D (BYTES) equals REF (host bytes); WHAT names it. */
+static void qkv_same(const char *what, const char *name, const void *d, const uint8_t *ref, size_t bytes) {
+  uint8_t *h = be_get(pair_be[1], d, bytes);
+  size_t first = 0;
+  int bad = bytes_differ(h, ref, bytes, &first);
+  CHECK(bad == 0, "%s: %s differs from matmul_n + rope_kv_write in %d bytes (first near element %zu)", what, name, bad,
+        first);
+  free(h);
+}
+
+static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f8, int with_bias, int prenorm) {
+  const int hd = qc->hd, nh = qc->nh, nkv = qc->nkv, K = qc->K, half = qc->rot / 2;
+  const int N[3] = {nh * hd, nkv * hd, nkv * hd};
+  int qlen[8], cached[8];
+  for (int s = 0; s < T; s++)
+    qlen[s] = 1, cached[s] = 3 + 41 * s + pair_int(0, 30); /* distinct positions */
+  struct host_batch hb;
+  batch_from_lens(&hb, T, qlen, cached, bs, 0, 0);
+  if (T > 1)
+    hb.slots[T - 2] = -1;
+  const size_t cache_n = (size_t)hb.num_blocks * nkv * bs * hd, nx = (size_t)T * K;
+  const size_t cache_bytes = f8 ? cache_n : cache_n * pair_esz(1);
+  float *x = malloc(nx * 4), *nv = pre_norm_values(K), inv[256];
+  pair_fill(x, nx, prenorm ? 2.0f : 1.0f);
+  llama3_inv_freq(inv, half, 500000.0f);
+  struct qkv_cache0 c0[2];
+  for (int c = 0; c < 2; c++) {
+    c0[c].h = malloc(cache_n * 4);
+    c0[c].f8 = malloc(cache_n);
+    pair_fill(c0[c].h, cache_n, 1.0f);
+    for (size_t i = 0; i < cache_n; i++)
+      c0[c].f8[i] = f32_to_f8e4m3(c0[c].h[i]);
+  }
+  struct matset ms;
+  matset_make(&ms, 3, N, K, with_bias);
+  struct weight nw[2];
+  for (int i = 0; i < 2; i++)
+    nw[i] = pre_norm_weight(i, nv, K, T % 2);
+  struct dbuf dx = pair_acts(x, nx), xn = pair_poisoned(nx), dinv = pair_bytes(inv, sizeof(float) * half);
+  struct dbuf ref[3], kc[2]; /* cpu: the reference; cuda: the CUDA sequence */
+  for (int m = 0; m < 3; m++)
+    ref[m] = pair_poisoned((size_t)T * N[m]);
+  for (int c = 0; c < 2; c++)
+    kc[c] = f8 ? pair_bytes(c0[c].f8, cache_n) : pair_acts(c0[c].h, cache_n);
+  void *bufs[2][6];
+  struct batch b[2];
+  struct rope_params rp[2];
+  struct kv_layer kv[2];
+  for (int i = 0; i < 2; i++) {
+    b[i] = dev_batch(i, &hb, bufs[i]);
+    rp[i] = (struct rope_params){.inv_freq = dinv.p[i], .rot_dim = qc->rot, .neox = qc->neox};
+    kv[i] = (struct kv_layer){.k = kc[0].p[i], .v = kc[1].p[i], .k_scale = f8 ? 0.5f : 1.0f,
+                              .v_scale = f8 ? 2.0f : 1.0f, .dtype = f8 ? DTYPE_F8E4M3 : pair_be[i]->act_dtype,
+                              .num_blocks = hb.num_blocks, .block_size = bs, .n_kv_heads = nkv, .head_dim = hd};
+  }
+  /* the CPU's op (its sequence) */
+  const struct backend_prenorm pre0 = {.w = &nw[0], .eps = PRE_EPS, .xn = xn.p[0]};
+  int rc = pair_be[0]->ops->matmul_qkv_rope(pair_be[0], ref[0].p[0], ref[1].p[0], ref[2].p[0], dx.p[0],
+                                            prenorm ? &pre0 : NULL, ms.ws[0], ms.bs[0], &kv[0], &b[0], nh, &rp[0]);
+  CHECK(rc == 0, "cpu matmul_qkv_rope answered %d", rc);
+  /* the CUDA sequence blocks.c falls back to */
+  struct backend *g = pair_be[1];
+  const void *gx = dx.p[1];
+  if (prenorm) {
+    if (g->ops->rmsnorm(g, xn.p[1], NULL, dx.p[1], &nw[1], T, K, PRE_EPS))
+      pair_die("rmsnorm");
+    gx = xn.p[1];
+  }
+  void *outs[3] = {ref[0].p[1], ref[1].p[1], ref[2].p[1]};
+  rc = g->ops->matmul_n(g, 3, outs, gx, NULL, ms.ws[1], ms.bs[1], T);
+  CHECK(rc == 0, "cuda matmul_n T%d answered %d", T, rc);
+  rc = g->ops->rope_kv_write(g, outs[0], outs[1], outs[2], &kv[1], &b[1], nh, &rp[1]);
+  CHECK(rc == 0, "cuda rope_kv_write answered %d", rc);
+  if (g->ops->sync(g))
+    pair_die("matmul_n + rope_kv_write");
+  uint8_t *want[5];
+  for (int m = 0; m < 3; m++)
+    want[m] = be_get(g, outs[m], (size_t)T * N[m] * 2);
+  for (int c = 0; c < 2; c++)
+    want[3 + c] = be_get(g, kc[c].p[1], cache_bytes);
+  char what[160];
+  snprintf(what, sizeof what, "matmul_qkv_rope hd%d rot%d h%d/kv%d K%d T%d bs%d %s%s%s%s", hd, qc->rot, nh, nkv, K, T,
+           bs, qc->neox ? "neox" : "interleaved", f8 ? " f8e4m3" : "", with_bias ? " +bias" : "",
+           prenorm ? " prenorm" : "");
+  /* the fused op on every backend: fresh outputs (poisoned) and caches (the initial contents) */
+  const int covered = !prenorm || pre_covered(T, K);
+  const int nbe = prenorm ? PRE_BES + 2 : 3;
+  for (int k = 0; k < nbe; k++) {
+    const int off = k >= nbe - 2;
+    struct backend *be = off ? qkv_off_be[k - (nbe - 2)] : prenorm ? pre_be[k] : pair_be[1];
+    void *o[3], *c[2];
+    for (int m = 0; m < 3; m++) {
+      o[m] = pair_alloc1(1, (size_t)T * N[m] * 2);
+      cuda_poison(o[m], (size_t)T * N[m]);
+    }
+    for (int j = 0; j < 2; j++)
+      c[j] = qkv_cache_copy(&c0[j], cache_n, f8);
+    struct kv_layer kvf = kv[1];
+    kvf.k = c[0];
+    kvf.v = c[1];
+    const struct backend_prenorm pre = {.w = &nw[1], .eps = PRE_EPS, .xn = xn.p[1]};
+    if (pair_be[1]->ops->sync(pair_be[1]))
+      pair_die("sync");
+    rc = be->ops->matmul_qkv_rope(be, o[0], o[1], o[2], dx.p[1], prenorm ? &pre : NULL, ms.ws[1], ms.bs[1], &kvf, &b[1],
+                                  nh, &rp[1]);
+    if (rc < 0 || be->ops->sync(be))
+      pair_die("matmul_qkv_rope");
+    const int expect = off ? 1 : covered ? 0 : 1;
+    CHECK(rc == expect, "%s, backend %d: answered %d, expected %d", what, k, rc, expect);
+    if (rc == 0) {
+      static const char *const names[5] = {"q", "k", "v", "k cache", "v cache"};
+      for (int m = 0; m < 3; m++) {
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s [%s] backend %d", what, names[m], k);
+        float *hc = get_act_copy(0, ref[m].p[0], (size_t)T * N[m]), *hf = get_act_copy(1, o[m], (size_t)T * N[m]);
+        pair_expect(w2, hf, hc, (size_t)T * N[m], TOL_BF16_OUT);
+        free(hc);
+        free(hf);
+        qkv_same(w2, names[m], o[m], want[m], (size_t)T * N[m] * 2);
+      }
+      for (int j = 0; j < 2; j++) {
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s [%s] backend %d", what, names[3 + j], k);
+        qkv_same(w2, names[3 + j], c[j], want[3 + j], cache_bytes);
+        if (!f8) {
+          float *hc = get_act_copy(0, kc[j].p[0], cache_n), *hf = get_act_copy(1, c[j], cache_n);
+          pair_expect(w2, hf, hc, cache_n, TOL_BF16_OUT);
+          free(hc);
+          free(hf);
+        }
+      }
+    } else { /* nothing written */
+      for (int m = 0; m < 3; m++)
+        CHECK(cuda_still_poisoned(o[m], (size_t)T * N[m]), "%s, backend %d: answered 1 but wrote output %d", what, k, m);
+      void *fresh[2];
+      for (int j = 0; j < 2; j++) {
+        fresh[j] = qkv_cache_copy(&c0[j], cache_n, f8);
+        uint8_t *h0 = be_get(pair_be[1], fresh[j], cache_bytes);
+        qkv_same(what, j ? "v cache (answered 1)" : "k cache (answered 1)", c[j], h0, cache_bytes);
+        free(h0);
+        pair_be[1]->ops->free(pair_be[1], fresh[j]);
+      }
+    }
+    for (int m = 0; m < 3; m++)
+      pair_be[1]->ops->free(pair_be[1], o[m]);
+    for (int j = 0; j < 2; j++)
+      pair_be[1]->ops->free(pair_be[1], c[j]);
+  }
+  for (int m = 0; m < 5; m++)
+    free(want[m]);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 6; j++)
+      pair_be[i]->ops->free(pair_be[i], bufs[i][j]);
+  for (int m = 0; m < 3; m++)
+    pair_free(ref[m]);
+  for (int c = 0; c < 2; c++) {
+    pair_free(kc[c]);
+    free(c0[c].h);
+    free(c0[c].f8);
+  }
+  for (int i = 0; i < 2; i++)
+    pair_be[i]->ops->weight_free(pair_be[i], &nw[i]);
+  matset_free(&ms);
+  pair_free(dx);
+  pair_free(xn);
+  pair_free(dinv);
+  free(x);
+  free(nv);
+  free_batch(&hb);
+}
+
+/* One call that must answer 1 on G (or REJECT: -1, an error containing it) with nothing written:
+ * T tokens of batch HB (in G's memory as B), weights WS (N rows each, K columns), RP, a bf16 cache
+ * of CACHE_N elements per side. */
+static void qkv_refused(const char *what, struct backend *g, const struct weight *const ws[3], const int *N, int T,
+                        const struct batch *b, struct kv_layer kv, const struct rope_params *rp, int nh,
+                        const char *reject) {
+  const size_t cache_n = (size_t)kv.num_blocks * kv.n_kv_heads * kv.block_size * kv.head_dim;
+  float *h = malloc(cache_n * 4);
+  pair_fill(h, cache_n, 1.0f);
+  void *o[3], *c[2];
+  for (int m = 0; m < 3; m++) {
+    o[m] = pair_alloc1(1, (size_t)T * N[m] * 2);
+    cuda_poison(o[m], (size_t)T * N[m]);
+  }
+  for (int j = 0; j < 2; j++)
+    c[j] = cuda_act_copy(h, cache_n);
+  uint8_t *c0 = be_get(pair_be[1], c[0], cache_n * 2);
+  kv.k = c[0];
+  kv.v = c[1];
+  float *xh = malloc(sizeof(float) * T * ws[0]->cols);
+  pair_fill(xh, (size_t)T * ws[0]->cols, 1.0f);
+  void *x = cuda_act_copy(xh, (size_t)T * ws[0]->cols);
+  const struct weight *const nob[3] = {NULL, NULL, NULL};
+  int rc = g->ops->matmul_qkv_rope(g, o[0], o[1], o[2], x, NULL, ws, nob, &kv, b, nh, rp);
+  if (reject) {
+    CHECK(rc == -1, "matmul_qkv_rope %s: answered %d, expected an error", what, rc);
+    CHECK(rc != -1 || strstr(err_last(), reject) != NULL, "matmul_qkv_rope %s: message %s", what, err_last());
+  } else {
+    CHECK(rc == 1, "matmul_qkv_rope %s: answered %d, expected 1", what, rc);
+  }
+  CHECK(g->ops->sync(g) == 0, "matmul_qkv_rope %s: the stream is not usable after it: %s", what, err_last());
+  for (int m = 0; m < 3; m++)
+    CHECK(cuda_still_poisoned(o[m], (size_t)T * N[m]), "matmul_qkv_rope %s: wrote output %d", what, m);
+  for (int j = 0; j < 2; j++)
+    qkv_same(what, j ? "v cache (not taken)" : "k cache (not taken)", c[j], c0, cache_n * 2);
+  for (int m = 0; m < 3; m++)
+    pair_be[1]->ops->free(pair_be[1], o[m]);
+  for (int j = 0; j < 2; j++)
+    pair_be[1]->ops->free(pair_be[1], c[j]);
+  pair_be[1]->ops->free(pair_be[1], x);
+  free(c0);
+  free(h);
+  free(xh);
+}
+
+/* What matmul_qkv_rope leaves to matmul_n + rope_kv_write: T past the GEMV, quantized weights,
+ * LongRoPE, an odd rot_dim; weights that do not match the heads are an error. The caches hold the
+ * same values on both sides (so v's cache is compared against k's initial bytes). */
+static void test_qkv_rope_refusals(void) {
+  const int hd = 64, nh = 4, nkv = 2, K = 256, bs = 16, N[3] = {nh * hd, nkv * hd, nkv * hd};
+  int qlen[9], cached[9];
+  for (int s = 0; s < 9; s++)
+    qlen[s] = 1, cached[s] = 5 + 20 * s;
+  struct host_batch hb;
+  batch_from_lens(&hb, 9, qlen, cached, bs, 0, 0);
+  void *bufs[6];
+  struct batch b9 = dev_batch(1, &hb, bufs), b1 = b9;
+  b1.num_tokens = 1;
+  b1.num_seqs = 1;
+  float inv[32];
+  llama3_inv_freq(inv, 32, 500000.0f);
+  void *dinv = be_put(pair_be[1], inv, sizeof inv);
+  const struct rope_params rp = {.inv_freq = dinv, .rot_dim = hd, .neox = 1};
+  struct rope_params rp_long = rp, rp_odd = rp;
+  rp_long.inv_freq_long = dinv;
+  rp_long.long_after = 4;
+  rp_long.query_start = b1.query_start;
+  rp_long.seq_lens = b1.seq_lens;
+  rp_long.num_seqs = 1;
+  rp_odd.rot_dim = hd - 1;
+  const struct kv_layer kv = {.k_scale = 1.0f, .v_scale = 1.0f, .dtype = DTYPE_BF16, .num_blocks = hb.num_blocks,
+                              .block_size = bs, .n_kv_heads = nkv, .head_dim = hd};
+  struct weight w[3], wq8[3];
+  float *wv = malloc(sizeof(float) * N[0] * K);
+  uint8_t *q8 = malloc(dtype_row_bytes(DTYPE_Q8_0, K) * N[0]);
+  pair_fill(wv, (size_t)N[0] * K, 0.1f);
+  fill_q8_0(q8, (size_t)N[0] * K);
+  for (int m = 0; m < 3; m++) {
+    w[m] = pair_weight(1, wv, N[m], K);
+    if (pair_be[1]->ops->weight_from_host(pair_be[1], &wq8[m], q8, DTYPE_Q8_0, N[m], K))
+      pair_die("weight_from_host q8_0");
+  }
+  const struct weight *const ws[3] = {&w[0], &w[1], &w[2]}, *const wsq[3] = {&wq8[0], &wq8[1], &wq8[2]};
+  struct backend *g = pair_be[1];
+  qkv_refused("T 9 (past the GEMV)", g, ws, N, 9, &b9, kv, &rp, nh, NULL);
+  qkv_refused("q8_0 weights", g, wsq, N, 1, &b1, kv, &rp, nh, NULL);
+  qkv_refused("LongRoPE", g, ws, N, 1, &b1, kv, &rp_long, nh, NULL);
+  qkv_refused("rot_dim 63", g, ws, N, 1, &b1, kv, &rp_odd, nh, NULL);
+  for (int k = 0; k < 2; k++)
+    qkv_refused(k ? "PAGODA_FUSED_OPS=0" : "PAGODA_FUSED_ROPE=0", qkv_off_be[k], ws, N, 1, &b1, kv, &rp, nh, NULL);
+  qkv_refused("8 heads for 4 heads' rows", g, ws, N, 1, &b1, kv, &rp, 2 * nh, "q/k/v weights have 256/128/128 rows");
+  for (int m = 0; m < 3; m++) {
+    pair_be[1]->ops->weight_free(pair_be[1], &w[m]);
+    pair_be[1]->ops->weight_free(pair_be[1], &wq8[m]);
+  }
+  for (int j = 0; j < 6; j++)
+    pair_be[1]->ops->free(pair_be[1], bufs[j]);
+  pair_be[1]->ops->free(pair_be[1], dinv);
+  free(wv);
+  free(q8);
+  free_batch(&hb);
+}
+
+/* The grid: Llama-3.2-1B's (hd 64, 32/8 heads) and -3.1-8B's (hd 128, 32/8) attention input, 4/4
+ * heads with partial rotary at head_dim 96 (interleaved) and 80 (neox), 8/2 interleaved; T = 1..8
+ * with block sizes 8, 16, 32, bf16 and f8e4m3 caches, biases and the prenorm on and off in turn;
+ * then the real K of both models at T = 1 and the refusals. */
+static void test_qkv_rope_grid(void) {
+  pre_open();
+  qkv_off_be[0] = cuda_with_env("PAGODA_FUSED_ROPE", "0");
+  qkv_off_be[1] = cuda_with_env("PAGODA_FUSED_OPS", "0");
+  if (!qkv_off_be[0] || !qkv_off_be[1])
+    pair_die("cuda backend with PAGODA_FUSED_ROPE=0 / PAGODA_FUSED_OPS=0");
+  static const struct qkv_case cs[] = {{64, 32, 8, 64, 1, 2048},
+                                       {128, 32, 8, 128, 1, 1024},
+                                       {96, 4, 4, 32, 0, 520},
+                                       {80, 4, 4, 64, 1, 1000},
+                                       {64, 8, 2, 64, 0, 512}};
+  static const int bss[3] = {8, 16, 32};
+  const int ncs = (int)(sizeof cs / sizeof cs[0]);
+  int cases = 0;
+  for (int c = 0; c < ncs; c++)
+    for (int T = 1; T <= 8; T++)
+      for (int f8 = 0; f8 < 2; f8++, cases++)
+        test_matmul_qkv_rope(&cs[c], T, bss[(T + c + f8) % 3], f8, (T + f8) % 2, (T / 2 + c + f8) % 2);
+  const struct qkv_case big[2] = {{64, 32, 8, 64, 1, 2048}, {128, 32, 8, 128, 1, 4096}};
+  for (int m = 0; m < 2; m++)
+    for (int pre = 0; pre < 2; pre++, cases++)
+      test_matmul_qkv_rope(&big[m], 1, 16, m, 0, pre);
+  test_matmul_qkv_rope(&big[1], 5, 32, 0, 1, 1); /* the prologue does not take 5 x 4096: answers 1 */
+  test_qkv_rope_refusals();
+  printf("  matmul_qkv_rope: %d cases + the refusals\n", cases + 1);
+  for (int k = 0; k < 2; k++)
+    qkv_off_be[k]->ops->destroy(qkv_off_be[k]);
+  pre_close();
+}
+
 /* kv_write skips slot -1 (padding): the cache must stay as it was for that token. */
 static void test_kv_write_padding(void) {
   int bs = 16, n_kv = 2, hd = 64, nb = 4, T = 5;
@@ -1780,6 +2113,7 @@ int main(void) {
     }
   }
   test_prenorm_grid();
+  test_qkv_rope_grid();
   test_errors();
   /* the grid: every block size x batch shape x GQA ratio (head_dim 64, as Llama-3.2-1B) */
   static const int gqa[][2] = {{4, 4}, {8, 2}, {8, 1}};

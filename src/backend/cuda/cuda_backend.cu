@@ -365,7 +365,7 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_n = */ cuda_op_matmul_n,
     /* .matmul_silu_mul = */ cuda_op_matmul_silu_mul,
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
-    /* .matmul_qkv_rope = */ NULL,
+    /* .matmul_qkv_rope = */ cuda_op_matmul_qkv_rope,
     /* .matmul_add = */ cuda_op_matmul_add,
 #ifdef PAGODA_HAVE_NCCL
     /* .all_reduce_add = */ cuda_all_reduce_add,
@@ -458,6 +458,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   const char *fn = getenv("PAGODA_FUSED_NORM"), *pr = getenv("PAGODA_GEMV_PRE_ROWS"),
              *pl = getenv("PAGODA_GEMV_PRE_LOOP"), *p2 = getenv("PAGODA_GEMV_PRE_L2");
   cb->fused_norm = cb->fused_ops && !(fn && strcmp(fn, "0") == 0);
+  /* q/k/v + RoPE + KV write in one kernel (matmul_qkv_rope): PAGODA_FUSED_ROPE=0 turns it off (the
+   * model then runs matmul_n and rope_kv_write), for measuring it. */
+  const char *fr = getenv("PAGODA_FUSED_ROPE");
+  cb->fused_rope = cb->fused_ops && !(fr && strcmp(fr, "0") == 0);
   cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
   if (pr && *pr) {
     if (strcmp(pr, "4") && strcmp(pr, "8") && strcmp(pr, "16"))

@@ -125,6 +125,8 @@ struct cuda_backend {
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
   int fused_norm;            /* 0 when PAGODA_FUSED_NORM=0 (or PAGODA_FUSED_OPS=0): the prenorm forms of
                               * matmul_n / matmul_silu_mul and matmul_add answer 1 (cuda_gemv.cu) */
+  int fused_rope;            /* 0 when PAGODA_FUSED_ROPE=0 (or PAGODA_FUSED_OPS=0): matmul_qkv_rope answers 1
+                              * (the model runs matmul_n and rope_kv_write instead) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
@@ -282,6 +284,13 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
 /* resid += x @ W^T for bf16 W on the GEMV (backend.h matmul_add): 1 where matmul would not take the
  * GEMV (T > gemv_max_t, K not a multiple of 8, quantized weights) and when cb->fused_norm is 0. */
 int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T);
+/* q/k/v, RoPE and the KV write in one kernel (backend.h matmul_qkv_rope; cuda_gemv.cu): 1 for what
+ * it does not cover (besides matmul_n's cases: LongRoPE, an odd head_dim, other KV dtypes or block
+ * sizes) and when cb->fused_rope is 0. */
+int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const void *x,
+                            const struct backend_prenorm *pre, const struct weight *const ws[3],
+                            const struct weight *const biases[3], const struct kv_layer *kv, const struct batch *b,
+                            int n_heads, const struct rope_params *rp);
 int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, const struct kv_layer *kv,
                           const struct batch *b, int n_heads, const struct rope_params *rp);
 

@@ -20,11 +20,18 @@
  * The residual stream's forms (blocks.c, struct block_res): with a struct backend_prenorm both
  * normalize x themselves in a prologue (gemv_prenorm, below: rmsnorm_kernel's arithmetic bit for
  * bit, into shared memory), and matmul_add adds its product into the residual stream in the
- * epilogue (gemv_kernel<NT, true>), so the add + rmsnorm launch between the sub-blocks goes. */
+ * epilogue (gemv_kernel<NT, true>), so the add + rmsnorm launch between the sub-blocks goes.
+ *
+ * matmul_qkv_rope (gemv_qkv_rope_kernel, below) is matmul_n over q/k/v with each warp taking the two
+ * rows of a RoPE pair, whose epilogue rotates them and writes k and v into the paged cache too, so
+ * the rope_kv_write launch goes (with or without the prologue). */
+#include <type_traits>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
+#include "backend/cuda/cuda_rope.cuh"  /* rope_sincos, rope_rotate, kv_store, shared with rope_kv_write */
 
 typedef __nv_bfloat16 bf16;
 
@@ -188,20 +195,28 @@ __device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
   return i;
 }
 
-/* Row ROW of matrix I of M: the T sums ACC rounded to bf16, then + its bias rounded again (as the
- * bias kernel adds it to the product), into its output. */
+/* The bias of row ROW of matrix I of M (0 without one). */
+__device__ __forceinline__ float gemv_multi_bias(const gemv_multi &m, int i, int row) {
+  const void *bias = m.bias[i];
+  return !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
+}
+
+/* One sum as matmul_n stores it: rounded to bf16, then (HAS_BIAS) + B rounded again (as the bias
+ * kernel adds it to the product). Shared with matmul_qkv_rope's epilogue. */
+__device__ __forceinline__ bf16 gemv_multi_value(float acc, bool has_bias, float b) {
+  bf16 v = __float2bfloat16(acc);
+  return has_bias ? __float2bfloat16(__bfloat162float(v) + b) : v;
+}
+
+/* Row ROW of matrix I of M: its T sums ACC, as gemv_multi_value makes them, into its output. */
 template <int NT>
 __device__ __forceinline__ void gemv_multi_store(const gemv_multi &m, int i, int row, const float *acc) {
-  const void *bias = m.bias[i];
+  const bool has_bias = m.bias[i] != NULL;
   const int N = m.N[i];
-  float b = !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
+  const float b = gemv_multi_bias(m, i, row);
 #pragma unroll
-  for (int t = 0; t < NT; t++) {
-    bf16 v = __float2bfloat16(acc[t]);
-    if (bias)
-      v = __float2bfloat16(__bfloat162float(v) + b);
-    ((bf16 *)m.out[i])[(size_t)t * N + row] = v;
-  }
+  for (int t = 0; t < NT; t++)
+    ((bf16 *)m.out[i])[(size_t)t * N + row] = gemv_multi_value(acc[t], has_bias, b);
 }
 
 template <int NT>
@@ -421,6 +436,140 @@ __global__ void __launch_bounds__(NW * 32)
   }
 }
 
+/* ---- q/k/v, RoPE and the KV write in one kernel (backend.h matmul_qkv_rope) ----
+ * matmul_n's grid over the rows of wq, wk and wv, where each warp takes TWO rows whose sums RoPE
+ * rotates together, so its epilogue has both: per head of q and k (hd / 2 pairs), pair j <
+ * rot_dim / 2 is RoPE's (neox: dims j and j + rot_dim / 2; interleaved: 2j and 2j + 1), the others
+ * the unrotated dims 2j, 2j + 1 (from rot_dim on); v's rows go in consecutive pairs. Lane t (every
+ * lane holds the totals, gemv_loop) finishes token t: each sum rounded and biased as matmul_n
+ * stores it (gemv_multi_value), the pair rotated by that token's angle as rope_kv_write_kernel
+ * rotates it (rope_sincos, rope_rotate: cuda_rope.cuh), then q, k and v stored and k and v also
+ * into the cache at the token's slot (kv_store; slots < 0 or past the pool skipped). The sums are
+ * gemv_loop's (the same per row whatever the pairing), so the outputs and both caches are
+ * matmul_n followed by rope_kv_write byte for byte. */
+struct gemv_rope {
+  const int32_t *positions, *slots; /* (T) */
+  const float *inv_freq;            /* (rot_dim / 2) */
+  void *kc, *vc;                    /* (num_blocks, n_kv, bs, hd) of bf16, or e4m3 when kv_f8 */
+  long long num_slots;
+  float k_scale, v_scale, mscale; /* scales 1 for a bf16 cache */
+  int hd, rot_dim, neox, n_kv, bs, kv_f8;
+  int pq, pk; /* pairs of q (n_heads * hd / 2) and of k (n_kv * hd / 2, as many as of v) */
+};
+
+/* Grid row G's matrix (0 q, 1 k, 2 v), its two rows R0 and R1, and the RoPE frequency J of the
+ * pair (-1: not rotated). */
+struct qkv_pair {
+  int i, r0, r1, j;
+};
+
+__device__ __forceinline__ qkv_pair qkv_rope_pair(const gemv_rope &r, int g) {
+  qkv_pair p;
+  p.i = g < r.pq ? 0 : g < r.pq + r.pk ? 1 : 2;
+  const int e = g - (p.i == 0 ? 0 : p.i == 1 ? r.pq : r.pq + r.pk); /* pair within the matrix */
+  const int hd2 = r.hd >> 1, half = r.rot_dim >> 1;
+  const int h = e / hd2, j = e - h * hd2;
+  const bool rot = p.i < 2 && j < half;
+  p.j = rot ? j : -1;
+  p.r0 = rot && r.neox ? h * r.hd + j : 2 * e;
+  p.r1 = rot && r.neox ? h * r.hd + j + half : 2 * e + 1;
+  return p;
+}
+
+template <class E>
+__device__ __forceinline__ void qkv_cache_pair(void *cache, size_t at, int d0, int d1, bf16 v0, bf16 v1, float scale) {
+  kv_store((E *)cache, at + d0, v0, scale);
+  kv_store((E *)cache, at + d1, v1, scale);
+}
+
+/* The epilogue of pair P: lane t < NT finishes token t (see above). */
+template <int NT>
+__device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_rope &r, const qkv_pair &p,
+                                               const float (*acc)[NT], int lane) {
+  float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+  for (int t = 0; t < NT; t++) /* selects, so acc stays in registers */
+    if (lane == t) {
+      a0 = acc[0][t];
+      a1 = acc[1][t];
+    }
+  if (lane >= NT)
+    return;
+  const int t = lane;
+  const bool has_bias = m.bias[p.i] != NULL;
+  bf16 v0 = gemv_multi_value(a0, has_bias, gemv_multi_bias(m, p.i, p.r0));
+  bf16 v1 = gemv_multi_value(a1, has_bias, gemv_multi_bias(m, p.i, p.r1));
+  if (p.j >= 0) {
+    float sf, cf;
+    rope_sincos((float)r.positions[t], r.inv_freq[p.j], r.mscale, &sf, &cf);
+    rope_rotate(&v0, &v1, cf, sf);
+  }
+  bf16 *o = (bf16 *)m.out[p.i] + (size_t)t * m.N[p.i];
+  o[p.r0] = v0;
+  o[p.r1] = v1;
+  if (p.i == 0)
+    return;
+  const int32_t slot = r.slots[t];
+  if (slot < 0 || slot >= r.num_slots)
+    return;
+  const int h = p.r0 / r.hd, base = h * r.hd;
+  const size_t at = (((size_t)(slot / r.bs) * r.n_kv + h) * r.bs + slot % r.bs) * r.hd;
+  void *cache = p.i == 1 ? r.kc : r.vc;
+  const float scale = p.i == 1 ? r.k_scale : r.v_scale;
+  if (r.kv_f8)
+    qkv_cache_pair<uint8_t>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
+  else
+    qkv_cache_pair<bf16>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_qkv_rope_kernel(const __grid_constant__ gemv_multi m, const __grid_constant__ gemv_rope r, const bf16 *x,
+                         int K) {
+  const int lane = threadIdx.x & 31;
+  const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+  if (g >= r.pq + 2 * r.pk)
+    return;
+  const qkv_pair p = qkv_rope_pair(r, g);
+  const bf16 *W = (const bf16 *)m.W[p.i];
+  const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
+  float acc[2][NT];
+  gemv_rows<NT, 2>(wr, x, K, lane, acc);
+  qkv_rope_store<NT>(m, r, p, acc, lane);
+}
+
+/* With the prenorm: NW warps per block, RPW pairs per warp, as gemv_multi_pre_kernel. */
+template <int NT, int NW, bool REG>
+__global__ void __launch_bounds__(NW * 32)
+    gemv_qkv_rope_pre_kernel(const __grid_constant__ gemv_multi m, const __grid_constant__ gemv_rope r, const bf16 *x,
+                             int K, const __grid_constant__ gemv_pre pre, int rpw) {
+  const int lane = threadIdx.x & 31, total = r.pq + 2 * r.pk;
+  int g = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
+  const bool valid = g < total;
+  qkv_pair p = qkv_rope_pair(r, valid ? g : 0);
+  const bf16 *W = (const bf16 *)m.W[p.i];
+  const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
+  float acc[2][NT];
+  gemv_rows_pre<NT, 2, NW, REG>(wr, valid, x, pre, K, lane, acc);
+  if (!valid)
+    return;
+  qkv_rope_store<NT>(m, r, p, acc, lane);
+  const bf16 *xs = (const bf16 *)gemv_xs;
+  for (int k = 1; k < rpw && (g += NW) < total; k++) {
+    p = qkv_rope_pair(r, g);
+    W = (const bf16 *)m.W[p.i];
+    wr[0] = W + (size_t)p.r0 * K;
+    wr[1] = W + (size_t)p.r1 * K;
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        acc[q][t] = 0.0f;
+    gemv_loop<NT, 2, true>(wr, xs, K, lane * 8, acc);
+    qkv_rope_store<NT>(m, r, p, acc, lane);
+  }
+}
+
 #define GEMV_SWITCH(T, CASE)                                                                        \
   switch (T) {                                                                                      \
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)                                 \
@@ -499,21 +648,17 @@ static cudaError_t gemv_silu_pre_launch(struct cuda_backend *cb, bf16 *out, cons
   return cudaErrorInvalidValue;
 }
 
-/* The launchers for cb->gemv_pre_rows warps per block. */
-template <bool REG>
-static cudaError_t gemv_multi_pre_rows(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X, int K,
-                                       const gemv_pre &p, int T) {
-  return cb->gemv_pre_rows == 4    ? gemv_multi_pre_launch<4, REG>(cb, rows, m, X, K, p, T)
-         : cb->gemv_pre_rows == 16 ? gemv_multi_pre_launch<16, REG>(cb, rows, m, X, K, p, T)
-                                   : gemv_multi_pre_launch<8, REG>(cb, rows, m, X, K, p, T);
-}
-
-template <bool REG>
-static cudaError_t gemv_silu_pre_rows(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *X,
-                                      int F, int K, const gemv_pre &p, int T) {
-  return cb->gemv_pre_rows == 4    ? gemv_silu_pre_launch<4, REG>(cb, out, Wg, Wu, X, F, K, p, T)
-         : cb->gemv_pre_rows == 16 ? gemv_silu_pre_launch<16, REG>(cb, out, Wg, Wu, X, F, K, p, T)
-                                   : gemv_silu_pre_launch<8, REG>(cb, out, Wg, Wu, X, F, K, p, T);
+/* F(nw, reg) for the prenorm kernels' shape, as std::integral_constant<int, NW> and std::bool_constant<REG>
+ * (the launchers name their kernel template by decltype(nw)::value, decltype(reg)::value): NW =
+ * cb->gemv_pre_rows warps per block (4, 8 or 16), REG = !cb->gemv_pre_l2. */
+template <class F>
+static cudaError_t gemv_pre_shape(const struct cuda_backend *cb, F f) {
+  auto rows = [&](auto reg) {
+    return cb->gemv_pre_rows == 4    ? f(std::integral_constant<int, 4>(), reg)
+           : cb->gemv_pre_rows == 16 ? f(std::integral_constant<int, 16>(), reg)
+                                     : f(std::integral_constant<int, 8>(), reg);
+  };
+  return cb->gemv_pre_l2 ? rows(std::false_type()) : rows(std::true_type());
 }
 
 /* matmul_n with PRE: bf16 weights the GEMV takes (gemv_fusable) and the prologue's terms, else 1
@@ -533,8 +678,9 @@ static int gemv_multi_pre(struct cuda_backend *cb, int n, void *const outs[], co
     return rows < 0 ? -1 : 1;
   const bf16 *X = (const bf16 *)x;
   const int K = (int)ws[0]->cols;
-  CUDA_CHECK(cb->gemv_pre_l2 ? gemv_multi_pre_rows<false>(cb, (unsigned)rows, m, X, K, p, T)
-                             : gemv_multi_pre_rows<true>(cb, (unsigned)rows, m, X, K, p, T));
+  CUDA_CHECK(gemv_pre_shape(cb, [&](auto nw, auto reg) {
+    return gemv_multi_pre_launch<decltype(nw)::value, decltype(reg)::value>(cb, (unsigned)rows, m, X, K, p, T);
+  }));
   return 0;
 }
 
@@ -585,8 +731,9 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
     if (terms <= 0)
       return terms < 0 ? -1 : 1;
     bf16 *o = (bf16 *)out;
-    CUDA_CHECK(cb->gemv_pre_l2 ? gemv_silu_pre_rows<false>(cb, o, Wg, Wu, X, F, K, p, T)
-                               : gemv_silu_pre_rows<true>(cb, o, Wg, Wu, X, F, K, p, T));
+    CUDA_CHECK(gemv_pre_shape(cb, [&](auto nw, auto reg) {
+      return gemv_silu_pre_launch<decltype(nw)::value, decltype(reg)::value>(cb, o, Wg, Wu, X, F, K, p, T);
+    }));
     return 0;
   }
   dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
@@ -613,6 +760,93 @@ int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const str
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(c) \
   case c: err = cuda_pdl_launch(cb, gemv_kernel<c, true>, grid, thr, 0, (void *)R, 0, W, X, N, K); break;
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  CUDA_CHECK(err);
+  return 0;
+}
+
+/* The q/k/v + RoPE + KV-write kernels (gemv_qkv_rope_pre_kernel for NW warps per block and REG). */
+template <int NW, bool REG>
+static cudaError_t qkv_rope_pre_launch(struct cuda_backend *cb, unsigned pairs, const gemv_multi &m, const gemv_rope &r,
+                                       const bf16 *X, int K, const gemv_pre &p, int T) {
+  const int rpw = cb->gemv_pre_loop;
+  const dim3 grid((pairs + NW * rpw - 1) / (NW * rpw)), thr(NW * 32);
+  const size_t smem = (size_t)T * K * 2;
+#define GEMV_CASE(c) \
+  case c: return cuda_pdl_launch(cb, gemv_qkv_rope_pre_kernel<c, NW, REG>, grid, thr, smem, m, r, X, K, p, rpw);
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  return cudaErrorInvalidValue;
+}
+
+/* backend.h matmul_qkv_rope: 1 (nothing enqueued) for what gemv_qkv_rope_kernel does not cover,
+ * which the caller then runs as matmul_n (or its matmuls) and rope_kv_write (or rope, kv_write):
+ * cb->fused_rope 0 (PAGODA_FUSED_ROPE=0 or PAGODA_FUSED_OPS=0), weights the GEMV does not take
+ * (gemv_fusable: bf16 of one K, a multiple of 8, T <= gemv_max_t; quantized ones too), a KV
+ * dtype other than bf16 / f8e4m3 or a block size the cache kernels are not built for, an odd
+ * head_dim, rot_dim not even or past head_dim, LongRoPE (rp->inv_freq_long), and with PRE what
+ * the prologue does not take (gemv_pre_terms). */
+int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const void *x,
+                            const struct backend_prenorm *pre, const struct weight *const ws[3],
+                            const struct weight *const biases[3], const struct kv_layer *kv, const struct batch *b,
+                            int n_heads, const struct rope_params *rp) {
+  struct cuda_backend *cb = cuda_be(be);
+  const int T = b->num_tokens, hd = kv->head_dim, nkv = kv->n_kv_heads;
+  if (!cb->fused_rope || be->act_dtype != DTYPE_BF16 || cuda_quant_type(ws[0]->dtype) >= 0 ||
+      !gemv_fusable(cb, ws, 3, T) || (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3) ||
+      !cuda_block_size_ok(kv->block_size) || hd <= 0 || hd % 2 || rp->rot_dim <= 0 || rp->rot_dim > hd ||
+      rp->rot_dim % 2 || rp->inv_freq_long)
+    return 1;
+  if (ws[0]->rows != (int64_t)n_heads * hd || ws[1]->rows != (int64_t)nkv * hd || ws[2]->rows != (int64_t)nkv * hd)
+    return ERR("cuda matmul_qkv_rope: q/k/v weights have %lld/%lld/%lld rows for %d/%d/%d heads of %d",
+               (long long)ws[0]->rows, (long long)ws[1]->rows, (long long)ws[2]->rows, n_heads, nkv, nkv, hd);
+  const int f8 = kv->dtype == DTYPE_F8E4M3;
+  if (f8 && !(kv->k_scale > 0.0f && kv->v_scale > 0.0f))
+    return ERR("cuda matmul_qkv_rope: f8e4m3 KV scales %g / %g must be > 0", (double)kv->k_scale,
+               (double)kv->v_scale);
+  const int K = (int)ws[0]->cols;
+  gemv_pre p = {};
+  if (pre) {
+    int terms = gemv_pre_terms(cb, pre, K, T, &p);
+    if (terms <= 0)
+      return terms < 0 ? -1 : 1;
+  }
+  gemv_multi m;
+  void *const outs[3] = {q, k, v};
+  long long rows = cuda_matmul_set_fill(&m, 3, outs, ws, biases, INT32_MAX - 2 * CUDA_GEMV_PRE_ROWS_MAX * 4);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
+  gemv_rope r = {};
+  r.positions = b->positions;
+  r.slots = b->slot_mapping;
+  r.inv_freq = rp->inv_freq;
+  r.kc = kv->k;
+  r.vc = kv->v;
+  r.num_slots = (long long)kv->num_blocks * kv->block_size;
+  r.k_scale = f8 ? kv->k_scale : 1.0f;
+  r.v_scale = f8 ? kv->v_scale : 1.0f;
+  r.mscale = rp->mscale;
+  r.hd = hd;
+  r.rot_dim = rp->rot_dim;
+  r.neox = rp->neox;
+  r.n_kv = nkv;
+  r.bs = kv->block_size;
+  r.kv_f8 = f8;
+  r.pq = n_heads * hd / 2;
+  r.pk = nkv * hd / 2;
+  const unsigned pairs = (unsigned)(rows / 2);
+  const bf16 *X = (const bf16 *)x;
+  if (pre) {
+    CUDA_CHECK(gemv_pre_shape(cb, [&](auto nw, auto reg) {
+      return qkv_rope_pre_launch<decltype(nw)::value, decltype(reg)::value>(cb, pairs, m, r, X, K, p, T);
+    }));
+    return 0;
+  }
+  const dim3 grid((pairs + GEMV_WARPS - 1) / GEMV_WARPS), thr(GEMV_WARPS * 32);
+  cudaError_t err = cudaSuccess;
+#define GEMV_CASE(c) \
+  case c: err = cuda_pdl_launch(cb, gemv_qkv_rope_kernel<c>, grid, thr, 0, m, r, X, K); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);

@@ -4,10 +4,9 @@
  * element or per pair, grid-stride loops; faster versions replace them behind the same launchers.
  * Every kernel here is launched with programmatic dependent launch and starts with PDL_ENTER()
  * (cuda_pdl.cuh): it reads nothing before the kernel ahead of it has completed. */
-#include <cuda_fp8.h>
-
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_pdl.cuh"
+#include "backend/cuda/cuda_rope.cuh" /* rope_freqs, rope_sincos, rope_rotate, kv_store */
 
 typedef __nv_bfloat16 bf16;
 
@@ -117,46 +116,7 @@ int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x
  * per frequency i < rot_dim/2, looping over heads so that each angle's sin/cos is computed once.
  * The angle is the f32 product pos * inv_freq (as HF computes it); its sin/cos are taken in double
  * because --use_fast_math would turn sincosf into the intrinsic, which is inaccurate for the
- * large angles of long contexts. ---- */
-/* The frequencies token T rotates with: LongRoPE's long ones when its sequence (found by binary
- * search over query_start, every thread alike) holds more than long_after tokens. */
-__device__ __forceinline__ const float *rope_freqs(int t, const float *inv_freq, const float *inv_freq_long,
-                                                   int long_after, const int32_t *query_start,
-                                                   const int32_t *seq_lens, int num_seqs) {
-  if (!inv_freq_long)
-    return inv_freq;
-  int lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return seq_lens[lo] > long_after ? inv_freq_long : inv_freq;
-}
-
-/* sin and cos of pos * freq (taken in double, see above), times mscale when it is not 0. */
-__device__ __forceinline__ void rope_sincos(float pos, float freq, float mscale, float *sf, float *cf) {
-  float ang = pos * freq;
-  double s, c;
-  sincos((double)ang, &s, &c);
-  *sf = (float)s;
-  *cf = (float)c;
-  if (mscale != 0.0f) {
-    *sf *= mscale;
-    *cf *= mscale;
-  }
-}
-
-/* One pair in place: (a, b) -> (a cos - b sin, b cos + a sin), with explicit roundings (one
- * product, then a fused multiply-add) so that every kernel rotating pairs gets the same bits. */
-__device__ __forceinline__ void rope_rotate(bf16 *pa, bf16 *pb, float cf, float sf) {
-  float a = __bfloat162float(*pa), b = __bfloat162float(*pb);
-  *pa = __float2bfloat16(__fmaf_rn(a, cf, -__fmul_rn(b, sf)));
-  *pb = __float2bfloat16(__fmaf_rn(b, cf, __fmul_rn(a, sf)));
-}
-
+ * large angles of long contexts (the helpers: cuda_rope.cuh, shared with the fused GEMV). ---- */
 __global__ void rope_kernel(bf16 *q,                  /* (T, n_heads, hd) */
                             bf16 *k,                  /* (T, n_kv, hd) */
                             const int32_t *positions, /* (T) */
@@ -224,11 +184,6 @@ int cuda_op_silu_mul(struct backend *be, void *out, const void *gate, const void
 /* ---- reshape and cache: k,v(T, n_kv, hd) -> cache (num_blocks, n_kv, bs, hd) at slot_mapping.
  * Slots < 0 (padding) and slots past the pool are skipped. One block per token. An f8e4m3 cache
  * gets e4m3(x / scale) (nearest even, saturated to +-448, as the CPU's f32_to_f8e4m3). ---- */
-__device__ __forceinline__ void kv_store(bf16 *c, size_t i, bf16 x, float) { c[i] = x; }
-__device__ __forceinline__ void kv_store(uint8_t *c, size_t i, bf16 x, float scale) {
-  c[i] = (uint8_t)__nv_cvt_float_to_fp8(__bfloat162float(x) / scale, __NV_SATFINITE, __NV_E4M3);
-}
-
 template <class E>
 __global__ void kv_write_kernel(E *kc,                /* (num_blocks, n_kv, bs, hd) */
                                 E *vc,                /* (num_blocks, n_kv, bs, hd) */
