@@ -121,7 +121,8 @@ struct cuda_backend {
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
-  int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write answer 1 */
+  int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write (and through
+                              * fused_norm / fused_rope the prenorm forms, matmul_add, matmul_qkv_rope) answer 1 */
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
   int fused_norm;            /* 0 when PAGODA_FUSED_NORM=0 (or PAGODA_FUSED_OPS=0): the prenorm forms of
                               * matmul_n / matmul_silu_mul and matmul_add answer 1 (cuda_gemv.cu) */

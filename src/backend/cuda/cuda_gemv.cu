@@ -369,6 +369,18 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
   }
 }
 
+/* A prenorm kernel's further rows (RPW > 1), after the prologue: the sums of the R rows WR[r] over
+ * the block's normalized x in shared memory into acc[r][t], from zero (gemv_loop's order). */
+template <int NT, int R>
+__device__ __forceinline__ void gemv_rows_xs(const bf16 *const *wr, int K, int lane, float (*acc)[NT]) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = 0.0f;
+  gemv_loop<NT, R, true>(wr, (const bf16 *)gemv_xs, K, lane * 8, acc);
+}
+
 /* matmul_n with the prenorm: gemv_multi_kernel over the normalized x. A block of NW warps takes
  * NW * RPW consecutive grid rows, warp w the rows w, w + NW, ... (RPW = cb->gemv_pre_loop): the
  * first with the weights loaded before the prologue, the others after it, so the prologue is paid
@@ -389,15 +401,11 @@ __global__ void __launch_bounds__(NW * 32)
     return;
   if (lane == 0)
     gemv_multi_store<NT>(m, i, row, acc[0]);
-  const bf16 *xs = (const bf16 *)gemv_xs;
   for (int k = 1; k < rpw && (g += NW) < total; k++) {
     i = gemv_multi_matrix(m, g);
     row = g - m.row0[i];
     wr[0] = (const bf16 *)m.W[i] + (size_t)row * K;
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-      acc[0][t] = 0.0f;
-    gemv_loop<NT, 1, true>(wr, xs, K, lane * 8, acc);
+    gemv_rows_xs<NT, 1>(wr, K, lane, acc);
     if (lane == 0)
       gemv_multi_store<NT>(m, i, row, acc[0]);
   }
@@ -420,17 +428,11 @@ __global__ void __launch_bounds__(NW * 32)
     return;
   if (lane == 0)
     gemv_silu_store<NT>(out, row, F, acc);
-  const bf16 *xs = (const bf16 *)gemv_xs;
   for (int k = 1; k < rpw && (row += NW) < F; k++) {
     off = (size_t)row * K;
     wr[0] = Wg + off;
     wr[1] = Wu + off;
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-      for (int t = 0; t < NT; t++)
-        acc[r][t] = 0.0f;
-    gemv_loop<NT, 2, true>(wr, xs, K, lane * 8, acc);
+    gemv_rows_xs<NT, 2>(wr, K, lane, acc);
     if (lane == 0)
       gemv_silu_store<NT>(out, row, F, acc);
   }
@@ -554,18 +556,12 @@ __global__ void __launch_bounds__(NW * 32)
   if (!valid)
     return;
   qkv_rope_store<NT>(m, r, p, acc, lane);
-  const bf16 *xs = (const bf16 *)gemv_xs;
   for (int k = 1; k < rpw && (g += NW) < total; k++) {
     p = qkv_rope_pair(r, g);
     W = (const bf16 *)m.W[p.i];
     wr[0] = W + (size_t)p.r0 * K;
     wr[1] = W + (size_t)p.r1 * K;
-#pragma unroll
-    for (int q = 0; q < 2; q++)
-#pragma unroll
-      for (int t = 0; t < NT; t++)
-        acc[q][t] = 0.0f;
-    gemv_loop<NT, 2, true>(wr, xs, K, lane * 8, acc);
+    gemv_rows_xs<NT, 2>(wr, K, lane, acc);
     qkv_rope_store<NT>(m, r, p, acc, lane);
   }
 }
