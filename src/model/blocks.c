@@ -122,15 +122,20 @@ static int res_output(const struct fwd *f, struct block_res *res, const void *x,
   return rc;
 }
 
+/* Layer L's q/k/v weights and their biases (NULL where absent), as matmul_n takes them. */
+static void qkv_weights(const struct layer_weights *L, const struct weight *ws[3], const struct weight *bs[3]) {
+  ws[0] = &L->wq, ws[1] = &L->wk, ws[2] = &L->wv;
+  bs[0] = L->bq.data ? &L->bq : NULL, bs[1] = L->bk.data ? &L->bk : NULL, bs[2] = L->bv.data ? &L->bv : NULL;
+}
+
 /* q/k/v from wq/wk/wv (+ biases) as one fused matmul_n where the backend has it, else three
  * matmuls (1 when given PRE and not fused). */
 static int qkv_separate(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
   struct backend *be = f->be;
   const struct layer_weights *L = &f->layers[l];
   void *const outs[3] = {f->q, f->k, f->v};
-  const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
-  const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
-                                      L->bv.data ? &L->bv : NULL};
+  const struct weight *ws[3], *bs[3];
+  qkv_weights(L, ws, bs);
   int rc = be->ops->matmul_n ? be->ops->matmul_n(be, 3, outs, x, pre, ws, bs, f->T) : 1;
   if (rc != 1 || pre)
     return rc;
@@ -159,9 +164,8 @@ static int qkv_fused(const struct fwd *f, int l, const void *x, const struct bac
 static int qkv_rope(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre) {
   struct backend *be = f->be;
   const struct layer_weights *L = &f->layers[l];
-  const struct weight *const ws[3] = {&L->wq, &L->wk, &L->wv};
-  const struct weight *const bs[3] = {L->bq.data ? &L->bq : NULL, L->bk.data ? &L->bk : NULL,
-                                      L->bv.data ? &L->bv : NULL};
+  const struct weight *ws[3], *bs[3];
+  qkv_weights(L, ws, bs);
   return be->ops->matmul_qkv_rope(be, f->q, f->k, f->v, x, pre, ws, bs, &f->kv[l], f->b, f->c->n_heads, f->rope);
 }
 
