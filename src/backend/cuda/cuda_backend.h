@@ -262,11 +262,18 @@ int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, co
 /* Bytes of the int8 activations of T rows of K values (cuda_quant_gemv.cu; kept in deq_scratch). */
 size_t cuda_quant_x8_bytes(int T, int64_t K);
 /* matmul_n / matmul_silu_mul on quantized weights of one type (cuda_quant_gemv.cu): 0 done, 1 not
- * applicable (the caller goes on), -1 error; cuda_op_matmul_n / cuda_op_matmul_silu_mul call them first. */
-int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
-                        const struct weight *const biases[], int T);
-int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
-                               const struct weight *up, int T);
+ * applicable (the caller goes on), -1 error; cuda_op_matmul_n / cuda_op_matmul_silu_mul call them first.
+ * PRE (struct backend_prenorm, f32 or bf16 norm weight) is applied inside the quantization of x,
+ * bit for bit as rmsnorm then the op; PRE->xn is left alone. */
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[], const struct weight *const biases[], int T);
+int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                               const struct weight *gate, const struct weight *up, int T);
+/* matmul_add (backend.h) on a quantized weight, T <= CUDA_QGEMV_MAX_T: resid(T, w->rows) +=
+ * x(T, w->cols) @ w^T, each product rounded to bf16 and added as rmsnorm_kernel's residual add
+ * rounds it, in the GEMV's epilogue (bit for bit matmul + that add; no scratch). 0 / 1 / -1 as
+ * cuda_quant_matmul_n; the matmul_add op calls it first for quantized weights. */
+int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T);
 
 /* Block sizes the paged kernels are compiled for; anything else is refused with this list. */
 static inline int cuda_block_size_ok(int bs) { return bs == 8 || bs == 16 || bs == 32; }
