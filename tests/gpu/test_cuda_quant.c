@@ -447,7 +447,7 @@ static void poison_act(void *d, size_t n) {
   free(p);
 }
 
-/* matmul_n (q/k/v with an f32 bias, none, a bf16 one) and matmul_silu_mul with a prenorm (struct
+/* matmul_n (q/k/v, f32 biases on q and v) and matmul_silu_mul with a prenorm (struct
  * backend_prenorm, NW_BF16: the norm weight as bf16, else f32) on quantized weights of one type,
  * K columns, T = 1..9: with the integer-dot kernel (T <= 8), byte for byte what CUDA's rmsnorm
  * followed by the same op without a prenorm gives (the norm is computed inside the quantization
