@@ -6,7 +6,8 @@
 # GEMV's epilogue (matmul_add).
 #  1. GPU tests: test_cuda_quant (prenorm and matmul_add byte-equal to the separate ops),
 #     test_cuda_ops, test_cuda_model;
-#  2. bench/cuda_quant at T = 1 (microseconds per quantized matmul), PAGODA_PDL=1 then 0;
+#  2. bench/cuda_quant at T = 1 (microseconds per quantized matmul) and `bench/cuda_quant fused`
+#     (the prenorm and add forms against the launches they replace), PAGODA_PDL=1 then 0;
 #  3. `pagoda bench` on random bf16 safetensors of the Llama-3.1-8B shape
 #     (tools/make_dummy_model.py, made in the background meanwhile), batch 1 (1 x (512 in, 128
 #     out), greedy): bf16 weights, --isq 8 and --isq 4, with PAGODA_PDL=1 and 0, twice, then
@@ -38,6 +39,8 @@ fi
 for pdl in 1 0; do
   el "bench/cuda_quant 20 1 (T = 1), PAGODA_PDL=$pdl"
   PAGODA_PDL=$pdl $B/bench/cuda_quant 20 1 | tee "$out/cuda_quant_pdl$pdl.txt"
+  el "bench/cuda_quant fused 200 (prenorm / add against the separate launches), PAGODA_PDL=$pdl"
+  PAGODA_PDL=$pdl $B/bench/cuda_quant fused 200 | tee "$out/cuda_quant_fused_pdl$pdl.txt"
 done
 # one run: NAME [VAR=value...] -- pagoda bench args; prints TPOT p50 and the digest
 bench8b() {
