@@ -32,6 +32,11 @@
  * rel L2 (random weights add the errors incoherently); TOL_I8_VS_EXACT leaves 2.5x room. */
 #define TOL_GEMV_I8 3e-5
 #define TOL_I8_VS_EXACT 1e-2
+/* The fused forms (prenorm, matmul_add) against the CPU backend's sequences: both quantize the
+ * activations to int8 blocks, but the CPU normalizes in f32 (its act dtype) where CUDA rounds the
+ * normalized x to bf16, and it stores each block's scale as f16, so the two int8 roundings are
+ * independent: about sqrt(2) / 254 = 5.6e-3 relative rms, plus the bf16 outputs (2^-9 each). */
+#define TOL_FUSED_VS_CPU 2e-2
 
 struct qcase {
   enum dtype t;
@@ -412,6 +417,251 @@ static void test_fused(const struct qcase *qc, int K) {
   free(ref);
 }
 
+/* Raw bytes of N bf16 elements of the GPU buffer D. */
+static uint16_t *get_raw16(const void *d, size_t n) {
+  uint16_t *h = malloc(2 * n + 2);
+  if (pair_be[1]->ops->download(pair_be[1], h, d, 2 * n))
+    pair_die("download");
+  return h;
+}
+
+/* Whether the GPU buffers A and B hold the same N bf16 elements bit for bit (the first
+ * difference is printed). */
+static int same_bits(const void *a, const void *b, size_t n, const char *what) {
+  uint16_t *x = get_raw16(a, n), *y = get_raw16(b, n);
+  size_t i = 0;
+  while (i < n && x[i] == y[i])
+    i++;
+  if (i < n)
+    printf("  %s: element %zu is 0x%04x, the separate ops give 0x%04x\n", what, i, x[i], y[i]);
+  free(x);
+  free(y);
+  return i == n;
+}
+
+static void poison_act(void *d, size_t n) {
+  uint8_t *p = malloc(2 * n + 2);
+  memset(p, 0xff, 2 * n);
+  if (pair_be[1]->ops->upload(pair_be[1], d, p, 2 * n))
+    pair_die("upload");
+  free(p);
+}
+
+/* matmul_n (q/k/v, f32 biases on q and v) and matmul_silu_mul with a prenorm (struct
+ * backend_prenorm, NW_BF16: the norm weight as bf16, else f32) on quantized weights of one type,
+ * K columns, T = 1..9: with the integer-dot kernel (T <= 8), byte for byte what CUDA's rmsnorm
+ * followed by the same op without a prenorm gives (the norm is computed inside the quantization
+ * of x, in rmsnorm_kernel's order), and close to the CPU backend's sequence; elsewhere (T = 9,
+ * types and layouts without that kernel) 1, so that the caller runs rmsnorm first. */
+static void test_prenorm(const struct qcase *qc, int K, int nw_bf16) {
+  struct backend *be = pair_be[1], *cpu = pair_be[0];
+  enum { NM = 3, TMAX = 9 };
+  const int N[NM] = {72, 24, 24}; /* q, k, v rows; gate / up: k's and v's matrices */
+  const float eps = 1e-5f;
+  struct weight w[NM], wc[NM], bias[2], biasc[2], nw, nwc;
+  uint8_t *wq[NM];
+  size_t bytes;
+  for (int m = 0; m < NM; m++) {
+    wq[m] = random_blocks(qc, N[m], K, &bytes);
+    if (be->ops->weight_from_host(be, &w[m], wq[m], qc->t, N[m], K) ||
+        cpu->ops->weight_from_host(cpu, &wc[m], wq[m], qc->t, N[m], K))
+      pair_die("weight_from_host");
+  }
+  float bq[72], bv[24];
+  pair_fill(bq, 72, 0.5f);
+  pair_fill(bv, 24, 0.5f);
+  if (be->ops->weight_from_host(be, &bias[0], bq, DTYPE_F32, 1, 72) ||
+      be->ops->weight_from_host(be, &bias[1], bv, DTYPE_F32, 1, 24) ||
+      cpu->ops->weight_from_host(cpu, &biasc[0], bq, DTYPE_F32, 1, 72) ||
+      cpu->ops->weight_from_host(cpu, &biasc[1], bv, DTYPE_F32, 1, 24))
+    pair_die("weight_from_host bias");
+  /* the norm weight: bf16-representable values in [0.5, 1.5), so both dtypes hold the same */
+  float *g = malloc(sizeof(float) * K);
+  uint16_t *gb = malloc(2 * (size_t)K);
+  for (int k = 0; k < K; k++) {
+    g[k] = 1.0f + pair_rnd(0.5f);
+    gb[k] = f32_to_bf16(g[k]);
+    g[k] = bf16_to_f32(gb[k]);
+  }
+  if (cpu->ops->weight_from_host(cpu, &nwc, g, DTYPE_F32, 1, K))
+    pair_die("weight_from_host norm");
+  if (nw_bf16) { /* weight_from_host makes vectors f32: a bf16 one by hand, as rmsnorm reads both */
+    nw = (struct weight){.data = pair_alloc1(1, 2 * (size_t)K), .dtype = DTYPE_BF16, .rows = 1, .cols = K};
+    if (be->ops->upload(be, nw.data, gb, 2 * (size_t)K))
+      pair_die("upload");
+  } else if (be->ops->weight_from_host(be, &nw, g, DTYPE_F32, 1, K)) {
+    pair_die("weight_from_host norm");
+  }
+  float *x = malloc(sizeof(float) * TMAX * K);
+  pair_fill(x, (size_t)TMAX * K, 2.0f);
+  struct dbuf dx = pair_acts(x, (size_t)TMAX * K), dxn = pair_poisoned((size_t)TMAX * K);
+  void *xn_fused = pair_alloc1(1, 2 * (size_t)TMAX * K); /* PRE->xn of the fused call */
+  void *fo[NM], *so[NM], *co[NM], *cs[2];
+  for (int m = 0; m < NM; m++) {
+    fo[m] = pair_alloc1(1, 2 * (size_t)TMAX * N[m]);
+    so[m] = pair_alloc1(1, 2 * (size_t)TMAX * N[m]);
+    co[m] = pair_alloc1(0, 4 * (size_t)TMAX * N[m]);
+  }
+  cs[0] = pair_alloc1(0, 4 * (size_t)TMAX * 24);
+  cs[1] = pair_alloc1(0, 4 * (size_t)TMAX * 24);
+  float *got = malloc(sizeof(float) * TMAX * 72), *ref = malloc(sizeof(float) * TMAX * 72);
+  const int i8 = i8_path(qc->t, K);
+  char what[128];
+  const struct weight *ws[NM] = {&w[0], &w[1], &w[2]}, *bs[NM] = {&bias[0], NULL, &bias[1]};
+  const struct weight *wsc[NM] = {&wc[0], &wc[1], &wc[2]}, *bsc[NM] = {&biasc[0], NULL, &biasc[1]};
+  for (int T = 1; T <= TMAX; T++) {
+    const int want = i8 && T <= 8 ? 0 : 1;
+    const struct backend_prenorm pre = {.w = &nw, .eps = eps, .xn = xn_fused};
+    const struct backend_prenorm prec = {.w = &nwc, .eps = eps, .xn = dxn.p[0]};
+    for (int m = 0; m < NM; m++)
+      poison_act(fo[m], (size_t)T * N[m]);
+    int rc = be->ops->matmul_n(be, NM, fo, dx.p[1], &pre, ws, bs, T);
+    if (rc < 0)
+      pair_die("matmul_n prenorm");
+    snprintf(what, sizeof what, "%s matmul_n prenorm (%s norm) T=%d K=%d", dtype_name(qc->t), nw_bf16 ? "bf16" : "f32",
+             T, K);
+    CHECK(rc == want, "%s: answered %d, expected %d", what, rc, want);
+    /* CUDA's separate ops: rmsnorm, then the op without a prenorm on its output */
+    if (be->ops->rmsnorm(be, dxn.p[1], NULL, dx.p[1], &nw, T, K, eps))
+      pair_die("rmsnorm");
+    if (rc == 0) {
+      if (be->ops->matmul_n(be, NM, so, dxn.p[1], NULL, ws, bs, T) != 0 ||
+          cpu->ops->matmul_n(cpu, NM, co, dx.p[0], &prec, wsc, bsc, T))
+        pair_die("matmul_n");
+      for (int m = 0; m < NM; m++) {
+        char w2[160];
+        snprintf(w2, sizeof w2, "%s [%d]", what, m);
+        CHECK(same_bits(fo[m], so[m], (size_t)T * N[m], w2), "%s: differs from rmsnorm + matmul_n", w2);
+        pair_get_act(1, got, fo[m], (size_t)T * N[m]);
+        pair_get_act(0, ref, co[m], (size_t)T * N[m]);
+        snprintf(w2, sizeof w2, "%s [%d] vs cpu", what, m);
+        pair_expect(w2, got, ref, (size_t)T * N[m], TOL_FUSED_VS_CPU);
+      }
+    }
+    poison_act(fo[0], (size_t)T * 24);
+    rc = be->ops->matmul_silu_mul(be, fo[0], dx.p[1], &pre, &w[1], &w[2], T);
+    if (rc < 0)
+      pair_die("matmul_silu_mul prenorm");
+    snprintf(what, sizeof what, "%s matmul_silu_mul prenorm (%s norm) T=%d K=%d", dtype_name(qc->t),
+             nw_bf16 ? "bf16" : "f32", T, K);
+    CHECK(rc == want, "%s: answered %d, expected %d", what, rc, want);
+    if (rc == 0) {
+      if (be->ops->matmul_silu_mul(be, so[0], dxn.p[1], NULL, &w[1], &w[2], T) != 0)
+        pair_die("matmul_silu_mul");
+      CHECK(same_bits(fo[0], so[0], (size_t)T * 24, what), "%s: differs from rmsnorm + matmul_silu_mul", what);
+      if (cpu->ops->rmsnorm(cpu, dxn.p[0], NULL, dx.p[0], &nwc, T, K, eps) ||
+          cpu->ops->matmul(cpu, cs[0], dxn.p[0], &wc[1], NULL, T, 0) ||
+          cpu->ops->matmul(cpu, cs[1], dxn.p[0], &wc[2], NULL, T, 0) ||
+          cpu->ops->silu_mul(cpu, co[0], cs[0], cs[1], T, 24))
+        pair_die("cpu rmsnorm, matmul, silu_mul");
+      pair_get_act(1, got, fo[0], (size_t)T * 24);
+      pair_get_act(0, ref, co[0], (size_t)T * 24);
+      char w2[160];
+      snprintf(w2, sizeof w2, "%s vs cpu", what);
+      pair_expect(w2, got, ref, (size_t)T * 24, TOL_FUSED_VS_CPU);
+    }
+  }
+  for (int m = 0; m < NM; m++) {
+    be->ops->weight_free(be, &w[m]);
+    cpu->ops->weight_free(cpu, &wc[m]);
+    be->ops->free(be, fo[m]);
+    be->ops->free(be, so[m]);
+    cpu->ops->free(cpu, co[m]);
+    free(wq[m]);
+  }
+  for (int i = 0; i < 2; i++) {
+    be->ops->weight_free(be, &bias[i]);
+    cpu->ops->weight_free(cpu, &biasc[i]);
+    cpu->ops->free(cpu, cs[i]);
+  }
+  if (nw_bf16)
+    be->ops->free(be, nw.data);
+  else
+    be->ops->weight_free(be, &nw);
+  cpu->ops->weight_free(cpu, &nwc);
+  pair_free(dx);
+  pair_free(dxn);
+  be->ops->free(be, xn_fused);
+  free(g);
+  free(gb);
+  free(x);
+  free(got);
+  free(ref);
+}
+
+/* matmul_add on a quantized weight (N x K), T = 1..9: resid += x @ W^T with the product rounded
+ * to bf16 and added as rmsnorm's residual add rounds it. Byte for byte the separate ops (matmul
+ * into a buffer, then rmsnorm with that buffer as the residual's addend; whatever path the op
+ * takes), and close to the CPU's matmul_add; with the integer-dot kernel (T <= 8) it must be done
+ * in one call (0: cuda_quant_matmul_add, which the op, cuda_op_matmul_add, calls first for
+ * quantized weights). */
+static void test_matmul_add(const struct qcase *qc, int N, int K) {
+  struct backend *be = pair_be[1], *cpu = pair_be[0];
+  CHECK(be->ops->matmul_add != NULL, "the CUDA backend registers matmul_add");
+  if (!be->ops->matmul_add)
+    return;
+  enum { TMAX = 9 };
+  size_t bytes;
+  uint8_t *wq = random_blocks(qc, N, K, &bytes);
+  struct weight w, wc, ones;
+  if (be->ops->weight_from_host(be, &w, wq, qc->t, N, K) || cpu->ops->weight_from_host(cpu, &wc, wq, qc->t, N, K))
+    pair_die("weight_from_host");
+  float *h = malloc(sizeof(float) * (size_t)N);
+  for (int i = 0; i < N; i++)
+    h[i] = 1.0f;
+  if (be->ops->weight_from_host(be, &ones, h, DTYPE_F32, 1, N))
+    pair_die("weight_from_host");
+  float *x = malloc(sizeof(float) * TMAX * K), *r0 = malloc(sizeof(float) * TMAX * N);
+  pair_fill(x, (size_t)TMAX * K, 1.0f);
+  /* the residual about as large as the products (|out| ~ 0.05 sqrt(K) for these weights) */
+  pair_fill(r0, (size_t)TMAX * N, 2.0f);
+  struct dbuf dx = pair_acts(x, (size_t)TMAX * K), rf = pair_acts(r0, (size_t)TMAX * N);
+  void *rs = pair_alloc1(1, 2 * (size_t)TMAX * N), *tmp = pair_alloc1(1, 2 * (size_t)TMAX * N);
+  void *nout = pair_alloc1(1, 2 * (size_t)TMAX * N), *scratch = pair_alloc1(1, 2 * (size_t)TMAX * N);
+  void *cscratch = pair_alloc1(0, 4 * (size_t)TMAX * N);
+  float *got = malloc(sizeof(float) * TMAX * N), *ref = malloc(sizeof(float) * TMAX * N);
+  const int i8 = i8_path(qc->t, K);
+  char what[128];
+  for (int T = 1; T <= TMAX; T++) {
+    for (int i = 0; i < 2; i++)
+      pair_put_act(i, rf.p[i], r0, (size_t)TMAX * N);
+    pair_put_act(1, rs, r0, (size_t)TMAX * N);
+    snprintf(what, sizeof what, "%s matmul_add N=%d K=%d T=%d", dtype_name(qc->t), N, K, T);
+    int rc = be->ops->matmul_add(be, rf.p[1], dx.p[1], &w, scratch, T);
+    if (rc < 0)
+      pair_die("matmul_add");
+    if (i8 && T <= 8)
+      CHECK(rc == 0, "%s: answered %d (the integer-dot GEMV's epilogue takes it: cuda_quant_matmul_add)", what, rc);
+    if (rc == 1 && (be->ops->matmul(be, scratch, dx.p[1], &w, NULL, T, 0) ||
+                    be->ops->rmsnorm(be, nout, rf.p[1], scratch, &ones, T, N, 1e-5f)))
+      pair_die("matmul, rmsnorm");
+    if (be->ops->matmul(be, tmp, dx.p[1], &w, NULL, T, 0) || be->ops->rmsnorm(be, nout, rs, tmp, &ones, T, N, 1e-5f) ||
+        cpu->ops->matmul_add(cpu, rf.p[0], dx.p[0], &wc, cscratch, T))
+      pair_die("matmul, rmsnorm");
+    CHECK(same_bits(rf.p[1], rs, (size_t)TMAX * N, what), "%s: differs from matmul + rmsnorm's residual add", what);
+    pair_get_act(1, got, rf.p[1], (size_t)T * N);
+    pair_get_act(0, ref, rf.p[0], (size_t)T * N);
+    snprintf(what, sizeof what, "%s matmul_add N=%d K=%d T=%d vs cpu", dtype_name(qc->t), N, K, T);
+    pair_expect(what, got, ref, (size_t)T * N, TOL_FUSED_VS_CPU);
+  }
+  be->ops->weight_free(be, &w);
+  be->ops->weight_free(be, &ones);
+  cpu->ops->weight_free(cpu, &wc);
+  pair_free(dx);
+  pair_free(rf);
+  be->ops->free(be, rs);
+  be->ops->free(be, tmp);
+  be->ops->free(be, nout);
+  be->ops->free(be, scratch);
+  cpu->ops->free(cpu, cscratch);
+  free(wq);
+  free(h);
+  free(x);
+  free(r0);
+  free(got);
+  free(ref);
+}
+
 /* Different types in one matmul_n are not fused: 1, and the caller's separate matmuls. */
 static void test_fused_mixed(void) {
   struct backend *be = pair_be[1];
@@ -427,6 +677,21 @@ static void test_fused_mixed(void) {
   CHECK(rc == 1, "matmul_n of Q4_K and Q6_K answered %d (expected 1: separate matmuls)", rc);
   rc = be->ops->matmul_silu_mul(be, o[0], dx, NULL, &w[0], &w[1], 1);
   CHECK(rc == 1, "matmul_silu_mul of Q4_K and Q6_K answered %d (expected 1)", rc);
+  /* ... nor with a prenorm */
+  float g[512];
+  for (int k = 0; k < 512; k++)
+    g[k] = 1.0f;
+  struct weight nw;
+  if (be->ops->weight_from_host(be, &nw, g, DTYPE_F32, 1, 512))
+    pair_die("weight_from_host");
+  void *xn = pair_alloc1(1, 2 * 512);
+  const struct backend_prenorm pre = {.w = &nw, .eps = 1e-5f, .xn = xn};
+  rc = be->ops->matmul_n(be, 2, o, dx, &pre, ws, NULL, 1);
+  CHECK(rc == 1, "matmul_n of Q4_K and Q6_K with a prenorm answered %d (expected 1)", rc);
+  rc = be->ops->matmul_silu_mul(be, o[0], dx, &pre, &w[0], &w[1], 1);
+  CHECK(rc == 1, "matmul_silu_mul of Q4_K and Q6_K with a prenorm answered %d (expected 1)", rc);
+  be->ops->weight_free(be, &nw);
+  be->ops->free(be, xn);
   for (int i = 0; i < 2; i++) {
     be->ops->weight_free(be, &w[i]);
     be->ops->free(be, o[i]);
@@ -484,6 +749,18 @@ int main(void) {
     for (int K = 512; K <= 6144; K += 5632)
       if (i8_path(cases[i].t, K))
         test_fused(&cases[i], K);
+  /* prenorm and matmul_add: every type (those without the integer-dot kernel answer 1), row
+   * lengths on both sides of rmsnorm_kernel's 1024 threads (768: 768 threads; 1280: two passes of
+   * 1024 for some threads) and the 8B shape's 4096, f32 and bf16 norm weights */
+  static const int pre_k[] = {768, 1024, 1280, 4096};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t k = 0; k < sizeof pre_k / sizeof pre_k[0]; k++)
+      for (int bf = 0; bf < 2; bf++)
+        test_prenorm(&cases[i], pre_k[k], bf);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    test_matmul_add(&cases[i], 1000, 1024);
+    test_matmul_add(&cases[i], 264, 4096);
+  }
   test_fused_mixed();
   test_refused();
   pair_close();

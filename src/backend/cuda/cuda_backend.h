@@ -125,7 +125,8 @@ struct cuda_backend {
                               * fused_norm / fused_rope the prenorm forms, matmul_add, matmul_qkv_rope) answer 1 */
   int fused_silu;            /* 0 when PAGODA_FUSED_SILU=0: only matmul_silu_mul answers 1 */
   int fused_norm;            /* 0 when PAGODA_FUSED_NORM=0 (or PAGODA_FUSED_OPS=0): the prenorm forms of
-                              * matmul_n / matmul_silu_mul and matmul_add answer 1 (cuda_gemv.cu) */
+                              * matmul_n / matmul_silu_mul and matmul_add answer 1 (cuda_gemv.cu, and
+                              * cuda_quant_gemv.cu for quantized weights) */
   int fused_rope;            /* 0 when PAGODA_FUSED_ROPE=0 (or PAGODA_FUSED_OPS=0): matmul_qkv_rope answers 1
                               * (the model runs matmul_n and rope_kv_write instead) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
@@ -275,15 +276,15 @@ long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const out
                                const struct weight *const biases[], long long max_rows);
 /* The fused ops of backend.h (cuda_gemv.cu, cuda_ops.cu): 1 (nothing enqueued) for what their
  * kernels do not cover (quantized or mixed weights, T > gemv_max_t, other KV dtypes; with a
- * prenorm also quantized weights, rows past CUDA_GEMV_PRE_SMEM, cb->fused_norm 0), and always
+ * prenorm also rows past CUDA_GEMV_PRE_SMEM, cb->fused_norm 0), and always
  * when cb->fused_ops is 0. */
 int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
                      const struct weight *const ws[],
                      const struct weight *const biases[], int T);
 int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
                             const struct weight *gate, const struct weight *up, int T);
-/* resid += x @ W^T for bf16 W on the GEMV (backend.h matmul_add): 1 where matmul would not take the
- * GEMV (T > gemv_max_t, K not a multiple of 8, quantized weights) and when cb->fused_norm is 0. */
+/* resid += x @ W^T on the GEMV (backend.h matmul_add; quantized W: cuda_quant_matmul_add): 1 where
+ * matmul would not take the GEMV (T > gemv_max_t, K not a multiple of 8) and when cb->fused_norm is 0. */
 int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, void *scratch, int T);
 /* q/k/v, RoPE and the KV write in one kernel (backend.h matmul_qkv_rope; cuda_gemv.cu): 1 for what
  * it does not cover (besides matmul_n's cases: LongRoPE, an odd head_dim, other KV dtypes or block
@@ -313,11 +314,18 @@ int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, co
 /* Bytes of the int8 activations of T rows of K values (cuda_quant_gemv.cu; kept in deq_scratch). */
 size_t cuda_quant_x8_bytes(int T, int64_t K);
 /* matmul_n / matmul_silu_mul on quantized weights of one type (cuda_quant_gemv.cu): 0 done, 1 not
- * applicable (the caller goes on), -1 error; cuda_op_matmul_n / cuda_op_matmul_silu_mul call them first. */
-int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
-                        const struct weight *const biases[], int T);
-int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
-                               const struct weight *up, int T);
+ * applicable (the caller goes on), -1 error; cuda_op_matmul_n / cuda_op_matmul_silu_mul call them first.
+ * PRE (struct backend_prenorm, f32 or bf16 norm weight) is applied inside the quantization of x,
+ * bit for bit as rmsnorm then the op; PRE->xn is left alone. */
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[], const struct weight *const biases[], int T);
+int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                               const struct weight *gate, const struct weight *up, int T);
+/* matmul_add (backend.h) on a quantized weight, T <= CUDA_QGEMV_MAX_T: resid(T, w->rows) +=
+ * x(T, w->cols) @ w^T, each product rounded to bf16 and added as rmsnorm_kernel's residual add
+ * rounds it, in the GEMV's epilogue (bit for bit matmul + that add; no scratch). 0 / 1 / -1 as
+ * cuda_quant_matmul_n; the matmul_add op calls it first for quantized weights. */
+int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T);
 
 /* Block sizes the paged kernels are compiled for; anything else is refused with this list. */
 static inline int cuda_block_size_ok(int bs) { return bs == 8 || bs == 16 || bs == 32; }

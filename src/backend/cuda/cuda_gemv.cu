@@ -685,10 +685,10 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   struct cuda_backend *cb = cuda_be(be);
   if (n < 1 || n > BACKEND_MATMUL_N_MAX)
     return ERR("cuda matmul_n: n = %d (1..%d)", n, BACKEND_MATMUL_N_MAX);
+  if (cuda_quant_type(ws[0]->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
+    return cuda_quant_matmul_n(be, n, outs, x, pre, ws, biases, T);
   if (pre) /* 1: the caller's rmsnorm first, then this op again without PRE */
     return gemv_multi_pre(cb, n, outs, x, pre, ws, biases, T);
-  if (cuda_quant_type(ws[0]->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
-    return cuda_quant_matmul_n(be, n, outs, x, ws, biases, T);
   if (be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, n, T))
     return 1; /* the separate matmuls */
   gemv_multi m;
@@ -714,8 +714,8 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   const struct weight *ws[2] = {gate, up};
   if (gate->rows != up->rows)
     return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
-  if (cuda_quant_type(gate->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu (no prologue yet) */
-    return pre ? 1 : cuda_quant_matmul_silu_mul(be, out, x, gate, up, T);
+  if (cuda_quant_type(gate->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
+    return cuda_quant_matmul_silu_mul(be, out, x, pre, gate, up, T);
   if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || !gemv_fusable(cb, ws, 2, T))
     return 1; /* matmul_n, then silu_mul */
   int F = (int)gate->rows, K = (int)gate->cols;
@@ -746,7 +746,9 @@ int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const str
   struct cuda_backend *cb = cuda_be(be);
   (void)scratch; /* the product stays on chip */
   const struct weight *ws[1] = {w};
-  /* what matmul would not run on the GEMV (quantized weights: no epilogue form yet), or off */
+  if (cuda_quant_type(w->dtype) >= 0) /* quantized weights: cuda_quant_gemv.cu */
+    return cuda_quant_matmul_add(be, resid, x, w, T);
+  /* what matmul would not run on the GEMV, or off */
   if (!cb->fused_norm || be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, 1, T))
     return 1;
   const int N = (int)w->rows, K = (int)w->cols;

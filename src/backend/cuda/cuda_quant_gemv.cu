@@ -27,8 +27,15 @@
  * Q6_K on the staged layout is a third, the integer-dot kernel further down (int8 activations,
  * __dp4a), which also runs the fused matmul_n and matmul_silu_mul on quantized weights.
  * Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two weight rows per warp
- * sharing each activation load was 10-50% slower at every shape, T <= 8. */
+ * sharing each activation load was 10-50% slower at every shape, T <= 8.
+ *
+ * Every kernel here is launched with programmatic dependent launch (cuda_pdl.cuh): the GEMVs
+ * issue their first weight loads (the staged ring's first QG_STAGES - 1 chunks, into the warp's
+ * own shared memory; the direct kernel: L2 prefetches) before pdl_wait(), since weights never
+ * change during a step, and trigger the next kernel right after the wait. */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh"
 
 #include <stdint.h>
@@ -47,6 +54,9 @@ typedef __nv_bfloat16 bf16;
 #endif
 #define QG_SLACK 16 /* bytes after each warp's buffers: cq_ld8<true> may read 3 past a chunk */
 #define QG_STREAM_ROWS 8 /* rows per resident warp from which the grid is capped (see qgemv_staged_launch) */
+
+/* Asks L2 for the 128-byte line holding P (a weight: may run before pdl_wait). */
+__device__ __forceinline__ void qg_prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 template <int QT> struct qg_chunk {
   static const int BYTES = QG_CHUNK / cq_traits<QT>::QK * cq_traits<QT>::BYTES; /* multiple of 16 */
@@ -140,7 +150,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32)
   } while (0)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; i++)
-    QG_ISSUE();
+    QG_ISSUE(); /* weights into this warp's shared memory: allowed before the wait (cuda_pdl.cuh) */
+  pdl_wait();    /* x is written by the kernel before */
+  pdl_trigger();
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
@@ -190,6 +202,13 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32)
   if (row >= N)
     return;
   const uint8_t *wr = W + (size_t)row * row_bytes;
+  /* the bytes of the first QGEMV_UNROLL warp steps into L2 */
+  const size_t pf0 = (size_t)QGEMV_UNROLL * 256 / cq_traits<QT>::QK * cq_traits<QT>::BYTES;
+  const size_t pf = row_bytes < pf0 ? row_bytes : pf0;
+  for (size_t o = (size_t)lane * 128; o < pf; o += 32 * 128)
+    qg_prefetch_l2(wr + o);
+  pdl_wait(); /* x is written by the kernel before */
+  pdl_trigger();
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
@@ -263,8 +282,8 @@ template <int QT, int NT, int STAGES> static int qg_resident_blocks(size_t smem)
 }
 
 template <int QT, int NT, int STAGES>
-static void qgemv_staged_launch(cudaStream_t st, void *out, int out_f32, const uint8_t *W, size_t row_bytes,
-                                const bf16 *x, int N, int K) {
+static cudaError_t qgemv_staged_launch(const struct cuda_backend *cb, void *out, int out_f32, const uint8_t *W,
+                                       size_t row_bytes, const bf16 *x, int N, int K) {
   size_t sm = QGEMV_WARPS * (STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
   int blocks = (N + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qg_resident_blocks<QT, NT, STAGES>(sm);
   /* Grid: one row per warp (the block scheduler balances the load) unless the matrix has more
@@ -281,35 +300,35 @@ static void qgemv_staged_launch(cudaStream_t st, void *out, int out_f32, const u
   } else if ((kc == 4 && blocks > fit) || (kc != 3 && blocks > QG_STREAM_ROWS * fit)) {
     blocks = fit;
   }
-  qgemv_staged_kernel<QT, NT, STAGES><<<blocks, QGEMV_WARPS * 32, sm, st>>>(out, out_f32, W, row_bytes, x, N, K);
+  return cuda_pdl_launch(cb, qgemv_staged_kernel<QT, NT, STAGES>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, out,
+                         out_f32, W, row_bytes, x, N, K);
 }
 
 template <int QT, int NT>
-static void qgemv_launch(cudaStream_t st, void *out, int out_f32, const struct weight *w,
-                         size_t row_bytes, const bf16 *x) {
+static cudaError_t qgemv_launch(const struct cuda_backend *cb, void *out, int out_f32, const struct weight *w,
+                                size_t row_bytes, const bf16 *x) {
   int N = (int)w->rows, K = (int)w->cols;
   const uint8_t *W = (const uint8_t *)w->data;
   int kc = qgemv_kernel_choice();
-  if (kc != 0 && row_bytes % 16 == 0 && K % 256 == 0 && (uintptr_t)W % 16 == 0) {
-    qgemv_staged_launch<QT, NT, QG_STAGES>(st, out, out_f32, W, row_bytes, x, N, K);
-    return;
-  }
+  if (kc != 0 && row_bytes % 16 == 0 && K % 256 == 0 && (uintptr_t)W % 16 == 0)
+    return qgemv_staged_launch<QT, NT, QG_STAGES>(cb, out, out_f32, W, row_bytes, x, N, K);
   dim3 grid((N + QGEMV_WARPS - 1) / QGEMV_WARPS);
-  qgemv_kernel<QT, NT><<<grid, QGEMV_WARPS * 32, 0, st>>>(out, out_f32, W, row_bytes, x, N, K);
+  return cuda_pdl_launch(cb, qgemv_kernel<QT, NT>, grid, dim3(QGEMV_WARPS * 32), 0, out, out_f32, W, row_bytes, x,
+                         N, K);
 }
 
 template <int QT>
-static void qgemv_dispatch_t(cudaStream_t st, void *out, int out_f32, const struct weight *w,
-                             size_t row_bytes, const bf16 *x, int T) {
+static cudaError_t qgemv_dispatch_t(const struct cuda_backend *cb, void *out, int out_f32, const struct weight *w,
+                                    size_t row_bytes, const bf16 *x, int T) {
   switch (T) {
-  case 1: qgemv_launch<QT, 1>(st, out, out_f32, w, row_bytes, x); break;
-  case 2: qgemv_launch<QT, 2>(st, out, out_f32, w, row_bytes, x); break;
-  case 3: qgemv_launch<QT, 3>(st, out, out_f32, w, row_bytes, x); break;
-  case 4: qgemv_launch<QT, 4>(st, out, out_f32, w, row_bytes, x); break;
-  case 5: qgemv_launch<QT, 5>(st, out, out_f32, w, row_bytes, x); break;
-  case 6: qgemv_launch<QT, 6>(st, out, out_f32, w, row_bytes, x); break;
-  case 7: qgemv_launch<QT, 7>(st, out, out_f32, w, row_bytes, x); break;
-  default: qgemv_launch<QT, 8>(st, out, out_f32, w, row_bytes, x); break;
+  case 1: return qgemv_launch<QT, 1>(cb, out, out_f32, w, row_bytes, x);
+  case 2: return qgemv_launch<QT, 2>(cb, out, out_f32, w, row_bytes, x);
+  case 3: return qgemv_launch<QT, 3>(cb, out, out_f32, w, row_bytes, x);
+  case 4: return qgemv_launch<QT, 4>(cb, out, out_f32, w, row_bytes, x);
+  case 5: return qgemv_launch<QT, 5>(cb, out, out_f32, w, row_bytes, x);
+  case 6: return qgemv_launch<QT, 6>(cb, out, out_f32, w, row_bytes, x);
+  case 7: return qgemv_launch<QT, 7>(cb, out, out_f32, w, row_bytes, x);
+  default: return qgemv_launch<QT, 8>(cb, out, out_f32, w, row_bytes, x);
   }
 }
 
@@ -332,12 +351,9 @@ static void qgemv_dispatch_t(cudaStream_t st, void *out, int out_f32, const stru
 /* Scratch for one pass of at most CUDA_QGEMV_MAX_T rows: int8 (T, K), then float2 (T, K / 32). */
 size_t cuda_quant_x8_bytes(int T, int64_t K) { return (size_t)T * (size_t)K + (size_t)T * (size_t)(K / 32) * 8; }
 
-__global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x; /* 8 values each, 4 threads per block of 32 */
-  if (i - (threadIdx.x & 31) >= n8)
-    return; /* n8 is a multiple of 32: a warp is all in or all out */
-  float v[8];
-  cq_bf16x8_f32(__ldg((const uint4 *)x + i), v);
+/* Quantizes the 8 values V, the group I of 8 (counted over all T rows), into xq / xd: four lanes
+ * (I % 4 = lane % 4, the same warp) hold one block of 32 and every lane of the warp calls it. */
+__device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float *v, size_t i) {
   float am = 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -359,6 +375,44 @@ __global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restric
   ((uint2 *)xq)[i] = make_uint2(w[0], w[1]);
   if ((i & 3) == 0)
     xd[i / 4] = make_float2(d, d * (float)s);
+}
+
+__global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8) {
+  PDL_ENTER(); /* x is written by the kernel before (cuda_pdl.cuh) */
+  const int i = blockIdx.x * blockDim.x + threadIdx.x; /* 8 values each, 4 threads per block of 32 */
+  if (i - (threadIdx.x & 31) >= n8)
+    return; /* n8 is a multiple of 32: a warp is all in or all out */
+  float v[8];
+  cq_bf16x8_f32(__ldg((const uint4 *)x + i), v);
+  qx_quantize8(xq, xd, v, (size_t)i);
+}
+
+/* With a prenorm (struct backend_prenorm): block t takes row t of x (K values, K % 256 == 0),
+ * computes its 1 / rms as rmsnorm_kernel does (norm_inv, cuda_norm.cuh: the same summation
+ * order, so the same bits), rounds each x * inv * w to bf16 as rmsnorm_kernel writes it
+ * (norm_elem), and quantizes those values exactly as qx_quantize_kernel quantizes a stored
+ * rmsnorm output: one launch where rmsnorm + qx_quantize took two, bit for bit the same xq / xd.
+ * NW warps (1024 threads: rmsnorm_kernel's count from K = 1024 on), 8 values per thread per
+ * pass; K / 8 is a multiple of 32, so a warp is all in or all out of a pass. */
+#define QX_NORM_WARPS 32
+template <int NW>
+__global__ void __launch_bounds__(NW * 32)
+    qx_norm_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, const void *__restrict__ nw,
+                            int nw_f32, int K, float eps) {
+  __shared__ float part[32];
+  PDL_ENTER(); /* x is written by the kernel before (cuda_pdl.cuh) */
+  const bf16 *xr = x + (size_t)blockIdx.x * K;
+  const float inv = norm_inv<NW>(xr, K, eps, part);
+  const int n8 = K / 8;
+  for (int g = threadIdx.x; g < n8; g += NW * 32) {
+    const uint4 u = *((const uint4 *)xr + g);
+    const bf16 *xb = (const bf16 *)&u;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+      v[k] = __bfloat162float(norm_elem(xb[k], inv, norm_weight_at(nw, nw_f32, (size_t)g * 8 + k)));
+    qx_quantize8(xq, xd, v, (size_t)blockIdx.x * n8 + g);
+  }
 }
 
 /* Types with an integer-dot step below. */
@@ -508,10 +562,13 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
  * R = 1: units are the rows of up to BACKEND_MATMUL_N_MAX matrices of one type and K (matrix i
  * owns units [row0[i], row0[i + 1])), out[i](T, N[i]) = x @ W[i]^T, f32 when out_f32, else
  * bf16 with the bias (f32 or bf16, optional) added after the product's bf16 rounding, as the
- * separate matmul and add_bias do. R = 2: unit f is gate row f (W[0]) and up row f (W[1]),
- * out[0](T, F) = silu(g) * u on the bf16-rounded products, as silu_mul does. */
+ * separate matmul and add_bias do; with ADD (one matrix, no bias, bf16) out[0] is the residual
+ * stream and each product, rounded to bf16, is added into it as rmsnorm_kernel's residual add
+ * rounds it: r = bf16(float(bf16(acc)) + float(r)) (matmul_add). R = 2: unit f is gate row f
+ * (W[0]) and up row f (W[1]), out[0](T, F) = silu(g) * u on the bf16-rounded products, as
+ * silu_mul does. */
 struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_backend.h */
-  int units, out_f32, K;
+  int units, out_f32, add, K;
   size_t row_bytes;
   const int8_t *xq;
   const float2 *xd;
@@ -564,7 +621,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   };
 #pragma unroll
   for (int i = 0; i < STAGES - 1; i++)
-    issue();
+    issue(); /* weights into this warp's shared memory: allowed before the wait (cuda_pdl.cuh) */
+  pdl_wait();    /* xq / xd (and the residual of ADD) are written by the kernels before */
+  pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
   float acc[NT], g[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
@@ -623,6 +682,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
             for (int t = 0; t < NT; t++) {
               if (a.out_f32) {
                 ((float *)a.out[i])[(size_t)t * N + row] = acc[t];
+              } else if (a.add) { /* as rmsnorm_kernel's residual add */
+                bf16 *rp = (bf16 *)a.out[i] + (size_t)t * N + row;
+                *rp = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[t])) + __bfloat162float(*rp));
               } else {
                 bf16 v = __float2bfloat16(acc[t]);
                 if (bias)
@@ -675,7 +737,7 @@ static int qi_stream_rows(void) {
 
 /* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
  * that is more than qi_stream_rows() units per resident warp). */
-template <int QT, int NT, int R> static void qi_launch(cudaStream_t st, const qi_args &a) {
+template <int QT, int NT, int R> static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   const size_t sm = QGEMV_WARPS * (QG_STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
   int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R>(sm);
   const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
@@ -685,19 +747,19 @@ template <int QT, int NT, int R> static void qi_launch(cudaStream_t st, const qi
   } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
     blocks = fit;
   }
-  qgemv_i8_kernel<QT, NT, R, QG_STAGES><<<blocks, QGEMV_WARPS * 32, sm, st>>>(a);
+  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, QG_STAGES>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
 }
 
-template <int QT, int R> static void qi_dispatch_t(cudaStream_t st, const qi_args &a, int T) {
+template <int QT, int R> static cudaError_t qi_dispatch_t(const struct cuda_backend *cb, const qi_args &a, int T) {
   switch (T) {
-  case 1: qi_launch<QT, 1, R>(st, a); break;
-  case 2: qi_launch<QT, 2, R>(st, a); break;
-  case 3: qi_launch<QT, 3, R>(st, a); break;
-  case 4: qi_launch<QT, 4, R>(st, a); break;
-  case 5: qi_launch<QT, 5, R>(st, a); break;
-  case 6: qi_launch<QT, 6, R>(st, a); break;
-  case 7: qi_launch<QT, 7, R>(st, a); break;
-  default: qi_launch<QT, 8, R>(st, a); break;
+  case 1: return qi_launch<QT, 1, R>(cb, a);
+  case 2: return qi_launch<QT, 2, R>(cb, a);
+  case 3: return qi_launch<QT, 3, R>(cb, a);
+  case 4: return qi_launch<QT, 4, R>(cb, a);
+  case 5: return qi_launch<QT, 5, R>(cb, a);
+  case 6: return qi_launch<QT, 6, R>(cb, a);
+  case 7: return qi_launch<QT, 7, R>(cb, a);
+  default: return qi_launch<QT, 8, R>(cb, a);
   }
 }
 
@@ -730,25 +792,46 @@ static int qi_applies(struct cuda_backend *cb, int qt, int64_t K, const void *wd
          cb->deq_scratch_bytes >= cuda_quant_x8_bytes(CUDA_QGEMV_MAX_T, K);
 }
 
-/* Quantizes T <= CUDA_QGEMV_MAX_T rows of x into the scratch; fills a's xq / xd. */
-static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, int T, int K) {
+/* Quantizes T <= CUDA_QGEMV_MAX_T rows of x into the scratch, first normalized as struct
+ * backend_prenorm says when PRE is not NULL (qx_norm_quantize_kernel; checked by qi_prenorm_ok);
+ * fills a's xq / xd / K. */
+static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const struct backend_prenorm *pre, int T,
+                       int K) {
   int8_t *xq = (int8_t *)cb->deq_scratch;
   float2 *xd = (float2 *)(xq + (size_t)T * K);
-  const int n8 = T * K / 8, threads = 256;
-  qx_quantize_kernel<<<(n8 + threads - 1) / threads, threads, 0, cb->stream>>>(xq, xd, (const bf16 *)x, n8);
-  CUDA_LAUNCH_CHECK();
+  if (pre) {
+    CUDA_CHECK(cuda_pdl_launch(cb, qx_norm_quantize_kernel<QX_NORM_WARPS>, dim3(T), dim3(QX_NORM_WARPS * 32), 0, xq,
+                               xd, (const bf16 *)x, (const void *)pre->w->data, (int)(pre->w->dtype == DTYPE_F32), K,
+                               pre->eps));
+  } else {
+    const int n8 = T * K / 8, threads = 256;
+    CUDA_CHECK(cuda_pdl_launch(cb, qx_quantize_kernel, dim3((n8 + threads - 1) / threads), dim3(threads), 0, xq, xd,
+                               (const bf16 *)x, n8));
+  }
   a->xq = xq;
   a->xd = xd;
   a->K = K;
   return 0;
 }
 
-/* One pass (T <= CUDA_QGEMV_MAX_T) of the plain matmul through the integer-dot kernel. */
+/* One launch of the integer-dot kernel for A (R = 1: matrices, R = 2: gate / up) at T rows. */
+static int qi_run(struct cuda_backend *cb, int qt, const qi_args &a, int R, int T) {
+  cudaError_t err = cudaErrorInvalidValue; /* a type without the kernel: qi_applies said no */
+  if (R == 2)
+    QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 2>(cb, a, T)))
+  else
+    QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 1>(cb, a, T)))
+  CUDA_CHECK(err);
+  return 0;
+}
+
+/* One pass (T <= CUDA_QGEMV_MAX_T) of the plain matmul through the integer-dot kernel: out = x @
+ * w^T, or with ADD (bf16 out) out += x @ w^T as matmul_add (see qi_args). */
 static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *x, const struct weight *w, int T,
-                        int out_f32) {
+                        int out_f32, int add) {
   qi_args a;
   memset(&a, 0, sizeof a);
-  if (qx_quantize(cb, &a, x, T, (int)w->cols) != 0)
+  if (qx_quantize(cb, &a, x, NULL, T, (int)w->cols) != 0)
     return -1;
   a.W[0] = w->data;
   a.out[0] = out;
@@ -757,10 +840,9 @@ static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *
     a.row0[i] = (int)w->rows;
   a.units = (int)w->rows;
   a.out_f32 = out_f32;
+  a.add = add;
   a.row_bytes = cuda_quant_row_bytes(qt, w->cols);
-  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 1>(cb->stream, a, T)));
-  CUDA_LAUNCH_CHECK();
-  return 0;
+  return qi_run(cb, qt, a, 1, T);
 }
 
 /* Fused forms on quantized weights (backend.h, "Fused small ops"; the bf16 ones are in
@@ -777,11 +859,28 @@ static int qi_fusable(struct cuda_backend *cb, const struct weight *const *ws, i
   return 1;
 }
 
-int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct weight *const ws[],
-                        const struct weight *const biases[], int T) {
+/* Whether the x quantization takes PRE for rows of K values (qx_norm_quantize_kernel): an f32 or
+ * bf16 norm weight (the two rmsnorm_kernel reads); 0: the caller's rmsnorm first. -1 with the
+ * error set when the weight's size is not K, which rmsnorm would refuse too. */
+static int qi_prenorm_ok(const struct cuda_backend *cb, const struct backend_prenorm *pre, int64_t K) {
+  if (!pre)
+    return 1;
+  if (!cb->fused_norm) /* PAGODA_FUSED_NORM=0 (cuda_backend.h) */
+    return 0;
+  if (pre->w->rows * pre->w->cols != K)
+    return ERR("cuda matmul prenorm: norm weight has %lld elements, the matrices %lld columns",
+               (long long)(pre->w->rows * pre->w->cols), (long long)K);
+  return pre->w->dtype == DTYPE_F32 || pre->w->dtype == DTYPE_BF16;
+}
+
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[], const struct weight *const biases[], int T) {
   struct cuda_backend *cb = cuda_be(be);
   if (be->act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, n, T))
     return 1;
+  int ok = qi_prenorm_ok(cb, pre, ws[0]->cols);
+  if (ok <= 0)
+    return ok < 0 ? -1 : 1;
   qi_args a;
   memset(&a, 0, sizeof a);
   long long rows = cuda_matmul_set_fill(&a, n, outs, ws, biases, INT32_MAX - QGEMV_WARPS);
@@ -790,20 +889,22 @@ int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const voi
   a.units = (int)rows;
   int qt = cuda_quant_type(ws[0]->dtype);
   a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
-  if (qx_quantize(cb, &a, x, T, (int)ws[0]->cols) != 0)
+  if (qx_quantize(cb, &a, x, pre, T, (int)ws[0]->cols) != 0)
     return -1;
-  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 1>(cb->stream, a, T)));
-  CUDA_LAUNCH_CHECK();
-  return 0;
+  return qi_run(cb, qt, a, 1, T);
 }
 
-int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct weight *gate,
-                               const struct weight *up, int T) {
+int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
+                               const struct weight *gate, const struct weight *up, int T) {
   struct cuda_backend *cb = cuda_be(be);
   const struct weight *ws[2] = {gate, up};
-  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || gate->rows != up->rows || gate->rows > INT32_MAX ||
-      !qi_fusable(cb, ws, 2, T))
+  if (gate->rows != up->rows)
+    return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
+  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || gate->rows > INT32_MAX || !qi_fusable(cb, ws, 2, T))
     return 1;
+  int ok = qi_prenorm_ok(cb, pre, gate->cols);
+  if (ok <= 0)
+    return ok < 0 ? -1 : 1;
   qi_args a;
   memset(&a, 0, sizeof a);
   a.W[0] = gate->data;
@@ -812,11 +913,18 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
   a.units = (int)gate->rows;
   int qt = cuda_quant_type(gate->dtype);
   a.row_bytes = cuda_quant_row_bytes(qt, gate->cols);
-  if (qx_quantize(cb, &a, x, T, (int)gate->cols) != 0)
+  if (qx_quantize(cb, &a, x, pre, T, (int)gate->cols) != 0)
     return -1;
-  QI_DISPATCH(qt, (qi_dispatch_t<QT_, 2>(cb->stream, a, T)));
-  CUDA_LAUNCH_CHECK();
-  return 0;
+  return qi_run(cb, qt, a, 2, T);
+}
+
+int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  const struct weight *ws[1] = {w};
+  if (be->act_dtype != DTYPE_BF16 || !cb->fused_norm || w->rows > INT32_MAX - QGEMV_WARPS ||
+      !qi_fusable(cb, ws, 1, T))
+    return 1;
+  return qi_gemv_pass(cb, cuda_quant_type(w->dtype), resid, x, w, T, 0, 1) != 0 ? -1 : 0;
 }
 
 /* out(T, N) = x(T, K) @ W^T for T rows, in passes of at most CUDA_QGEMV_MAX_T rows (each pass
@@ -826,21 +934,22 @@ int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct w
   int qt = cuda_quant_type(w->dtype);
   if (qt < 0)
     return ERR("cuda quantized matmul: weight dtype %s is not a quantized type", dtype_name(w->dtype));
-  cudaStream_t st = cuda_be(be)->stream;
+  struct cuda_backend *cb = cuda_be(be);
   size_t row_bytes = cuda_quant_row_bytes(qt, w->cols);
   size_t osz = out_f32 ? 4 : 2;
-  const int i8 = qi_applies(cuda_be(be), qt, w->cols, w->data);
+  const int i8 = qi_applies(cb, qt, w->cols, w->data);
   for (int t0 = 0; t0 < T; t0 += CUDA_QGEMV_MAX_T) {
     int nt = T - t0 < CUDA_QGEMV_MAX_T ? T - t0 : CUDA_QGEMV_MAX_T;
     void *o = (char *)out + (size_t)t0 * w->rows * osz;
     const bf16 *xs = (const bf16 *)x + (size_t)t0 * w->cols;
     if (i8) {
-      if (qi_gemv_pass(cuda_be(be), qt, o, xs, w, nt, out_f32) != 0)
+      if (qi_gemv_pass(cb, qt, o, xs, w, nt, out_f32, 0) != 0)
         return -1;
       continue;
     }
-    CQ_DISPATCH(qt, qgemv_dispatch_t<QT_>(st, o, out_f32, w, row_bytes, xs, nt));
-    CUDA_LAUNCH_CHECK();
+    cudaError_t err = cudaErrorInvalidValue;
+    CQ_DISPATCH(qt, (err = qgemv_dispatch_t<QT_>(cb, o, out_f32, w, row_bytes, xs, nt)));
+    CUDA_CHECK(err);
   }
   return 0;
 }
@@ -850,6 +959,7 @@ int cuda_quant_gemv(struct backend *be, void *out, const void *x, const struct w
 template <int QT>
 __global__ void qembed_kernel(bf16 *out, const uint8_t *emb, size_t row_bytes, int64_t vocab,
                               const int32_t *ids, int dim) {
+  PDL_ENTER(); /* ids (and out) belong to the step (cuda_pdl.cuh) */
   int t = blockIdx.x;
   int32_t id = ids[t];
   bool ok = id >= 0 && id < vocab;
@@ -868,9 +978,9 @@ int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, co
   if (qt < 0)
     return ERR("cuda embed: table dtype %s is not a quantized type", dtype_name(emb->dtype));
   size_t row_bytes = cuda_quant_row_bytes(qt, emb->cols);
-  cudaStream_t st = cuda_be(be)->stream;
-  CQ_DISPATCH(qt, (qembed_kernel<QT_><<<T, 128, 0, st>>>((bf16 *)out, (const uint8_t *)emb->data,
-                                                         row_bytes, emb->rows, ids, (int)emb->cols)));
-  CUDA_LAUNCH_CHECK();
+  cudaError_t err = cudaErrorInvalidValue;
+  CQ_DISPATCH(qt, (err = cuda_pdl_launch(cuda_be(be), qembed_kernel<QT_>, dim3(T), dim3(128), 0, (bf16 *)out,
+                                         (const uint8_t *)emb->data, row_bytes, emb->rows, ids, (int)emb->cols)));
+  CUDA_CHECK(err);
   return 0;
 }
