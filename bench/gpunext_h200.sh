@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# gpunext_h200.sh - on the GPU machine (kind nvidia-h200), in ONE call: the batch-1 fusions of
+# issue 9 (attnfold, gemvfuse, ropefuse) and, for 8b, issue 11's --isq 8, each switched off
+# alone against everything on, next to llama.cpp (../shared/peers, CUDA, flash attention) on the
+# SAME random-weight f16 GGUF of the Llama-3.2-1B or -3.1-8B shape (peers/make_random_gguf.py).
+#   1b  all GPU tests (tools/device_run.sh gpu), test_cuda_model with each switch off, then the
+#       batch-1 A/B and llama-bench, then 64 x (512, 256) with everything on and off;
+#   8b  the batch-1 A/B and llama-bench, then --isq 8 (on and off the fused forms).
+# A/B configurations (`pagoda bench -m G --device cuda --json --num-prompts 1 --input-len 512
+# --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
+# PAGODA_FUSED_NORM=0, PAGODA_ATTN_FOLD=0, PAGODA_FUSED_ROPE=0 alone, and all three off (main's
+# path). Every fused form is bit-identical to the separate ops: the digests of one model must all
+# be equal; the script says ALL EQUAL or DIFFER.
+# The llama.cpp build and the GGUF are made in the background while the tests use the GPU.
+# Stage (here): tools/device_bundle.sh -DCMAKE_CUDA_ARCHITECTURES=90 && tools/device_stage.sh
+#   /work/main/.gpu-next bench && cp -r ../shared/peers /work/main/.gpu-next/ &&
+#   cp ../shared/testdata/vocab/ggml-vocab-llama-spm.gguf /work/main/.gpu-next/peers/
+# Run (device tool, kind nvidia-h200, carry .gpu-next):
+#   cd .gpu-next && bash bench/gpunext_h200.sh 1b|8b 2>&1 | tee $OUT/run.log
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+source tools/device_env.sh # root, out, P, B, el; the libraries' paths
+shape=${1:?1b or 8b}
+budget=${GPUNEXT_BUDGET_S:-560}
+left() { (($(date +%s) - t0 < budget)) || { el "budget of $budget s spent: skipping $1"; return 1; }; }
+W=/tmp/llamacpp-peer; mkdir -p $W
+LB=$W/lc/b/bin G=$W/random-$shape.gguf
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
+echo "commit $(cat COMMIT 2>/dev/null)"
+[[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
+targets="llama-bench"
+[[ $shape == 1b ]] && targets="llama-bench llama-batched-bench"
+(cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
+  cmake --build b -j 12 --target $targets >>$W/build.log 2>&1) &
+BP=$!
+[[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
+GP=$!
+
+gtest() { # NAME [VAR=value...]: one GPU test binary, its rc and last lines
+  local name=$1; shift
+  el "$name $*"
+  local log="$out/$name${1:+_${1//=/}}.log"
+  env "$@" "$B/tests/gpu_bin/$name" >"$log" 2>&1
+  echo "$name $* rc=$?"
+  grep -E "FAIL|passed|failed" "$log" | tail -3
+}
+if [[ $shape == 1b ]]; then
+  el "GPU tests (tools/device_run.sh gpu)"
+  mkdir -p "$out/gpu"; OUT=$out/gpu tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ" | head -40
+  for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0; do gtest test_cuda_model $v; done
+  gtest test_cuda_ops PAGODA_ATTN_FOLD=0
+fi
+
+# run LABEL [VAR=value...] -- [pagoda bench args]: one bench on $G, its TPOT p50 and digest on one line
+run() {
+  local label=$1; shift
+  local envs=()
+  while [[ $# -gt 0 && $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  local json
+  json=$(env "${envs[@]}" "$P" bench -m "$G" --device cuda --json --temperature 0 "$@" 2>>"$out/bench.err" | tail -1)
+  echo "$label | ${envs[*]} $*: $json" >>"$out/bench.json"
+  python3 - "$label ${envs[*]}" "$json" <<'EOF'
+import json, sys
+label, line = sys.argv[1], sys.argv[2]
+try:
+    j = json.loads(line)
+    print(f"{label:70s} TPOT p50 {j['tpot_ms']['p50']:.4f} ms  output tok/s {j['output_tok_per_s']:.1f}  total tok/s {j['total_tok_per_s']:.0f}  digest {j['output_digest']}")
+except Exception as e:
+    print(f"{label:70s} NO RESULT ({e}): {line[:200]}")
+EOF
+}
+digests() { # PREFIX: are the digests of every line starting with PREFIX equal?
+  python3 - "$1" "$out/bench.json" <<'EOF'
+import json, sys
+pre, path = sys.argv[1], sys.argv[2]
+d = set()
+for line in open(path):
+    if line.startswith(pre):
+        try: d.add(json.loads(line.split(": ", 1)[1])["output_digest"])
+        except Exception: d.add("(no result)")
+print(f"{pre}: digests {sorted(d)} -> {'ALL EQUAL' if len(d) == 1 else 'DIFFER'}")
+EOF
+}
+one=(--num-prompts 1 --input-len 512 --output-len 128)
+cfgs=("on" "PAGODA_FUSED_NORM=0" "PAGODA_ATTN_FOLD=0" "PAGODA_FUSED_ROPE=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0")
+ab() { # NAME [extra bench args]: every configuration twice, interleaved
+  local name=$1; shift
+  for rep in 1 2; do
+    for c in "${cfgs[@]}"; do
+      left "$name $c" || return
+      local e=()
+      [[ $c != on ]] && read -ra e <<<"$c"
+      run "$name #$rep" "${e[@]}" -- "${one[@]}" "$@"
+    done
+  done
+  digests "$name"
+}
+el "waiting for the GGUF"
+wait $GP || { echo "gguf failed"; tail -20 $W/gguf.log; }
+ls -la $G
+left "A/B" && ab "$shape b1"
+el "waiting for the llama.cpp build"
+wait $BP || { echo "llama.cpp build failed"; tail -20 $W/build.log; }
+if left llama-bench; then
+  el "llama.cpp llama-bench (pp512, tg128)"
+  $LB/llama-bench -m $G -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee "$out/llamacpp_bench_$shape.txt"
+  left "pagoda after llama.cpp" && run "$shape b1 after llama.cpp" -- "${one[@]}"
+fi
+if [[ $shape == 1b ]]; then
+  for c in on "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0"; do
+    left "64 x (512, 256) $c" || break
+    e=(); [[ $c != on ]] && read -ra e <<<"$c"
+    run "1b 64x(512,256)" "${e[@]}" -- --num-prompts 64 --input-len 512 --output-len 256
+  done
+  digests "1b 64x"
+  if left "llama-batched-bench"; then
+    $LB/llama-batched-bench -m $G -ngl 99 -fa -c 140000 -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 2>/dev/null |
+      grep -E '^\|' | tee "$out/llamacpp_batched_$shape.txt"
+  fi
+else
+  for c in on "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on; do
+    left "--isq 8 $c" || break
+    e=(); [[ $c != on ]] && read -ra e <<<"$c"
+    run "8b isq8 b1" "${e[@]}" -- "${one[@]}" --isq 8
+  done
+  digests "8b isq8"
+fi
+grep -E "^error" "$out/bench.err" 2>/dev/null | sort | uniq -c | head -5
+el "done"
