@@ -8,9 +8,11 @@
 #   8b  the batch-1 A/B and llama-bench, then --isq 8 (on and off the fused forms).
 # A/B configurations (`pagoda bench -m G --device cuda --json --num-prompts 1 --input-len 512
 # --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
-# PAGODA_FUSED_NORM=0, PAGODA_ATTN_FOLD=0, PAGODA_FUSED_ROPE=0 alone, and all three off (main's
-# path). Every fused form is bit-identical to the separate ops: the digests of one model must all
-# be equal; the script says ALL EQUAL or DIFFER.
+# PAGODA_GEMV_SPLIT=0, PAGODA_FUSED_NORM=0, PAGODA_GEMV_PRE_L2=1, PAGODA_ATTN_FOLD=0,
+# PAGODA_FUSED_ROPE=0 alone, and all of them off (main's kernels, in the new summation order);
+# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others. Every fused form and split is
+# bit-identical to the separate ops: the digests of one model must all be equal; the script says
+# ALL EQUAL or DIFFER.
 # The llama.cpp build and the GGUF are made in the background while the tests use the GPU.
 # Stage (here): tools/device_bundle.sh -DCMAKE_CUDA_ARCHITECTURES=90 && tools/device_stage.sh
 #   /work/main/.gpu-next bench && cp -r ../shared/peers /work/main/.gpu-next/ &&
@@ -39,16 +41,18 @@ GP=$!
 gtest() { # NAME [VAR=value...]: one GPU test binary, its rc and last lines
   local name=$1; shift
   el "$name $*"
-  local log="$out/$name${1:+_${1//=/}}.log"
+  local log="/tmp/gpulogs/$name${1:+_${1//=/}}.log"
   env "$@" "$B/tests/gpu_bin/$name" >"$log" 2>&1
   echo "$name $* rc=$?"
   grep -E "FAIL|passed|failed" "$log" | tail -3
 }
 if [[ $shape == 1b ]]; then
   el "GPU tests (tools/device_run.sh gpu)"
-  mkdir -p "$out/gpu"; OUT=$out/gpu tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ" | head -40
-  for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0; do gtest test_cuda_model $v; done
-  gtest test_cuda_ops PAGODA_ATTN_FOLD=0
+  mkdir -p /tmp/gpulogs; OUT=/tmp/gpulogs tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ" | head -40
+  grep -h "failed:" /tmp/gpulogs/*.log | head -30
+  for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0 PAGODA_GEMV_SPLIT=0; do gtest test_cuda_model $v; done
+  gtest test_cuda_ops PAGODA_GEMV_SPLIT=0
+  tar czf "$out/gpu_logs.tgz" -C /tmp gpulogs 2>/dev/null
 fi
 
 # run LABEL [VAR=value...] -- [pagoda bench args]: one bench on $G, its TPOT p50 and digest on one line
@@ -83,7 +87,9 @@ print(f"{pre}: digests {sorted(d)} -> {'ALL EQUAL' if len(d) == 1 else 'DIFFER'}
 EOF
 }
 one=(--num-prompts 1 --input-len 512 --output-len 128)
-cfgs=("on" "PAGODA_FUSED_NORM=0" "PAGODA_ATTN_FOLD=0" "PAGODA_FUSED_ROPE=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0")
+cfgs=("on" "PAGODA_GEMV_SPLIT=0" "PAGODA_FUSED_NORM=0" "PAGODA_GEMV_PRE_L2=1" "PAGODA_ATTN_FOLD=0" "PAGODA_FUSED_ROPE=0"
+  "PAGODA_GEMV_SPLIT=0 PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0")
+[[ -n ${GPUNEXT_CFGS:-} ]] && IFS=, read -ra cfgs <<<"$GPUNEXT_CFGS" # comma-separated, "on" for the defaults
 ab() { # NAME [extra bench args]: every configuration twice, interleaved
   local name=$1; shift
   for rep in 1 2; do
@@ -108,7 +114,7 @@ if left llama-bench; then
   left "pagoda after llama.cpp" && run "$shape b1 after llama.cpp" -- "${one[@]}"
 fi
 if [[ $shape == 1b ]]; then
-  for c in on "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0"; do
+  for c in on "PAGODA_GEMV_SPLIT=0 PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0"; do
     left "64 x (512, 256) $c" || break
     e=(); [[ $c != on ]] && read -ra e <<<"$c"
     run "1b 64x(512,256)" "${e[@]}" -- --num-prompts 64 --input-len 512 --output-len 256
@@ -119,7 +125,7 @@ if [[ $shape == 1b ]]; then
       grep -E '^\|' | tee "$out/llamacpp_batched_$shape.txt"
   fi
 else
-  for c in on "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on; do
+  for c in on "PAGODA_FUSED_NORM=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on; do
     left "--isq 8 $c" || break
     e=(); [[ $c != on ]] && read -ra e <<<"$c"
     run "8b isq8 b1" "${e[@]}" -- "${one[@]}" --isq 8

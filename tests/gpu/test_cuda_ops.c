@@ -1283,45 +1283,28 @@ static void test_matmul_add(int T, int N, int K, int expect) {
   free(nv);
 }
 
-/* What the fused forms leave to the separate ops, besides the shapes above: quantized weights
- * (no prologue or epilogue form in the integer-dot GEMV yet) answer 1; a norm weight whose size
- * is not K is an error naming it, and the backend stays usable. */
+/* What the fused forms refuse, besides the shapes above: a norm weight whose size is not K is an
+ * error naming it, and the backend stays usable. (Quantized weights have prologue and epilogue
+ * forms of their own: test_cuda_quant.) */
 static void test_prenorm_refusals(void) {
   const int N = 64, K = 256, T = 1;
-  size_t qbytes = dtype_row_bytes(DTYPE_Q8_0, K) * N;
-  uint8_t *q = malloc(qbytes);
-  fill_q8_0(q, (size_t)N * K);
   float *x = malloc(sizeof(float) * T * K), *nv = pre_norm_values(K), *wv = malloc(sizeof(float) * N * K);
   pair_fill(x, (size_t)T * K, 1.0f);
   pair_fill(wv, (size_t)N * K, 0.1f);
   struct backend *g = pair_be[1];
-  struct weight wq, wb, nw = pair_weight(1, nv, 1, K), nw_short = pair_weight(1, nv, 1, K - 8);
-  if (g->ops->weight_from_host(g, &wq, q, DTYPE_Q8_0, N, K))
-    pair_die("weight_from_host q8_0");
-  wb = pair_weight(1, wv, N, K);
-  void *dx = cuda_act_copy(x, (size_t)T * K), *xn = pair_alloc1(1, (size_t)T * K * 2), *o1 = pair_alloc1(1, (size_t)T * N * 2),
-       *o2 = pair_alloc1(1, (size_t)T * N * 2), *resid = pair_alloc1(1, (size_t)T * N * 2);
-  void *outs[2] = {o1, o2};
-  const struct weight *wqs[2] = {&wq, &wq}, *nob[2] = {NULL, NULL};
-  const struct backend_prenorm pre = {.w = &nw, .eps = PRE_EPS, .xn = xn};
-  CHECK(g->ops->matmul_n(g, 2, outs, dx, &pre, wqs, nob, T) == 1, "prenorm matmul_n on q8_0 weights did not answer 1");
-  CHECK(g->ops->matmul_silu_mul(g, o1, dx, &pre, &wq, &wq, T) == 1, "prenorm matmul_silu_mul on q8_0 did not answer 1");
-  CHECK(g->ops->matmul_add(g, resid, dx, &wq, o2, T) == 1, "matmul_add on q8_0 weights did not answer 1");
-  const struct weight *wbs[1] = {&wb};
+  struct weight wb = pair_weight(1, wv, N, K), nw_short = pair_weight(1, nv, 1, K - 8);
+  void *dx = cuda_act_copy(x, (size_t)T * K), *xn = pair_alloc1(1, (size_t)T * K * 2), *o1 = pair_alloc1(1, (size_t)T * N * 2);
+  void *outs[1] = {o1};
+  const struct weight *wbs[1] = {&wb}, *nob[1] = {NULL};
   const struct backend_prenorm bad = {.w = &nw_short, .eps = PRE_EPS, .xn = xn};
   CHECK(g->ops->matmul_n(g, 1, outs, dx, &bad, wbs, nob, T) == -1, "a norm weight of K - 8 elements was accepted");
   CHECK(strstr(err_last(), "norm weight has 248 elements") != NULL, "norm weight size message: %s", err_last());
   CHECK(g->ops->sync(g) == 0, "the stream is not usable after a refused prenorm: %s", err_last());
-  g->ops->weight_free(g, &wq);
   g->ops->weight_free(g, &wb);
-  g->ops->weight_free(g, &nw);
   g->ops->weight_free(g, &nw_short);
   g->ops->free(g, dx);
   g->ops->free(g, xn);
   g->ops->free(g, o1);
-  g->ops->free(g, o2);
-  g->ops->free(g, resid);
-  free(q);
   free(x);
   free(nv);
   free(wv);

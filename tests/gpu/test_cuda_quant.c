@@ -549,11 +549,19 @@ static void test_prenorm(const struct qcase *qc, int K, int nw_bf16) {
       if (be->ops->matmul_silu_mul(be, so[0], dxn.p[1], NULL, &w[1], &w[2], T) != 0)
         pair_die("matmul_silu_mul");
       CHECK(same_bits(fo[0], so[0], (size_t)T * 24, what), "%s: differs from rmsnorm + matmul_silu_mul", what);
-      if (cpu->ops->rmsnorm(cpu, dxn.p[0], NULL, dx.p[0], &nwc, T, K, eps) ||
-          cpu->ops->matmul(cpu, cs[0], dxn.p[0], &wc[1], NULL, T, 0) ||
-          cpu->ops->matmul(cpu, cs[1], dxn.p[0], &wc[2], NULL, T, 0) ||
-          cpu->ops->silu_mul(cpu, co[0], cs[0], cs[1], T, 24))
-        pair_die("cpu rmsnorm, matmul, silu_mul");
+      /* The CPU's silu_mul on CUDA's own prenorm products of the same matrices (fo[1], fo[2]:
+       * matmul_n above, checked against the CPU there): silu(g) * u magnifies g's absolute
+       * error where g < 0 (d ln silu / dg -> 1), so the CPU's whole sequence, whose int8
+       * roundings of x are independent of CUDA's, lands up to 0.27 away on 24 outputs. */
+      float *gu = malloc(sizeof(float) * TMAX * 24);
+      for (int m = 0; m < 2; m++) {
+        pair_get_act(1, gu, fo[1 + m], (size_t)T * 24);
+        if (cpu->ops->upload(cpu, cs[m], gu, sizeof(float) * (size_t)T * 24))
+          pair_die("upload");
+      }
+      free(gu);
+      if (cpu->ops->silu_mul(cpu, co[0], cs[0], cs[1], T, 24))
+        pair_die("cpu silu_mul");
       pair_get_act(1, got, fo[0], (size_t)T * 24);
       pair_get_act(0, ref, co[0], (size_t)T * 24);
       char w2[160];

@@ -543,14 +543,6 @@ static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
   return n * hd * sizeof(float) + n * sizeof(float2);
 }
 
-static int dec_sms(struct cuda_backend *cb) {
-  if (cb->n_sms <= 0) {
-    int v = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cb->device));
-    cb->n_sms = v > 0 ? v : 1;
-  }
-  return cb->n_sms;
-}
 
 /* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
  * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
@@ -635,7 +627,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if (!(mma ? attn_mma_hd(a->hd) && G <= 8 : (a->hd == 64 || a->hd == 128) && (G == 1 || G == 2 || G == 4 || G == 8)))
     return 1; /* a shape these kernels are not compiled for: the general kernels */
   int tile = dec_tile(a->hd, G, f8);
-  int sms = dec_sms(cb);
+  int sms = cuda_sm_count(cb);
   if (sms < 0)
     return -1;
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;

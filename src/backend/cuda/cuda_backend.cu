@@ -462,6 +462,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * model then runs matmul_n and rope_kv_write), for measuring it. */
   const char *fr = getenv("PAGODA_FUSED_ROPE");
   cb->fused_rope = cb->fused_ops && !(fr && strcmp(fr, "0") == 0);
+  /* Several warps per row of a matrix with too few rows to fill the GPU (cuda_gemv.cu,
+   * gemv_split): PAGODA_GEMV_SPLIT=0 keeps one warp per row, for measuring it (same bits). */
+  const char *gs = getenv("PAGODA_GEMV_SPLIT");
+  cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
   cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
   if (pr && *pr) {
     if (strcmp(pr, "4") && strcmp(pr, "8") && strcmp(pr, "16"))
@@ -527,4 +531,13 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
     return NULL;
   }
   return &cb->base;
+}
+
+int cuda_sm_count(struct cuda_backend *cb) {
+  if (cb->n_sms <= 0) {
+    int v = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cb->device));
+    cb->n_sms = v > 0 ? v : 1;
+  }
+  return cb->n_sms;
 }

@@ -129,6 +129,8 @@ struct cuda_backend {
                               * cuda_quant_gemv.cu for quantized weights) */
   int fused_rope;            /* 0 when PAGODA_FUSED_ROPE=0 (or PAGODA_FUSED_OPS=0): matmul_qkv_rope answers 1
                               * (the model runs matmul_n and rope_kv_write instead) */
+  int gemv_split;            /* 0 when PAGODA_GEMV_SPLIT=0: one warp per weight row always (cuda_gemv.cu,
+                              * gemv_split; the same bits either way) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
@@ -164,6 +166,8 @@ extern "C" int cuda_backend_available(void);
 extern "C" struct backend *cuda_backend_create(const struct backend_params *p);
 
 static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
+/* The device's multiprocessors (cb->n_sms, asked once); -1 with the error set if CUDA fails. */
+int cuda_sm_count(struct cuda_backend *cb);
 
 /* Launchers (cuda_ops.cu, cuda_attention.cu, cuda_sample.cu): each checks its arguments,
  * enqueues its kernels on the backend's stream and returns 0 or -1 with err_last() set. */
@@ -256,7 +260,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_PRE_ROWS 8
 #define CUDA_GEMV_PRE_ROWS_MAX 16
 #define CUDA_GEMV_PRE_LOOP 1
-#define CUDA_GEMV_PRE_L2 1
+#define CUDA_GEMV_PRE_L2 0
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

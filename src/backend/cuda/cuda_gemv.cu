@@ -66,13 +66,25 @@ __device__ __forceinline__ float warp_total(float v) {
 /* Asks L2 for the 128-byte line holding P, without waiting for it or holding a register. */
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-/* The steps of lane E's columns from E on (E = lane * 8 + 1024 i), four steps' loads first, then
- * the sums reduced over the warp (every lane gets the totals: the xor tree adds the same pairs on
- * every lane). Each acc[r][t] takes its steps in increasing column order, whatever the grouping,
- * so every caller's sums have the same bits. SX as gemv_step. */
+/* ---- The summation order, the same for every form and every split of a row ----
+ * K's columns fall into GEMV_SEGS segments of gemv_seg_len(K) columns (a multiple of 1024, so
+ * whole groups of four steps; the last segments may be short or empty). Lane l's sum over a
+ * segment adds its steps (columns s0 + 8 l + 256 i) in column order from zero, each step a fresh
+ * fma chain (gemv_step); the lane's total is its segments' sums added in segment order,
+ * ((p0 + p1) + p2) + p3; the warp's xor tree then adds the lanes. A warp that takes a whole row
+ * does just that (gemv_loop); a split row (gemv_kernel with S warps per row, for matrices of too
+ * few rows to fill the GPU) has each warp sum some segments and keep each segment's lane sums
+ * apart, in shared memory, and one warp then adds them in the same order. So every form and every
+ * split gives the same bits, and which one runs is free to follow the shape. */
+#define GEMV_SEGS 4
+__host__ __device__ __forceinline__ int gemv_seg_len(int K) { return (K + GEMV_SEGS * 1024 - 1) / (GEMV_SEGS * 1024) * 1024; }
+
+/* Onto acc[r][t]: lane E's steps of R rows from column E to END (exclusive), in column order,
+ * four steps' loads first. SX as gemv_step. */
 template <int NT, int R, bool SX>
-__device__ __forceinline__ void gemv_loop(const bf16 *const *wr, const bf16 *x, int K, int e, float (*acc)[NT]) {
-  for (; e + 768 < K; e += 1024) { /* four steps, loads first */
+__device__ __forceinline__ void gemv_steps(const bf16 *const *wr, const bf16 *x, int K, int e, int end,
+                                           float (*acc)[NT]) {
+  for (; e + 768 < end; e += 1024) { /* four steps, loads first */
     uint4 w[R][4];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -85,15 +97,44 @@ __device__ __forceinline__ void gemv_loop(const bf16 *const *wr, const bf16 *x, 
       for (int j = 0; j < 4; j++)
         gemv_step<NT, SX>(w[r][j], x, K, e + 256 * j, acc[r]);
   }
-  for (; e < K; e += 256)
+  for (; e < end; e += 256)
 #pragma unroll
     for (int r = 0; r < R; r++)
       gemv_step<NT, SX>(__ldg((const uint4 *)(wr[r] + e)), x, K, e, acc[r]);
+}
+
+/* A whole row's totals in the order above, into acc[r][t] on every lane (the xor tree adds the
+ * same pairs on every lane). E = lane * 8 + C0, C0 a multiple of 256 within segment 0 (0, or 1024
+ * after the prenorm kernels' first four steps), and acc holds the lane's sums of segment 0's
+ * steps before C0 (zeros for C0 = 0). SX as gemv_step. */
+template <int NT, int R, bool SX>
+__device__ __forceinline__ void gemv_loop(const bf16 *const *wr, const bf16 *x, int K, int e, float (*acc)[NT]) {
+  const int L = gemv_seg_len(K), off = e & 255;
+  float run[R][NT];
+  gemv_steps<NT, R, SX>(wr, x, K, e, L < K ? L : K, acc);
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int t = 0; t < NT; t++)
-      acc[r][t] = warp_total(acc[r][t]);
+      run[r][t] = acc[r][t];
+  for (int s0 = L; s0 < K; s0 += L) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        acc[r][t] = 0.0f;
+    gemv_steps<NT, R, SX>(wr, x, K, s0 + off, s0 + L < K ? s0 + L : K, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        run[r][t] += acc[r][t];
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+      acc[r][t] = warp_total(run[r][t]);
 }
 
 /* The dot products of R weight rows WR[r] with the T activation rows of x into acc[r][t], summed
@@ -128,17 +169,58 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
 /* out(T, N) = x @ W^T (f32 when OUT_F32, else bf16). ADD (matmul_add): out is the residual
  * stream instead, and each sum, rounded to bf16 as matmul stores it, is added as rmsnorm_kernel's
  * residual add does (bf16(product + resid), f32 sum), in place; lane t updates token t (every
- * lane holds the totals), so the T read-modify-writes overlap. */
-template <int NT, bool ADD = false>
+ * lane holds the totals), so the T read-modify-writes overlap. S warps per row (1, 2 or 4;
+ * gemv_split picks it): GEMV_WARPS / S rows per block, warp p of a row summing segments
+ * [p * GEMV_SEGS / S, (p + 1) * GEMV_SEGS / S) into shared memory, then the row's first warp adding
+ * them in segment order (the same bits as S = 1) and storing. */
+template <int NT, bool ADD, int S>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  if (row >= N)
-    return;
-  const bf16 *wr[1] = {W + (size_t)row * K};
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const int row = blockIdx.x * (GEMV_WARPS / S) + wi / S;
   float acc[1][NT];
-  gemv_rows<NT, 1>(wr, x, K, lane, acc);
+  if constexpr (S == 1) {
+    if (row >= N)
+      return;
+    const bf16 *wr[1] = {W + (size_t)row * K};
+    gemv_rows<NT, 1>(wr, x, K, lane, acc);
+  } else {
+    /* sp[row in block][segment][t][lane]: each segment's lane sums */
+    __shared__ float sp[GEMV_WARPS / S][GEMV_SEGS][NT][32];
+    const int part = wi % S, L = gemv_seg_len(K);
+    const bool valid = row < N;
+    const bf16 *wr[1] = {W + (size_t)(valid ? row : 0) * K};
+    const int sa = part * (GEMV_SEGS / S), e0 = sa * L + lane * 8;
+    for (int j = 0; j < 4; j++)
+      if (valid && e0 + 256 * j < K && e0 + 256 * j < (sa + GEMV_SEGS / S) * L)
+        prefetch_l2(wr[0] + e0 + 256 * j);
+    pdl_wait();
+    pdl_trigger();
+    if (valid) {
+#pragma unroll
+      for (int q = 0; q < GEMV_SEGS / S; q++) {
+        const int s0 = (sa + q) * L;
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+          acc[0][t] = 0.0f;
+        if (s0 < K)
+          gemv_steps<NT, 1, false>(wr, x, K, s0 + lane * 8, s0 + L < K ? s0 + L : K, acc);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+          sp[wi / S][sa + q][t][lane] = acc[0][t];
+      }
+    }
+    __syncthreads();
+    if (!valid || part != 0)
+      return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      float run = sp[wi / S][0][t][lane];
+      for (int q = 1; q < GEMV_SEGS && q * L < K; q++)
+        run += sp[wi / S][q][t][lane];
+      acc[0][t] = warp_total(run);
+    }
+  }
   if (ADD) {
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -571,21 +653,45 @@ __global__ void __launch_bounds__(NW * 32)
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)                                 \
   }
 
+/* Warps per row for an N x K matrix (gemv_kernel's S): 1, or with PAGODA_GEMV_SPLIT on (the
+ * default; cb->gemv_split) the fewest of 2 and 4 that put 32 warps per multiprocessor to work,
+ * at most one per non-empty segment. The bits are the same either way (the order above). */
+static int gemv_split(struct cuda_backend *cb, int N, int K) {
+  if (!cb->gemv_split)
+    return 1;
+  const long long want = 32LL * cuda_sm_count(cb);
+  const int L = gemv_seg_len(K), segs = (K + L - 1) / L;
+  int s = 1;
+  while (s < 4 && (long long)N * s < want && 2 * s <= segs)
+    s *= 2;
+  return s;
+}
+
+/* gemv_kernel<T, ADD, S> over N rows of K (S by gemv_split). */
+template <bool ADD>
+static cudaError_t gemv_launch(struct cuda_backend *cb, void *out, int out_f32, const bf16 *W, const bf16 *X, int N,
+                               int K, int T) {
+  const int S = gemv_split(cb, N, K), rows = GEMV_WARPS / S;
+  const dim3 grid((unsigned)((N + rows - 1) / rows)), thr(GEMV_WARPS * 32);
+  cudaError_t err = cudaSuccess;
+#define GEMV_CASE(n)                                                                                           \
+  case n:                                                                                                      \
+    err = S == 4   ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 4>, grid, thr, 0, out, out_f32, W, X, N, K)       \
+          : S == 2 ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 2>, grid, thr, 0, out, out_f32, W, X, N, K)       \
+                   : cuda_pdl_launch(cb, gemv_kernel<n, ADD, 1>, grid, thr, 0, out, out_f32, W, X, N, K);      \
+    break;
+  GEMV_SWITCH(T, GEMV_CASE)
+#undef GEMV_CASE
+  return err;
+}
+
 int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct weight *w, int T, int out_f32) {
   struct cuda_backend *cb = cuda_be(be);
   int N = (int)w->rows, K = (int)w->cols;
   if (T < 1 || T > CUDA_GEMV_MAX_T || K % 8 || w->dtype != DTYPE_BF16)
     return ERR("cuda gemv: T %d (1..%d), K %d (a multiple of 8), dtype %s (bf16)", T, CUDA_GEMV_MAX_T, K,
                dtype_name(w->dtype));
-  dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS));
-  const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
-  const dim3 thr(GEMV_WARPS * 32);
-  cudaError_t err = cudaSuccess;
-#define GEMV_CASE(n) \
-  case n: err = cuda_pdl_launch(cb, gemv_kernel<n>, grid, thr, 0, out, out_f32, W, X, N, K); break;
-  GEMV_SWITCH(T, GEMV_CASE)
-#undef GEMV_CASE
-  CUDA_CHECK(err);
+  CUDA_CHECK(gemv_launch<false>(cb, out, out_f32, (const bf16 *)w->data, (const bf16 *)x, N, K, T));
   return 0;
 }
 
@@ -751,16 +857,7 @@ int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const str
   /* what matmul would not run on the GEMV, or off */
   if (!cb->fused_norm || be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, 1, T))
     return 1;
-  const int N = (int)w->rows, K = (int)w->cols;
-  const dim3 grid((unsigned)((N + GEMV_WARPS - 1) / GEMV_WARPS)), thr(GEMV_WARPS * 32);
-  bf16 *R = (bf16 *)resid;
-  const bf16 *W = (const bf16 *)w->data, *X = (const bf16 *)x;
-  cudaError_t err = cudaSuccess;
-#define GEMV_CASE(c) \
-  case c: err = cuda_pdl_launch(cb, gemv_kernel<c, true>, grid, thr, 0, (void *)R, 0, W, X, N, K); break;
-  GEMV_SWITCH(T, GEMV_CASE)
-#undef GEMV_CASE
-  CUDA_CHECK(err);
+  CUDA_CHECK(gemv_launch<true>(cb, resid, 0, (const bf16 *)w->data, (const bf16 *)x, (int)w->rows, (int)w->cols, T));
   return 0;
 }
 
