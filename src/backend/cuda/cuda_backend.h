@@ -255,7 +255,8 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
  * at K = 4096; more answers 1: the separate rmsnorm first). Each block normalizes for itself:
  * CUDA_GEMV_PRE_ROWS warps per block and CUDA_GEMV_PRE_LOOP rows per warp by default,
  * PAGODA_GEMV_PRE_ROWS=4|8|16, PAGODA_GEMV_PRE_LOOP=1|2|4 and PAGODA_GEMV_PRE_L2=0|1 (the first
- * weight steps into registers or L2 before the prologue; CUDA_GEMV_PRE_L2 by default) for measuring. */
+ * weight steps into registers or L2 before the prologue; CUDA_GEMV_PRE_L2 by default: registers,
+ * bench/RESULTS.md) for measuring. */
 #define CUDA_GEMV_PRE_SMEM 32768
 #define CUDA_GEMV_PRE_ROWS 8
 #define CUDA_GEMV_PRE_ROWS_MAX 16
