@@ -1,16 +1,13 @@
 /* tp_allreduce.c - the all-reduce of single-process tensor parallelism on the CUDA backend: the
- * peer all-reduce (cuda_allreduce.cu) in its two variants (PAGODA_TP_AR=pull, =push; push takes
- * up to 1 MiB, pull above) against NCCL, bf16, 8 KiB .. 8 MiB, over the GPUs of this machine (2
- * unless given), each rank on its own thread as under --tp N.
+ * peer all-reduce (cuda_allreduce.cu) against NCCL, bf16, 8 KiB .. 8 MiB, over the GPUs of this
+ * machine (2 unless given), each rank on its own thread as under --tp N.
  *
  * For each size: every rank's input is random bf16, and the result of each path is compared with
  * the CPU's rank-order sum (f32, one bf16 rounding): the peer all-reduce must match it bit for bit
  * on every rank (exit 1 otherwise); NCCL's mismatches are counted (for 2 ranks it rounds the
  * same way). Then the time per all-reduce, two ways: eager (ITERS calls back to back, then a
  * sync: what a step without CUDA graphs pays, launch included) and, for the peer all-reduce, in
- * a CUDA graph of 32 all-reduces replayed (what a graph step pays; NCCL is never captured); for
- * push also all_reduce_add (the sum added into a residual in the same kernel) in a graph.
- * PAGODA_TP_AR_PDL=0 in the environment launches the peer kernels without PDL.
+ * a CUDA graph of 32 all-reduces replayed (what a graph step pays; NCCL is never captured).
  *
  * Usage: tp_allreduce [world 2] [iters 200]   (NCCL_NVLS_ENABLE=0 on the lent machines) */
 #include <stdio.h>
@@ -30,9 +27,7 @@ struct ctx {
   int world, phase, iters;
   struct backend *bes[TP_MAX_WORLD];
   unsigned char id[BACKEND_COMM_ID_BYTES];
-  void *x[TP_MAX_WORLD], *resid[TP_MAX_WORLD];
-  int add;       /* the graph's calls are all_reduce_add */
-  int phase_key; /* the graphs' keys: one per variant and op */
+  void *x[TP_MAX_WORLD];
   uint16_t *host[TP_MAX_WORLD]; /* inputs, then results */
   size_t n, max_bytes;
 };
@@ -42,10 +37,8 @@ enum { P_CREATE, P_INIT, P_CONNECT, P_UPLOAD, P_ONE, P_DOWNLOAD, P_EAGER, P_GRAP
 static int record_ars(void *p) {
   struct ctx *c = ((void **)p)[0];
   int r = (int)(intptr_t)((void **)p)[1];
-  struct backend *be = c->bes[r];
   for (int i = 0; i < GRAPH_ARS; i++)
-    if (c->add ? be->ops->all_reduce_add(be, c->resid[r], c->x[r], c->n) != 0
-               : be->ops->all_reduce_sum(be, c->x[r], c->n) != 0)
+    if (c->bes[r]->ops->all_reduce_sum(c->bes[r], c->x[r], c->n))
       return -1;
   return 0;
 }
@@ -61,8 +54,7 @@ static int rank_fn(int r, void *p) {
     return c->bes[r]->ops->bind ? c->bes[r]->ops->bind(c->bes[r]) : 0;
   }
   case P_INIT:
-    if (!(c->x[r] = be->ops->alloc(be, MAX_BYTES)) || !(c->resid[r] = be->ops->alloc(be, MAX_BYTES)) ||
-        be->ops->memset0(be, c->resid[r], MAX_BYTES))
+    if (!(c->x[r] = be->ops->alloc(be, MAX_BYTES)))
       return -1;
     if (be->ops->comm_init(be, c->id, r, c->world))
       return -1;
@@ -78,7 +70,7 @@ static int rank_fn(int r, void *p) {
     return be->ops->sync(be);
   case P_GRAPH: {
     void *rc[2] = {c, (void *)(intptr_t)r};
-    int key = 1000 + (int)(c->n / 4096) + 10000 * c->phase_key;
+    int key = 1000 + (int)(c->n / 4096) + (c->max_bytes ? 0 : 100000);
     for (int i = 0; i < 2 + c->iters / GRAPH_ARS; i++) /* run, capture, replays */
       if (be->ops->graph_run(be, key, record_ars, rc))
         return -1;
@@ -87,7 +79,6 @@ static int rank_fn(int r, void *p) {
   case P_FREE:
     if (be) {
       be->ops->free(be, c->x[r]);
-      be->ops->free(be, c->resid[r]);
       be->ops->destroy(be);
     }
     return 0;
@@ -148,47 +139,35 @@ int main(int argc, char **argv) {
     c.host[r] = malloc(MAX_BYTES);
   if (op->comm_id(c.bes[0], c.id) || run(g, &c, P_INIT))
     return 1;
-  printf("| bytes | pull eager us | push eager us | NCCL eager us | pull in a graph us | push in a graph us | push "
-         "all_reduce_add in a graph us | pull / push / NCCL mismatches |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  printf("| bytes | peer eager us | NCCL eager us | peer in a graph us | peer mismatches | NCCL mismatches |\n");
+  printf("|---:|---:|---:|---:|---:|---:|\n");
   int fail = 0;
-  static const char *const variant[3] = {"pull", "push", NULL};
   for (size_t bytes = 8192; bytes <= MAX_BYTES; bytes *= 2) {
     c.n = bytes / 2;
-    double eager[3], graph[3];
-    long bad[3];
-    for (int k = 0; k < 3; k++) { /* k 0: pull, 1: push, 2: NCCL */
-      if (variant[k])
-        setenv("PAGODA_TP_AR", variant[k], 1);
-      c.max_bytes = variant[k] ? MAX_BYTES : 0;
-      int rc = run(g, &c, P_CONNECT);
-      unsetenv("PAGODA_TP_AR");
-      if (rc)
+    double us[4];
+    long bad[2];
+    for (int k = 0; k < 2; k++) { /* k 0: peer, 1: NCCL */
+      c.max_bytes = k == 0 ? MAX_BYTES : 0;
+      if (run(g, &c, P_CONNECT))
         return 1;
       bad[k] = check(g, &c, 12345u + (unsigned)bytes);
       double t0 = bench_now();
       if (run(g, &c, P_EAGER))
         return 1;
-      eager[k] = (bench_now() - t0) * 1e6 / c.iters;
-      graph[k] = -1;
-      if (!variant[k]) /* NCCL is never captured (cuda_nccl.cu) */
+      us[k] = (bench_now() - t0) * 1e6 / c.iters;
+      us[2 + k] = -1;
+      if (k == 1) /* NCCL is never captured (cuda_nccl.cu) */
         continue;
-      for (int add = 0; add < 1 + (k == 1); add++) {
-        c.add = add;
-        c.phase_key = 1 + 2 * k + add;
-        if (run(g, &c, P_GRAPH)) /* warm-up and capture outside the timing */
-          return 1;
-        t0 = bench_now();
-        if (run(g, &c, P_GRAPH))
-          return 1;
-        graph[add ? 2 : k] = (bench_now() - t0) * 1e6 / (GRAPH_ARS * (c.iters / GRAPH_ARS + 2));
-      }
-      c.add = 0;
+      if (run(g, &c, P_GRAPH)) /* warm-up and capture outside the timing */
+        return 1;
+      t0 = bench_now();
+      if (run(g, &c, P_GRAPH))
+        return 1;
+      us[2 + k] = (bench_now() - t0) * 1e6 / (GRAPH_ARS * (c.iters / GRAPH_ARS + 2));
     }
-    if (bad[0] != 0 || bad[1] != 0)
+    if (bad[0] != 0)
       fail = 1;
-    printf("| %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %ld / %ld / %ld |\n", bytes, eager[0], eager[1], eager[2],
-           graph[0], graph[1], graph[2], bad[0], bad[1], bad[2]);
+    printf("| %zu | %.2f | %.2f | %.2f | %ld | %ld |\n", bytes, us[0], us[1], us[2], bad[0], bad[1]);
     fflush(stdout);
   }
   run(g, &c, P_FREE);

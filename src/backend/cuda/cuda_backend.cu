@@ -367,11 +367,7 @@ static const struct backend_ops cuda_ops = {
     /* .rope_kv_write = */ cuda_op_rope_kv_write,
     /* .matmul_qkv_rope = */ cuda_op_matmul_qkv_rope,
     /* .matmul_add = */ cuda_op_matmul_add,
-#ifdef PAGODA_HAVE_NCCL
-    /* .all_reduce_add = */ cuda_all_reduce_add,
-#else
-    NULL,
-#endif
+    /* .all_reduce_add = */ NULL, /* the fused peer all-reduce + add: branch tpar, not run on 2 GPUs yet */
 #ifdef PAGODA_HAVE_NCCL
     /* .peer_ar_alloc = */ cuda_peer_ar_alloc,
     /* .peer_ar_connect = */ cuda_peer_ar_connect,

@@ -50,10 +50,6 @@ struct cuda_async_slot {
 #define PEER_AR_MAX_RANKS 8
 #define PEER_AR_MAX_BLOCKS 64
 #define PEER_AR_STAGE_BYTES (8u << 20)
-/* The push variant's bound (bf16 bytes of one all-reduce; pull above) and its LL lines per rank
- * and parity (16 bytes each, 8 of them data). */
-#define PEER_AR_LL_BYTES (1u << 20)
-#define PEER_AR_LL_LINES (PEER_AR_LL_BYTES / 8)
 
 struct cuda_backend {
   struct backend base;
@@ -146,15 +142,9 @@ struct cuda_backend {
     void *stage;               /* this GPU's staging: 2 x PEER_AR_STAGE_BYTES */
     uint32_t *flags, *counter; /* flags [2][PEER_AR_MAX_BLOCKS][PEER_AR_MAX_RANKS], then the sequence number and
                                 * the blocks-done count */
-    void *ll;                  /* this GPU's LL receive lines of the push variant: [2][ll_world][PEER_AR_LL_LINES] */
-    int ll_world;
-    void *peer_stage[PEER_AR_MAX_RANKS]; /* every rank's stage, flags and LL lines, its own included */
+    void *peer_stage[PEER_AR_MAX_RANKS]; /* every rank's stage and flags, its own included */
     uint32_t *peer_flags[PEER_AR_MAX_RANKS];
-    void *peer_ll[PEER_AR_MAX_RANKS];
     int rank, world;
-    int push;                  /* PAGODA_TP_AR=push: the push variant up to PEER_AR_LL_BYTES, else pull */
-    int add;                   /* 0 when PAGODA_TP_AR_ADD=0: all_reduce_add answers 1 */
-    int pdl;                   /* 0 when PAGODA_TP_AR_PDL=0: the kernels launch without PDL */
     size_t max_bytes;          /* all-reduces of at most this many bytes take the peer kernel */
     struct cuda_backend *ids_src; /* ranks > 0: rank 0's backend, whose sampled ids resolve_ids reads */
   } peer_ar;
@@ -204,20 +194,17 @@ int cuda_op_moe_combine(struct backend *be, void *out, const void *y, const int3
 int cuda_comm_id(struct backend *be, void *id);
 int cuda_comm_init(struct backend *be, const void *id, int rank, int world);
 int cuda_all_reduce_sum(struct backend *be, void *x, size_t n);
-int cuda_all_reduce_add(struct backend *be, void *resid, void *x, size_t n);
 int cuda_comm_check(struct backend *be);
 void cuda_comm_abort(struct backend *be);
 int cuda_gather_cols(struct backend *be, float *out, const float *in, float *scratch, int rows, int cols);
 #endif
 void cuda_comm_free(struct cuda_backend *cb);
 /* The peer all-reduce (cuda_allreduce.cu; ops peer_ar_alloc / peer_ar_connect of backend.h).
- * cuda_peer_ar_usable: whether an all-reduce of N act elements takes it (the same answer on every
- * rank: it depends only on N and the group's state). cuda_peer_all_reduce: x(n) summed over the
- * ranks in place, then, when RESID is not NULL, resid(n) += the sum (all_reduce_add). */
+ * cuda_peer_ar_usable: whether all_reduce_sum of N act elements at X takes it. */
 int cuda_peer_ar_alloc(struct backend *be, int world);
 int cuda_peer_ar_connect(struct backend *be, struct backend *const *group, int rank, int world, size_t max_bytes);
-int cuda_peer_ar_usable(const struct cuda_backend *cb, size_t n);
-int cuda_peer_all_reduce(struct cuda_backend *cb, void *x, void *resid, size_t n);
+int cuda_peer_ar_usable(const struct cuda_backend *cb, const void *x, size_t n);
+int cuda_peer_all_reduce(struct cuda_backend *cb, void *x, size_t n);
 void cuda_peer_ar_free(struct cuda_backend *cb);
 struct cuda_graph_entry;
 int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *ctx);

@@ -43,8 +43,8 @@ int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
   struct cuda_backend *cb = cuda_be(be);
   if (cb->comm_aborted)
     return ERR("GPU %d: tensor parallelism was stopped (comm_abort): no more all-reduces", cb->device);
-  if (cuda_peer_ar_usable(cb, n)) /* single process, small enough: the peer kernel */
-    return cuda_peer_all_reduce(cb, x, NULL, n);
+  if (cuda_peer_ar_usable(cb, x, n)) /* single process, small enough: the peer kernel */
+    return cuda_peer_all_reduce(cb, x, n);
   if (!cb->nccl_comm)
     return ERR("all_reduce_sum before comm_init");
   /* NCCL captured into the ranks' CUDA graphs hung on 2 x H200 (one process, each rank capturing
@@ -62,18 +62,6 @@ int cuda_all_reduce_sum(struct backend *be, void *x, size_t n) {
   ncclDataType_t t = be->act_dtype == DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
   NCCL_CHECK(ncclAllReduce(x, x, n, t, ncclSum, (ncclComm_t)cb->nccl_comm, cb->stream));
   return 0;
-}
-
-/* The peer kernel sums and adds in one pass where it takes N (cuda_allreduce.cu); otherwise 1,
- * on every rank alike (NCCL, multi-process mode, PAGODA_TP_AR_ADD=0): the caller runs
- * all_reduce_sum and the add. */
-int cuda_all_reduce_add(struct backend *be, void *resid, void *x, size_t n) {
-  struct cuda_backend *cb = cuda_be(be);
-  if (cb->comm_aborted)
-    return ERR("GPU %d: tensor parallelism was stopped (comm_abort): no more all-reduces", cb->device);
-  if (!cb->peer_ar.add || !cuda_peer_ar_usable(cb, n))
-    return 1;
-  return cuda_peer_all_reduce(cb, x, resid, n);
 }
 
 /* out(rows, W * cols): column block k of row t from part k, part 0 = rank 0's own IN, part k > 0
