@@ -10,7 +10,8 @@
 # --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
 # PAGODA_GEMV_SPLIT=0, PAGODA_FUSED_NORM=0, PAGODA_GEMV_PRE_L2=1, PAGODA_ATTN_FOLD=0,
 # PAGODA_FUSED_ROPE=0 alone, and all of them off (main's kernels, in the new summation order);
-# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others. Every fused form and split is
+# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others; GPUNEXT_ROUNDS=N alternates llama-bench and
+# pagoda's default N times after them (for the ratio on a machine whose speed drifts). Every fused form and split is
 # bit-identical to the separate ops: the digests of one model must all be equal; the script says
 # ALL EQUAL or DIFFER.
 # The llama.cpp build and the GGUF are made in the background while the tests use the GPU.
@@ -108,11 +109,12 @@ ls -la $G
 left "A/B" && ab "$shape b1"
 el "waiting for the llama.cpp build"
 wait $BP || { echo "llama.cpp build failed"; tail -20 $W/build.log; }
-if left llama-bench; then
-  el "llama.cpp llama-bench (pp512, tg128)"
-  $LB/llama-bench -m $G -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee "$out/llamacpp_bench_$shape.txt"
+for ((round = 1; round <= ${GPUNEXT_ROUNDS:-1}; round++)); do # GPUNEXT_ROUNDS: llama.cpp, then pagoda, N times
+  left llama-bench || break
+  el "llama.cpp llama-bench (pp512, tg128), round $round"
+  $LB/llama-bench -m $G -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$out/llamacpp_bench_$shape.txt"
   left "pagoda after llama.cpp" && run "$shape b1 after llama.cpp" -- "${one[@]}"
-fi
+done
 if [[ $shape == 1b ]]; then
   for c in on "PAGODA_GEMV_SPLIT=0 PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0"; do
     left "64 x (512, 256) $c" || break
