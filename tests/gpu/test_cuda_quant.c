@@ -179,8 +179,12 @@ static void test_type(const struct qcase *qc, int N, int K) {
                out_f32 ? "f32" : "bf16", i8 && T <= 8 ? " (int8 x)" : "");
       pair_expect(what, got, i8 && T <= 8 ? ref8 : reff, (size_t)T * N, tol);
       if (i8 && T <= 8 && out_f32) {
+        /* TOL_I8_VS_EXACT is the expected error with room; a draw of few outputs (N = 19) can
+         * land past it, so the bound is the larger of it and what the int8 reference itself
+         * shows on this draw (the GEMV may not be further from exact than its own rounding). */
+        double e8 = test_rel_l2(ref8, reff, (size_t)T * N), tol8 = e8 * 1.05 + TOL_GEMV_I8;
         snprintf(what, sizeof what, "%s matmul N=%d K=%d T=%d int8 x vs exact", dtype_name(qc->t), N, K, T);
-        pair_expect(what, got, reff, (size_t)T * N, TOL_I8_VS_EXACT);
+        pair_expect(what, got, reff, (size_t)T * N, tol8 > TOL_I8_VS_EXACT ? tol8 : TOL_I8_VS_EXACT);
       }
     }
   }
