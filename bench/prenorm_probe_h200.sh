@@ -2,7 +2,7 @@
 # prenorm_probe_h200.sh - on the GPU machine (kind nvidia-h200), in ONE call: where batch-1 decode
 # time goes on the Llama-3.2-1B shape (issue 9), and which prologue shape the bf16 GEMV's fused
 # RMSNorm wants (gpunext_h200.sh found it 0.035 ms per token SLOWER than the separate norm at
-# ROWS:LOOP:L2 = 8:1:1).
+# ROWS:LOOP:L2 = 8:1:1; this script found 8:1:0 the shape that pays, bench/RESULTS.md).
 #   1. the GPU tests (tools/device_run.sh gpu);
 #   2. `pagoda bench` 1 x (512, 128) greedy on a random f16 GGUF of the 1B shape
 #      (peers/make_random_gguf.py, made in the background meanwhile): PAGODA_FUSED_NORM=0, then
@@ -34,11 +34,14 @@ run() { # LABEL [VAR=value...]: one batch-1 bench on $G, TPOT p50 and digest on 
   json=$(env "$@" "$P" bench -m "$G" --device cuda --json --temperature 0 --num-prompts 1 --input-len 512 \
     --output-len 128 2>>"$out/bench.err" | tail -1)
   echo "$label | $*: $json" >>"$out/bench.json"
-  python3 -c '
+  python3 - "$label $*" "$json" <<'EOF'
 import json, sys
 try:
-    j = json.loads(sys.argv[2]); print(f"{sys.argv[1]:60s} TPOT p50 {j[\"tpot_ms\"][\"p50\"]:.4f} ms  digest {j[\"output_digest\"]}")
-except Exception as e: print(sys.argv[1], "NO RESULT", e, sys.argv[2][:200])' "$label $*" "$json"
+    j = json.loads(sys.argv[2])
+    print(f"{sys.argv[1]:60s} TPOT p50 {j['tpot_ms']['p50']:.4f} ms  digest {j['output_digest']}")
+except Exception as e:
+    print(sys.argv[1], "NO RESULT", e, sys.argv[2][:200])
+EOF
 }
 el "1B batch 1: fused norm off, then on with ROWS:LOOP:L2 in ($cfgs), twice"
 for rep in 1 2; do

@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * order. Every block normalizes for itself (T * K * 2 bytes read from L2 per block), so blocks
  * of NW = cb->gemv_pre_rows warps (PAGODA_GEMV_PRE_ROWS: 4, 8 or 16) each taking RPW =
  * cb->gemv_pre_loop weight rows, or gate/up pairs, one after the other (PAGODA_GEMV_PRE_LOOP: 1,
- * 2 or 4) spread that over more rows; which pays is for the GPU to say (bench/gemvfuse_h200.sh). */
+ * 2 or 4) spread that over more rows; bench/prenorm_probe_h200.sh measured which pays (bench/RESULTS.md). */
 struct gemv_pre {
   const void *w; /* the norm weight (K), f32 or bf16 */
   int w_f32;
