@@ -245,6 +245,9 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
  * weight steps into registers or L2 before the prologue; CUDA_GEMV_PRE_L2 by default: registers,
  * bench/RESULTS.md) for measuring. */
 #define CUDA_GEMV_PRE_SMEM 32768
+/* T up to which the prenorm kernels may split a row group over 2 warps (gemv_pre_split; T = 1, 2:
+ * decode of one or two sequences, where q/k/v have too few rows to fill the GPU). */
+#define CUDA_GEMV_PRE_SPLIT_T 2
 #define CUDA_GEMV_PRE_ROWS 8
 #define CUDA_GEMV_PRE_ROWS_MAX 16
 #define CUDA_GEMV_PRE_LOOP 1

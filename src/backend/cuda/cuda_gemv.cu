@@ -464,15 +464,101 @@ __device__ __forceinline__ void gemv_rows_xs(const bf16 *const *wr, int K, int l
   gemv_loop<NT, R, true>(wr, (const bf16 *)gemv_xs, K, lane * 8, acc);
 }
 
+/* gemv_rows_pre for a row group split over S > 1 warps (PAGODA_GEMV_SPLIT; gemv_pre_split picks
+ * S): warp PART of the group sums the segments [PART * GEMV_SEGS / S, (PART + 1) * GEMV_SEGS / S)
+ * of its R rows over the normalized x (its first segment's first four steps requested before the
+ * wait, into registers or L2 as REG says), each segment's lane sums into SP (GEMV_SEGS * R * NT * 32
+ * floats, the group's slice of the dynamic shared memory after x), then after the barrier the
+ * group's first warp adds them in segment order and reduces over the warp: gemv_loop's bits. Every
+ * warp of the block calls it (barriers); acc[r][t] is meaningful on PART 0 of a VALID group only. */
+template <int NT, int R, int NW, bool REG, int S>
+__device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
+                                                    int K, int lane, int part, float *sp, float (*acc)[NT]) {
+  bf16 *xs = (bf16 *)gemv_xs;
+  const int L = gemv_seg_len(K), sa = part * (GEMV_SEGS / S), f0 = sa * L, f1 = f0 + L < K ? f0 + L : K;
+  const int e0 = f0 + lane * 8;
+  uint4 w0[R][4];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const bool in = valid && e0 + 256 * j < f1;
+      if constexpr (REG)
+        w0[r][j] = in ? __ldg((const uint4 *)(wr[r] + e0 + 256 * j)) : make_uint4(0, 0, 0, 0);
+      else if (in)
+        prefetch_l2(wr[r] + e0 + 256 * j);
+    }
+  pdl_wait();
+  pdl_trigger();
+  gemv_prenorm<NT, NW>(xs, x, pre, K);
+  if (valid) {
+#pragma unroll
+    for (int q = 0; q < GEMV_SEGS / S; q++) {
+      const int s0 = (sa + q) * L, s1 = s0 + L < K ? s0 + L : K;
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+          acc[r][t] = 0.0f;
+      int e = s0 + lane * 8;
+      if (REG && q == 0) { /* the first four steps, loaded before the prologue */
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          if (e + 256 * j < s1)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+              gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
+        e += 1024;
+      }
+      if (s0 < K)
+        gemv_steps<NT, R, true>(wr, xs, K, e, s1, acc);
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+          sp[(((sa + q) * R + r) * NT + t) * 32 + lane] = acc[r][t];
+    }
+  }
+  __syncthreads();
+  if (!valid || part != 0)
+    return;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      float run = sp[(r * NT + t) * 32 + lane];
+      for (int q = 1; q < GEMV_SEGS && q * L < K; q++)
+        run += sp[((q * R + r) * NT + t) * 32 + lane];
+      acc[r][t] = warp_total(run);
+    }
+}
+
+/* The group slice of the split partials in dynamic shared memory: after x's T rows (16-byte aligned). */
+template <int NT, int R>
+__device__ __forceinline__ float *gemv_split_slice(int K, int group) {
+  return (float *)((char *)gemv_xs + (((size_t)NT * K * 2 + 15) & ~(size_t)15)) + (size_t)group * GEMV_SEGS * R * NT * 32;
+}
+
 /* matmul_n with the prenorm: gemv_multi_kernel over the normalized x. A block of NW warps takes
  * NW * RPW consecutive grid rows, warp w the rows w, w + NW, ... (RPW = cb->gemv_pre_loop): the
  * first with the weights loaded before the prologue, the others after it, so the prologue is paid
  * once per NW * RPW rows. */
-template <int NT, int NW, bool REG>
+template <int NT, int NW, bool REG, int S = 1>
 __global__ void __launch_bounds__(NW * 32)
     gemv_multi_pre_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K, const __grid_constant__ gemv_pre pre,
                           int rpw) {
   const int lane = threadIdx.x & 31, total = m.row0[BACKEND_MATMUL_N_MAX];
+  if constexpr (S > 1) { /* NW / S rows per block, S warps each (rpw is 1) */
+    const int wi = threadIdx.x >> 5, g = blockIdx.x * (NW / S) + wi / S;
+    const bool valid = g < total;
+    const int i = gemv_multi_matrix(m, valid ? g : 0), row = valid ? g - m.row0[i] : 0;
+    const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
+    float acc[1][NT];
+    gemv_rows_pre_split<NT, 1, NW, REG, S>(wr, valid, x, pre, K, lane, wi % S, gemv_split_slice<NT, 1>(K, wi / S), acc);
+    if (valid && wi % S == 0 && lane == 0)
+      gemv_multi_store<NT>(m, i, row, acc[0]);
+    return;
+  }
   int g = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
   const bool valid = g < total;
   int i = gemv_multi_matrix(m, g);
@@ -496,11 +582,22 @@ __global__ void __launch_bounds__(NW * 32)
 
 /* matmul_silu_mul with the prenorm: gemv_silu_mul_kernel over the normalized x, NW warps per
  * block, RPW gate/up pairs per warp as gemv_multi_pre_kernel. */
-template <int NT, int NW, bool REG>
+template <int NT, int NW, bool REG, int S = 1>
 __global__ void __launch_bounds__(NW * 32)
     gemv_silu_mul_pre_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K,
                              const __grid_constant__ gemv_pre pre, int rpw) {
   const int lane = threadIdx.x & 31;
+  if constexpr (S > 1) { /* NW / S gate/up pairs per block, S warps each (rpw is 1) */
+    const int wi = threadIdx.x >> 5, row = blockIdx.x * (NW / S) + wi / S;
+    const bool valid = row < F;
+    const size_t off = (size_t)(valid ? row : 0) * K;
+    const bf16 *wr[2] = {Wg + off, Wu + off};
+    float acc[2][NT];
+    gemv_rows_pre_split<NT, 2, NW, REG, S>(wr, valid, x, pre, K, lane, wi % S, gemv_split_slice<NT, 2>(K, wi / S), acc);
+    if (valid && wi % S == 0 && lane == 0)
+      gemv_silu_store<NT>(out, row, F, acc);
+    return;
+  }
   int row = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
   const bool valid = row < F;
   size_t off = (size_t)(valid ? row : 0) * K;
@@ -624,11 +721,23 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 /* With the prenorm: NW warps per block, RPW pairs per warp, as gemv_multi_pre_kernel. */
-template <int NT, int NW, bool REG>
+template <int NT, int NW, bool REG, int S = 1>
 __global__ void __launch_bounds__(NW * 32)
     gemv_qkv_rope_pre_kernel(const __grid_constant__ gemv_multi m, const __grid_constant__ gemv_rope r, const bf16 *x,
                              int K, const __grid_constant__ gemv_pre pre, int rpw) {
   const int lane = threadIdx.x & 31, total = r.pq + 2 * r.pk;
+  if constexpr (S > 1) { /* NW / S pairs per block, S warps each (rpw is 1) */
+    const int wi = threadIdx.x >> 5, g = blockIdx.x * (NW / S) + wi / S;
+    const bool valid = g < total;
+    const qkv_pair p = qkv_rope_pair(r, valid ? g : 0);
+    const bf16 *W = (const bf16 *)m.W[p.i];
+    const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
+    float acc[2][NT];
+    gemv_rows_pre_split<NT, 2, NW, REG, S>(wr, valid, x, pre, K, lane, wi % S, gemv_split_slice<NT, 2>(K, wi / S), acc);
+    if (valid && wi % S == 0)
+      qkv_rope_store<NT>(m, r, p, acc, lane);
+    return;
+  }
   int g = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
   const bool valid = g < total;
   qkv_pair p = qkv_rope_pair(r, valid ? g : 0);
@@ -724,15 +833,42 @@ static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm 
   return 1;
 }
 
+/* Warps per row group (S) of a prenorm kernel over UNITS groups of R rows of K at T, NW warps per
+ * block: 2 where gemv_split would split a plain GEMV of that many rows, for T <= CUDA_GEMV_PRE_SPLIT_T
+ * with one row group per warp (PAGODA_GEMV_PRE_LOOP 1) and x plus the partials within 48 KiB of
+ * shared memory; else 1. *SMEM: the dynamic shared memory for that S. */
+static int gemv_pre_split(struct cuda_backend *cb, long long units, int K, int T, int NW, int R, size_t *smem) {
+  const size_t xs = ((size_t)T * K * 2 + 15) & ~(size_t)15;
+  *smem = (size_t)T * K * 2;
+  if (T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX || gemv_split(cb, (int)units, K) < 2)
+    return 1;
+  const size_t sp = (size_t)(NW / 2) * GEMV_SEGS * R * T * 32 * sizeof(float);
+  if (xs + sp > 48 * 1024)
+    return 1;
+  *smem = xs + sp;
+  return 2;
+}
+
+/* Launches KERNEL<T, NW, REG, 2> over UNITS row groups when S is 2 (and T within the split's
+ * instantiations), else KERNEL<T, NW, REG, 1> at rpw row groups per warp; ARGS after the shape. */
+#define GEMV_PRE_CASE(c, kernel, units, S, smem, ...)                                                             \
+  case c:                                                                                                          \
+    if constexpr (c <= CUDA_GEMV_PRE_SPLIT_T) {                                                                    \
+      if ((S) == 2)                                                                                                \
+        return cuda_pdl_launch(cb, kernel<c, NW, REG, 2>, dim3((unsigned)(((units) + NW / 2 - 1) / (NW / 2))),     \
+                               dim3(NW * 32), smem, __VA_ARGS__, 1);                                               \
+    }                                                                                                              \
+    return cuda_pdl_launch(cb, kernel<c, NW, REG, 1>, dim3((unsigned)(((units) + NW * rpw - 1) / (NW * rpw))),     \
+                           dim3(NW * 32), smem, __VA_ARGS__, rpw);
+
 /* The prenorm kernels for NW warps per block and REG (a template so the switch over T names them). */
 template <int NW, bool REG>
 static cudaError_t gemv_multi_pre_launch(struct cuda_backend *cb, unsigned rows, const gemv_multi &m, const bf16 *X,
                                          int K, const gemv_pre &p, int T) {
   const int rpw = cb->gemv_pre_loop;
-  const dim3 grid((rows + NW * rpw - 1) / (NW * rpw)), thr(NW * 32);
-  const size_t smem = (size_t)T * K * 2;
-#define GEMV_CASE(c) \
-  case c: return cuda_pdl_launch(cb, gemv_multi_pre_kernel<c, NW, REG>, grid, thr, smem, m, X, K, p, rpw);
+  size_t smem;
+  const int S = gemv_pre_split(cb, rows, K, T, NW, 1, &smem);
+#define GEMV_CASE(c) GEMV_PRE_CASE(c, gemv_multi_pre_kernel, rows, S, smem, m, X, K, p)
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   return cudaErrorInvalidValue;
@@ -742,10 +878,9 @@ template <int NW, bool REG>
 static cudaError_t gemv_silu_pre_launch(struct cuda_backend *cb, bf16 *out, const bf16 *Wg, const bf16 *Wu,
                                         const bf16 *X, int F, int K, const gemv_pre &p, int T) {
   const int rpw = cb->gemv_pre_loop;
-  const dim3 grid((unsigned)((F + NW * rpw - 1) / (NW * rpw))), thr(NW * 32);
-  const size_t smem = (size_t)T * K * 2;
-#define GEMV_CASE(c) \
-  case c: return cuda_pdl_launch(cb, gemv_silu_mul_pre_kernel<c, NW, REG>, grid, thr, smem, out, Wg, Wu, X, F, K, p, rpw);
+  size_t smem;
+  const int S = gemv_pre_split(cb, F, K, T, NW, 2, &smem);
+#define GEMV_CASE(c) GEMV_PRE_CASE(c, gemv_silu_mul_pre_kernel, F, S, smem, out, Wg, Wu, X, F, K, p)
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   return cudaErrorInvalidValue;
@@ -867,10 +1002,9 @@ template <int NW, bool REG>
 static cudaError_t qkv_rope_pre_launch(struct cuda_backend *cb, unsigned pairs, const gemv_multi &m, const gemv_rope &r,
                                        const bf16 *X, int K, const gemv_pre &p, int T) {
   const int rpw = cb->gemv_pre_loop;
-  const dim3 grid((pairs + NW * rpw - 1) / (NW * rpw)), thr(NW * 32);
-  const size_t smem = (size_t)T * K * 2;
-#define GEMV_CASE(c) \
-  case c: return cuda_pdl_launch(cb, gemv_qkv_rope_pre_kernel<c, NW, REG>, grid, thr, smem, m, r, X, K, p, rpw);
+  size_t smem;
+  const int S = gemv_pre_split(cb, pairs, K, T, NW, 2, &smem);
+#define GEMV_CASE(c) GEMV_PRE_CASE(c, gemv_qkv_rope_pre_kernel, pairs, S, smem, m, r, X, K, p)
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   return cudaErrorInvalidValue;
