@@ -462,6 +462,17 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * gemv_split): PAGODA_GEMV_SPLIT=0 keeps one warp per row, for measuring it (same bits). */
   const char *gs = getenv("PAGODA_GEMV_SPLIT");
   cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
+  /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
+   * it measured slower than the separate norm, bench/RESULTS.md), for measuring it. */
+  const char *gk = getenv("PAGODA_GEMV_PRE_MAX_K");
+  cb->gemv_pre_max_k = 0;
+  if (gk && *gk) {
+    char *end;
+    long v = strtol(gk, &end, 10);
+    if (*end || v < 0 || v > INT32_MAX)
+      return ERR("PAGODA_GEMV_PRE_MAX_K=%s: expected a row length (0: no limit)", gk);
+    cb->gemv_pre_max_k = (int)v;
+  }
   cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
   if (pr && *pr) {
     if (strcmp(pr, "4") && strcmp(pr, "8") && strcmp(pr, "16"))

@@ -125,6 +125,8 @@ struct cuda_backend {
                               * cuda_quant_gemv.cu for quantized weights) */
   int fused_rope;            /* 0 when PAGODA_FUSED_ROPE=0 (or PAGODA_FUSED_OPS=0): matmul_qkv_rope answers 1
                               * (the model runs matmul_n and rope_kv_write instead) */
+  int gemv_pre_max_k;        /* > 0: the bf16 prenorm forms answer 1 for rows longer than this
+                              * (PAGODA_GEMV_PRE_MAX_K; 0, the default: no limit but the shared memory's) */
   int gemv_split;            /* 0 when PAGODA_GEMV_SPLIT=0: one warp per weight row always (cuda_gemv.cu,
                               * gemv_split; the same bits either way) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;

@@ -825,7 +825,7 @@ static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm 
     return ERR("cuda prenorm: the norm weight has %lld elements, the matrices have %lld columns",
                (long long)(w->rows * w->cols), (long long)K);
   if (!cb->fused_norm || (w->dtype != DTYPE_F32 && w->dtype != DTYPE_BF16) ||
-      (size_t)T * (size_t)K * 2 > CUDA_GEMV_PRE_SMEM)
+      (size_t)T * (size_t)K * 2 > CUDA_GEMV_PRE_SMEM || (cb->gemv_pre_max_k > 0 && K > cb->gemv_pre_max_k))
     return 0;
   p->w = w->data;
   p->w_f32 = w->dtype == DTYPE_F32;
