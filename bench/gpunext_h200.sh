@@ -2,7 +2,8 @@
 # gpunext_h200.sh - on the GPU machine (kind nvidia-h200), in ONE call: the batch-1 fusions of
 # issue 9 (attnfold, gemvfuse, ropefuse) and, for 8b, issue 11's --isq 8, each switched off
 # alone against everything on, next to llama.cpp (../shared/peers, CUDA, flash attention) on the
-# SAME random-weight f16 GGUF of the Llama-3.2-1B or -3.1-8B shape (peers/make_random_gguf.py).
+# SAME random-weight f16 GGUF of the Llama-3.2-1B or -3.1-8B shape (tools/random_gguf.py: seconds,
+# where peers/make_random_gguf.py took five minutes of the 8B call).
 #   1b  all GPU tests (tools/device_run.sh gpu), test_cuda_model with each switch off, then the
 #       batch-1 A/B and llama-bench, then 64 x (512, 256) with everything on and off;
 #   8b  the batch-1 A/B and llama-bench, then --isq 8 (on and off the fused forms).
@@ -36,7 +37,7 @@ targets="llama-bench"
 (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
   cmake --build b -j 12 --target $targets >>$W/build.log 2>&1) &
 BP=$!
-[[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
+[[ -f $G ]] || (python3 tools/random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
 GP=$!
 
 gtest() { # NAME [VAR=value...]: one GPU test binary, its rc and last lines

@@ -5,7 +5,7 @@
 # ROWS:LOOP:L2 = 8:1:1; this script found 8:1:0 the shape that pays, bench/RESULTS.md).
 #   1. the GPU tests (tools/device_run.sh gpu);
 #   2. `pagoda bench` 1 x (512, 128) greedy on a random f16 GGUF of the 1B shape
-#      (peers/make_random_gguf.py, made in the background meanwhile): PAGODA_FUSED_NORM=0, then
+#      (tools/random_gguf.py, made in the background meanwhile): PAGODA_FUSED_NORM=0, then
 #      the fused norm with each ROWS:LOOP:L2 of $PROBE_CFGS, twice, interleaved; digests must
 #      all be equal;
 #   3. ncu (--clock-control none, gpu__time_duration) over a short greedy run with CUDA graphs
@@ -22,7 +22,7 @@ G=$W/random-1b.gguf
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 echo "commit $(cat COMMIT 2>/dev/null)"
 [[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
-[[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G 1b peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
+[[ -f $G ]] || (python3 tools/random_gguf.py $W/lc/gguf-py $G 1b peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
 GP=$!
 el "GPU tests (tools/device_run.sh gpu)"
 mkdir -p "$out/gpu"; OUT=$out/gpu tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ|CHECK" | head -40

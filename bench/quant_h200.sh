@@ -20,7 +20,7 @@ if [[ $what == prep || $what == all ]]; then
   (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
    cmake --build b -j 12 --target llama-bench llama-batched-bench llama-quantize >>$W/build.log 2>&1) &
   BP=$!
-  [[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G 8b peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
+  [[ -f $G ]] || (python3 tools/random_gguf.py $W/lc/gguf-py $G 8b peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
   GP=$!
   el "GPU tests"
   .device/build/tests/gpu_bin/test_cuda_quant >"$out/test_cuda_quant.log" 2>&1; echo "test_cuda_quant rc=$?"; tail -5 "$out/test_cuda_quant.log"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # h200_compare.sh - on the GPU machine, in ONE call: pagoda next to llama.cpp (../shared/peers,
 # commit c392e509, CUDA, flash attention) on the SAME random-weight f16 GGUF of the Llama-3.2-1B or
-# Llama-3.1-8B shape (peers/make_random_gguf.py), so that every ratio of issue 9's table comes
+# Llama-3.1-8B shape (tools/random_gguf.py; peers/make_random_gguf.py makes the same shapes in minutes),
+# so that every ratio of issue 9's table comes
 # from one run. The llama.cpp build and the GGUF are made in the background while the GPU tests
 # (1b: three rounds, as `make test-gpu` three times in a row) and the attention
 # microbenchmarks (bench/cuda_attention next to torch SDPA) use the GPU; the timed runs start after
@@ -22,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
  cmake --build b -j 12 --target llama-bench llama-batched-bench llama-quantize >>$W/build.log 2>&1) &
 BP=$!
-[[ -f $G ]] || (python3 peers/make_random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
+[[ -f $G ]] || (python3 tools/random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
 GP=$!
 if [[ $shape == 1b ]]; then
   for round in 1 2 3; do
