@@ -170,9 +170,10 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
  * stream instead, and each sum, rounded to bf16 as matmul stores it, is added as rmsnorm_kernel's
  * residual add does (bf16(product + resid), f32 sum), in place; lane t updates token t (every
  * lane holds the totals), so the T read-modify-writes overlap. S warps per row (1, 2 or 4;
- * gemv_split picks it): GEMV_WARPS / S rows per block, warp p of a row summing segments
- * [p * GEMV_SEGS / S, (p + 1) * GEMV_SEGS / S) into shared memory, then the row's first warp adding
- * them in segment order (the same bits as S = 1) and storing. */
+ * gemv_split picks it): GEMV_WARPS / S rows per block, warp p of a row summing segments p, p + S,
+ * ... (the non-empty segments come first, so they are spread over the warps: at K = 2048 only two
+ * are) into shared memory, then the row's first warp adding them in segment order (the same bits
+ * as S = 1) and storing. */
 template <int NT, bool ADD, int S>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
@@ -190,16 +191,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int part = wi % S, L = gemv_seg_len(K);
     const bool valid = row < N;
     const bf16 *wr[1] = {W + (size_t)(valid ? row : 0) * K};
-    const int sa = part * (GEMV_SEGS / S), e0 = sa * L + lane * 8;
+    const int e0 = part * L + lane * 8; /* segments part, part + S, ...: the first ones are the non-empty ones */
     for (int j = 0; j < 4; j++)
-      if (valid && e0 + 256 * j < K && e0 + 256 * j < (sa + GEMV_SEGS / S) * L)
+      if (valid && e0 + 256 * j < K && e0 + 256 * j < (part + 1) * L)
         prefetch_l2(wr[0] + e0 + 256 * j);
     pdl_wait();
     pdl_trigger();
     if (valid) {
 #pragma unroll
       for (int q = 0; q < GEMV_SEGS / S; q++) {
-        const int s0 = (sa + q) * L;
+        const int s0 = (part + q * S) * L;
 #pragma unroll
         for (int t = 0; t < NT; t++)
           acc[0][t] = 0.0f;
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
           gemv_steps<NT, 1, false>(wr, x, K, s0 + lane * 8, s0 + L < K ? s0 + L : K, acc);
 #pragma unroll
         for (int t = 0; t < NT; t++)
-          sp[wi / S][sa + q][t][lane] = acc[0][t];
+          sp[wi / S][part + q * S][t][lane] = acc[0][t];
       }
     }
     __syncthreads();
@@ -465,8 +466,8 @@ __device__ __forceinline__ void gemv_rows_xs(const bf16 *const *wr, int K, int l
 }
 
 /* gemv_rows_pre for a row group split over S > 1 warps (PAGODA_GEMV_SPLIT; gemv_pre_split picks
- * S): warp PART of the group sums the segments [PART * GEMV_SEGS / S, (PART + 1) * GEMV_SEGS / S)
- * of its R rows over the normalized x (its first segment's first four steps requested before the
+ * S): warp PART of the group sums the segments PART, PART + S, ... (the non-empty ones first
+ * spread over the warps) of its R rows over the normalized x (its first segment's first four steps requested before the
  * wait, into registers or L2 as REG says), each segment's lane sums into SP (GEMV_SEGS * R * NT * 32
  * floats, the group's slice of the dynamic shared memory after x), then after the barrier the
  * group's first warp adds them in segment order and reduces over the warp: gemv_loop's bits. Every
@@ -475,7 +476,7 @@ template <int NT, int R, int NW, bool REG, int S>
 __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
                                                     int K, int lane, int part, float *sp, float (*acc)[NT]) {
   bf16 *xs = (bf16 *)gemv_xs;
-  const int L = gemv_seg_len(K), sa = part * (GEMV_SEGS / S), f0 = sa * L, f1 = f0 + L < K ? f0 + L : K;
+  const int L = gemv_seg_len(K), f0 = part * L, f1 = f0 + L < K ? f0 + L : K;
   const int e0 = f0 + lane * 8;
   uint4 w0[R][4];
 #pragma unroll
@@ -494,7 +495,7 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
   if (valid) {
 #pragma unroll
     for (int q = 0; q < GEMV_SEGS / S; q++) {
-      const int s0 = (sa + q) * L, s1 = s0 + L < K ? s0 + L : K;
+      const int s0 = (part + q * S) * L, s1 = s0 + L < K ? s0 + L : K;
 #pragma unroll
       for (int r = 0; r < R; r++)
 #pragma unroll
@@ -516,7 +517,7 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
       for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++)
-          sp[(((sa + q) * R + r) * NT + t) * 32 + lane] = acc[r][t];
+          sp[(((part + q * S) * R + r) * NT + t) * 32 + lane] = acc[r][t];
     }
   }
   __syncthreads();
@@ -843,7 +844,7 @@ static int gemv_pre_split(struct cuda_backend *cb, long long units, int K, int T
   if (T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX || gemv_split(cb, (int)units, K) < 2)
     return 1;
   const size_t sp = (size_t)(NW / 2) * GEMV_SEGS * R * T * 32 * sizeof(float);
-  if (xs + sp > 48 * 1024)
+  if (xs + sp + 32 * sizeof(float) > 48 * 1024) /* + gemv_prenorm's static part[32] */
     return 1;
   *smem = xs + sp;
   return 2;
