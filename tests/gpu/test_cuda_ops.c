@@ -994,8 +994,9 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
 
 /* The CUDA backends the fused forms run on: pair_be[1] (the prologue's default shape unless
  * PAGODA_GEMV_PRE_* are set), then PAGODA_GEMV_PRE_ROWS=4 and 16 (warps per block),
- * PAGODA_GEMV_PRE_LOOP=2 and 4 (rows per warp), PAGODA_GEMV_PRE_L2=0 (the first weight steps
- * loaded into registers, not L2); and one made with PAGODA_FUSED_NORM=0, which must answer 1 to all of them. */
+ * PAGODA_GEMV_PRE_LOOP=2 and 4 (rows per warp), PAGODA_GEMV_PRE_L2=1 (the first weight steps
+ * prefetched into L2, not held in registers as by default); and one made with PAGODA_FUSED_NORM=0,
+ * which must answer 1 to all of them. */
 #define PRE_BES 6
 static struct backend *pre_be[PRE_BES], *pre_off_be;
 
@@ -1020,7 +1021,7 @@ static void pre_open(void) {
   pre_be[2] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "16");
   pre_be[3] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "2");
   pre_be[4] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
-  pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "0");
+  pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "1");
   pre_off_be = cuda_with_env("PAGODA_FUSED_NORM", "0");
   for (int k = 1; k < PRE_BES; k++)
     if (!pre_be[k])
