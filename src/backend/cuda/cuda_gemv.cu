@@ -656,14 +656,16 @@ __global__ void __launch_bounds__(NW * 32)
 
 /* Warps per row for an N x K matrix (gemv_kernel's S): 1, or with PAGODA_GEMV_SPLIT on (the
  * default; cb->gemv_split) the fewest of 2 and 4 that put 32 warps per multiprocessor to work,
- * at most one per non-empty segment. The bits are the same either way (the order above). */
+ * and only where the last warp's first segment (S - 1) * GEMV_SEGS / S holds columns: at K =
+ * 2048 (two non-empty segments) the second warp would only wait, so such rows stay whole. The
+ * bits are the same either way (the order above). */
 static int gemv_split(struct cuda_backend *cb, int N, int K) {
   if (!cb->gemv_split)
     return 1;
   const long long want = 32LL * cuda_sm_count(cb);
   const int L = gemv_seg_len(K), segs = (K + L - 1) / L;
   int s = 1;
-  while (s < 4 && (long long)N * s < want && 2 * s <= segs)
+  while (s < 4 && (long long)N * s < want && (2 * s - 1) * (GEMV_SEGS / (2 * s)) < segs)
     s *= 2;
   return s;
 }
