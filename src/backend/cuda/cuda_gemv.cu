@@ -766,7 +766,8 @@ __global__ void __launch_bounds__(NW * 32)
 
 /* Warps per row for an N x K matrix (gemv_kernel's S): 1, or with PAGODA_GEMV_SPLIT on (the
  * default; cb->gemv_split) the fewest of 2 and 4 that put 32 warps per multiprocessor to work,
- * at most one per non-empty segment. The bits are the same either way (the order above). */
+ * at most one per non-empty segment (warp p takes segments p, p + S, ...: each has columns). The
+ * bits are the same either way (the order above). */
 static int gemv_split(struct cuda_backend *cb, int N, int K) {
   if (!cb->gemv_split)
     return 1;
