@@ -135,5 +135,26 @@ else
   done
   digests "8b isq8"
 fi
+# GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"): ncu over a short greedy run per
+# entry, CUDA graphs off, and one decode step's kernels summed by name (tools/ncu_step.py: time,
+# DRAM bytes read and GB/s per kernel); summaries in $OUT/ncu_LABEL.txt, CSVs tarred.
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ -n ${GPUNEXT_NCU:-} ]]; then
+  IFS=';' read -ra ncus <<<"$GPUNEXT_NCU"
+  mkdir -p /tmp/ncu
+  for e in "${ncus[@]}"; do
+    label=${e%%=*} args=${e#*=}
+    left "ncu $label" || break
+    [[ -n $NCU ]] || { echo "no ncu"; break; }
+    el "ncu $label ($args), graphs off: 12 prompt words, 4 new tokens"
+    # shellcheck disable=SC2086
+    PAGODA_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+      --csv --print-units base "$P" run -m "$G" --device cuda --temperature 0 -n 4 --ignore-eos $args \
+      -p "one two three four five six seven eight nine ten eleven twelve" >"/tmp/ncu/$label.csv" 2>"/tmp/ncu/$label.err"
+    echo "ncu rc=$?"
+    python3 tools/ncu_step.py "/tmp/ncu/$label.csv" | tee "$out/ncu_$label.txt"
+  done
+  tar czf "$out/ncu.tgz" -C /tmp ncu 2>/dev/null
+fi
 grep -E "^error" "$out/bench.err" 2>/dev/null | sort | uniq -c | head -5
 el "done"

@@ -10,7 +10,7 @@
 #      all be equal;
 #   3. ncu (--clock-control none, gpu__time_duration) over a short greedy run with CUDA graphs
 #      off, fused norm on and off: each kernel's duration in the LAST decode step, summed by
-#      kernel name (summary in $OUT/ncu_*.txt): the kernels' own time against the step's TPOT.
+#      kernel name (tools/ncu_step.py; summary in $OUT/ncu_*.txt): the kernels' own time against the step's TPOT.
 # Stage: as gpunext_h200.sh (peers + the llama vocab beside the bundle). Run:
 #   cd .gpu-next && bash bench/prenorm_probe_h200.sh 2>&1 | tee $OUT/run.log
 set -uo pipefail
@@ -61,36 +61,11 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 if [[ -n $NCU ]]; then
   for fn in 1 0; do
     el "ncu, PAGODA_FUSED_NORM=$fn, graphs off: 24 prompt tokens, 6 new"
-    PAGODA_CUDA_GRAPHS=0 PAGODA_FUSED_NORM=$fn timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+    PAGODA_CUDA_GRAPHS=0 PAGODA_FUSED_NORM=$fn timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
       --csv --print-units base "$P" run -m "$G" --device cuda --temperature 0 -n 6 --ignore-eos \
       -p "one two three four five six seven eight nine ten eleven twelve" >"$out/ncu_norm$fn.csv" 2>"$out/ncu_norm$fn.err"
     echo "ncu rc=$?"
-    python3 - "$out/ncu_norm$fn.csv" <<'EOF' | tee "$out/ncu_norm_summary_$(basename "$out/ncu_norm$fn.csv" .csv).txt"
-import csv, sys, collections
-rows = []
-with open(sys.argv[1]) as f:
-    lines = [l for l in f if l.startswith('"')]
-for r in csv.DictReader(lines):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        rows.append((int(r["ID"]), r["Kernel Name"], float(r["Metric Value"].replace(",", ""))))
-rows.sort()
-print(len(rows), "kernels profiled")
-# the decode steps: runs of kernels starting at the embedding gather; the last complete one
-starts = [i for i, (_, n, _) in enumerate(rows) if "embed" in n.lower()]
-if len(starts) >= 3:
-    step = rows[starts[-2]:starts[-1]]
-    tot = collections.OrderedDict()
-    cnt = collections.Counter()
-    for _, n, v in step:
-        k = n.split("(")[0][:90]
-        tot[k] = tot.get(k, 0) + v; cnt[k] += 1
-    s = sum(v for _, _, v in step)
-    print(f"one decode step: {len(step)} kernels, {s/1e3:.1f} us of kernel time")
-    for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
-        print(f"  {v/1e3:9.1f} us  {cnt[k]:4d}x  {k}")
-else:
-    print("could not find the decode steps; kernel names:", sorted(set(n[:60] for _, n, _ in rows))[:30])
-EOF
+    python3 tools/ncu_step.py "$out/ncu_norm$fn.csv" | tee "$out/ncu_norm_summary_$fn.txt"
   done
 else
   echo "no ncu"
