@@ -11,7 +11,8 @@
 # --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
 # PAGODA_GEMV_SPLIT=0, PAGODA_FUSED_NORM=0, PAGODA_GEMV_PRE_L2=1, PAGODA_ATTN_FOLD=0,
 # PAGODA_FUSED_ROPE=0 alone, and all of them off (main's kernels, in the new summation order);
-# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others; GPUNEXT_ROUNDS=N alternates llama-bench and
+# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others (GPUNEXT_TESTS, GPUNEXT_B64, GPUNEXT_ISQ_CFGS
+# and GPUNEXT_NCU below pick the rest); GPUNEXT_ROUNDS=N (0: none) alternates llama-bench and
 # pagoda's default N times after them (for the ratio on a machine whose speed drifts). Every fused form and split is
 # bit-identical to the separate ops: the digests of one model must all be equal; the script says
 # ALL EQUAL or DIFFER.
@@ -34,7 +35,8 @@ echo "commit $(cat COMMIT 2>/dev/null)"
 [[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
 targets="llama-bench"
 [[ $shape == 1b ]] && targets="llama-bench llama-batched-bench"
-(cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
+[[ ${GPUNEXT_LLAMA:-1} == 0 ]] && targets="" # GPUNEXT_LLAMA=0: no llama.cpp (no build, no rounds, no batched bench)
+[[ -n $targets ]] && (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
   cmake --build b -j 12 --target $targets >>$W/build.log 2>&1) &
 BP=$!
 [[ -f $G ]] || (python3 tools/random_gguf.py $W/lc/gguf-py $G $shape peers/ggml-vocab-llama-spm.gguf >$W/gguf.log 2>&1) &
@@ -48,7 +50,16 @@ gtest() { # NAME [VAR=value...]: one GPU test binary, its rc and last lines
   echo "$name $* rc=$?"
   grep -E "FAIL|passed|failed" "$log" | tail -3
 }
-if [[ $shape == 1b ]]; then
+# GPUNEXT_TESTS="name[:VAR=value...];...": these GPU test binaries instead of the whole suite (1b)
+if [[ -n ${GPUNEXT_TESTS:-} ]]; then
+  mkdir -p /tmp/gpulogs
+  IFS=';' read -ra tests <<<"$GPUNEXT_TESTS"
+  for e in "${tests[@]}"; do
+    IFS=: read -ra te <<<"$e"
+    gtest "${te[@]}"
+  done
+  tar czf "$out/gpu_logs.tgz" -C /tmp gpulogs 2>/dev/null
+elif [[ $shape == 1b ]]; then
   el "GPU tests (tools/device_run.sh gpu)"
   mkdir -p /tmp/gpulogs; OUT=/tmp/gpulogs tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ" | head -40
   grep -h "failed:" /tmp/gpulogs/*.log | head -30
@@ -108,27 +119,34 @@ el "waiting for the GGUF"
 wait $GP || { echo "gguf failed"; tail -20 $W/gguf.log; }
 ls -la $G
 left "A/B" && ab "$shape b1"
-el "waiting for the llama.cpp build"
-wait $BP || { echo "llama.cpp build failed"; tail -20 $W/build.log; }
-for ((round = 1; round <= ${GPUNEXT_ROUNDS:-1}; round++)); do # GPUNEXT_ROUNDS: llama.cpp, then pagoda, N times
+rounds=${GPUNEXT_ROUNDS:-1}
+if [[ -n $targets ]]; then
+  el "waiting for the llama.cpp build"
+  wait $BP || { echo "llama.cpp build failed"; tail -20 $W/build.log; }
+else
+  rounds=0
+fi
+for ((round = 1; round <= rounds; round++)); do # GPUNEXT_ROUNDS: llama.cpp, then pagoda, N times
   left llama-bench || break
   el "llama.cpp llama-bench (pp512, tg128), round $round"
   $LB/llama-bench -m $G -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | tee -a "$out/llamacpp_bench_$shape.txt"
   left "pagoda after llama.cpp" && run "$shape b1 after llama.cpp" -- "${one[@]}"
 done
-if [[ $shape == 1b ]]; then
+if [[ $shape == 1b && ${GPUNEXT_B64:-1} != 0 ]]; then # GPUNEXT_B64=0: no 64-parallel part
   for c in on "PAGODA_GEMV_SPLIT=0 PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0"; do
     left "64 x (512, 256) $c" || break
     e=(); [[ $c != on ]] && read -ra e <<<"$c"
     run "1b 64x(512,256)" "${e[@]}" -- --num-prompts 64 --input-len 512 --output-len 256
   done
   digests "1b 64x"
-  if left "llama-batched-bench"; then
+  if [[ -n $targets ]] && left "llama-batched-bench"; then
     $LB/llama-batched-bench -m $G -ngl 99 -fa -c 140000 -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 2>/dev/null |
       grep -E '^\|' | tee "$out/llamacpp_batched_$shape.txt"
   fi
-else
-  for c in on "PAGODA_FUSED_NORM=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on; do
+elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --isq 8 configurations
+  isq=(on "PAGODA_FUSED_NORM=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on)
+  [[ -n ${GPUNEXT_ISQ_CFGS:-} ]] && IFS=, read -ra isq <<<"$GPUNEXT_ISQ_CFGS"
+  for c in "${isq[@]}"; do
     left "--isq 8 $c" || break
     e=(); [[ $c != on ]] && read -ra e <<<"$c"
     run "8b isq8 b1" "${e[@]}" -- "${one[@]}" --isq 8

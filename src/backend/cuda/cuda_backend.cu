@@ -415,6 +415,17 @@ extern "C" int cuda_backend_available(void) {
   return 1;
 }
 
+/* An on/off switch from the environment: DEF when NAME is unset or empty, else 0 or 1; -1 (error
+ * set) for anything else. */
+static int env_flag(const char *name, int def) {
+  const char *v = getenv(name);
+  if (!v || !*v)
+    return def;
+  if (strcmp(v, "0") && strcmp(v, "1"))
+    return ERR("%s=%s: expected 0 or 1", name, v);
+  return v[0] == '1';
+}
+
 static int cuda_init(struct cuda_backend *cb, int device) {
   int n = 0;
   CUDA_CHECK(cudaGetDeviceCount(&n));
@@ -462,6 +473,13 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * gemv_split): PAGODA_GEMV_SPLIT=0 keeps one warp per row, for measuring it (same bits). */
   const char *gs = getenv("PAGODA_GEMV_SPLIT");
   cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
+  cb->gemv_pre_split = cb->gemv_split && !((gs = getenv("PAGODA_GEMV_PRE_SPLIT")) && strcmp(gs, "0") == 0);
+  /* The plain GEMVs' first weight steps into registers (1) or L2 (0) before their wait, and the x
+   * quantization of the integer-dot GEMV triggering its GEMV before its own wait (cuda_backend.h);
+   * for measuring them. */
+  if ((cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
+      (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0)
+    return -1;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
    * it measured slower than the separate norm, bench/RESULTS.md), for measuring it. */
   const char *gk = getenv("PAGODA_GEMV_PRE_MAX_K");

@@ -129,6 +129,14 @@ struct cuda_backend {
                               * (PAGODA_GEMV_PRE_MAX_K; 0, the default: no limit but the shared memory's) */
   int gemv_split;            /* 0 when PAGODA_GEMV_SPLIT=0: one warp per weight row always (cuda_gemv.cu,
                               * gemv_split; the same bits either way) */
+  int gemv_pre_split;        /* 0 when PAGODA_GEMV_PRE_SPLIT=0: the prenorm GEMVs keep one warp per row group
+                              * (gemv_pre_split; the plain GEMVs still split; the same bits either way) */
+  int gemv_reg;              /* 1 (CUDA_GEMV_REG; PAGODA_GEMV_REG=0|1): the plain bf16 GEMVs load their first
+                              * four weight steps into registers before pdl_wait; 0: prefetch into L2
+                              * (cuda_gemv.cu, gemv_rows; the same bits either way) */
+  int qx_early;              /* 1 (CUDA_QX_EARLY; PAGODA_QX_EARLY=0|1): the x quantization of the
+                              * integer-dot GEMV lets that GEMV launch before its own wait, so the GEMV's
+                              * weight loads overlap the tail of the kernel before (cuda_quant_gemv.cu) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
@@ -254,6 +262,8 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_PRE_ROWS_MAX 16
 #define CUDA_GEMV_PRE_LOOP 1
 #define CUDA_GEMV_PRE_L2 0
+#define CUDA_GEMV_REG 0
+#define CUDA_QX_EARLY 0
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

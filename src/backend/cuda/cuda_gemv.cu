@@ -36,6 +36,8 @@
 typedef __nv_bfloat16 bf16;
 
 #define GEMV_WARPS 4 /* rows per block */
+#define GEMV_OUT_F32 1 /* gemv_kernel's flags */
+#define GEMV_REG 2
 
 /* One weight step: acc[t] += the dot product of the 8 weights WU with columns [e, e + 8) of x's
  * row t. SX: x is the block's normalized copy in shared memory (the prenorm kernels), else the
@@ -137,36 +139,72 @@ __device__ __forceinline__ void gemv_loop(const bf16 *const *wr, const bf16 *x, 
       acc[r][t] = warp_total(run[r][t]);
 }
 
+/* Lane E's first four steps of R rows WR[r] (columns E + 256 j < END) into W0[r][j] (zeros past
+ * END): issued before pdl_wait, so the loads are in flight while the kernel waits for the one
+ * before it (weights never change during a step, cuda_pdl.cuh). */
+template <int R>
+__device__ __forceinline__ void gemv_first4_load(const bf16 *const *wr, int e, int end, bool valid, uint4 (*w0)[4]) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      w0[r][j] = valid && e + 256 * j < end ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
+}
+
+/* Onto acc[r][t]: the steps of W0 (gemv_first4_load) in column order, those before END. SX as gemv_step. */
+template <int NT, int R, bool SX>
+__device__ __forceinline__ void gemv_first4_steps(const uint4 (*w0)[4], const bf16 *x, int K, int e, int end,
+                                                  float (*acc)[NT]) {
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+    if (e + 256 * j < end)
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        gemv_step<NT, SX>(w0[r][j], x, K, e + 256 * j, acc[r]);
+}
+
 /* The dot products of R weight rows WR[r] with the T activation rows of x into acc[r][t], summed
  * over the warp (gemv_loop: every lane holds the totals). Four steps' loads per row go out first.
- * Before pdl_wait() the rows' first four steps are prefetched into L2 (the weights never change
- * during a step, cuda_pdl.cuh), so the matrix starts streaming while the kernel before this one
- * drains; into L2 rather than registers, because holding them in registers across the wait
- * takes registers, so warps per SM (the depth-8 form that did so measured slower: bench/RESULTS.md,
- * "Programmatic dependent launch"). The trigger comes after the wait: the next kernel's blocks may launch
- * (and prefetch) while this one streams, the kernel after that only once this one's wait has
- * passed. The loop itself is the one from before PDL, so the sums have the same bits. */
+ * Before pdl_wait() the rows' first four steps are requested (the weights never change during a
+ * step, cuda_pdl.cuh), so the matrix starts streaming while the kernel before this one drains:
+ * REG (cb->gemv_reg, PAGODA_GEMV_REG) loads them into registers, which stay live across the wait,
+ * as the prenorm kernels do; else they are prefetched into L2 (no registers held: the depth-8
+ * form that held eight steps measured slower, bench/RESULTS.md, "Programmatic dependent launch").
+ * The trigger comes after the wait: the next kernel's blocks may launch (and prefetch) while this
+ * one streams, the kernel after that only once this one's wait has passed. Either way the steps
+ * are added in gemv_loop's order, so the sums have the same bits. */
 template <int NT, int R>
-__device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane,
+__device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane, bool reg,
                                           float (*acc)[NT]) {
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
     for (int t = 0; t < NT; t++)
       acc[r][t] = 0.0f;
-  int e = lane * 8;
+  const int e = lane * 8;
+  uint4 w0[R][4];
+  if (reg) {
+    gemv_first4_load<R>(wr, e, K, true, w0);
+  } else {
 #pragma unroll
-  for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int j = 0; j < 4; j++)
-      if (e + 256 * j < K)
-        prefetch_l2(wr[r] + e + 256 * j);
+      for (int j = 0; j < 4; j++)
+        if (e + 256 * j < K)
+          prefetch_l2(wr[r] + e + 256 * j);
+  }
   pdl_wait();    /* x is written by the kernel before */
   pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
-  gemv_loop<NT, R, false>(wr, x, K, e, acc);
+  if (reg) {
+    gemv_first4_steps<NT, R, false>(w0, x, K, e, K, acc);
+    gemv_loop<NT, R, false>(wr, x, K, e + 1024, acc);
+  } else {
+    gemv_loop<NT, R, false>(wr, x, K, e, acc);
+  }
 }
 
-/* out(T, N) = x @ W^T (f32 when OUT_F32, else bf16). ADD (matmul_add): out is the residual
+/* out(T, N) = x @ W^T (f32 when FLAGS has GEMV_OUT_F32, else bf16; GEMV_REG: the first steps into
+ * registers before the wait, see gemv_rows). ADD (matmul_add): out is the residual
  * stream instead, and each sum, rounded to bf16 as matmul stores it, is added as rmsnorm_kernel's
  * residual add does (bf16(product + resid), f32 sum), in place; lane t updates token t (every
  * lane holds the totals), so the T read-modify-writes overlap. S warps per row (1, 2 or 4;
@@ -176,15 +214,16 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
  * as S = 1) and storing. */
 template <int NT, bool ADD, int S>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_kernel(void *out, int out_f32, const bf16 *W, const bf16 *x, int N, int K) {
+    gemv_kernel(void *out, int flags, const bf16 *W, const bf16 *x, int N, int K) {
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const bool reg = flags & GEMV_REG;
   const int row = blockIdx.x * (GEMV_WARPS / S) + wi / S;
   float acc[1][NT];
   if constexpr (S == 1) {
     if (row >= N)
       return;
     const bf16 *wr[1] = {W + (size_t)row * K};
-    gemv_rows<NT, 1>(wr, x, K, lane, acc);
+    gemv_rows<NT, 1>(wr, x, K, lane, reg, acc);
   } else {
     /* sp[row in block][segment][t][lane]: each segment's lane sums */
     __shared__ float sp[GEMV_WARPS / S][GEMV_SEGS][NT][32];
@@ -192,20 +231,30 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const bool valid = row < N;
     const bf16 *wr[1] = {W + (size_t)(valid ? row : 0) * K};
     const int e0 = part * L + lane * 8; /* segments part, part + S, ...: the first ones are the non-empty ones */
-    for (int j = 0; j < 4; j++)
-      if (valid && e0 + 256 * j < K && e0 + 256 * j < (part + 1) * L)
-        prefetch_l2(wr[0] + e0 + 256 * j);
+    const int f1 = (part + 1) * L < K ? (part + 1) * L : K; /* the end of the first */
+    uint4 w0[1][4];
+    if (reg)
+      gemv_first4_load<1>(wr, e0, f1, valid, w0);
+    else
+      for (int j = 0; j < 4; j++)
+        if (valid && e0 + 256 * j < f1)
+          prefetch_l2(wr[0] + e0 + 256 * j);
     pdl_wait();
     pdl_trigger();
     if (valid) {
 #pragma unroll
       for (int q = 0; q < GEMV_SEGS / S; q++) {
-        const int s0 = (part + q * S) * L;
+        const int s0 = (part + q * S) * L, s1 = s0 + L < K ? s0 + L : K;
 #pragma unroll
         for (int t = 0; t < NT; t++)
           acc[0][t] = 0.0f;
+        int e = s0 + lane * 8;
+        if (reg && q == 0) { /* the first four steps, loaded before the wait */
+          gemv_first4_steps<NT, 1, false>(w0, x, K, e, s1, acc);
+          e += 1024;
+        }
         if (s0 < K)
-          gemv_steps<NT, 1, false>(wr, x, K, s0 + lane * 8, s0 + L < K ? s0 + L : K, acc);
+          gemv_steps<NT, 1, false>(wr, x, K, e, s1, acc);
 #pragma unroll
         for (int t = 0; t < NT; t++)
           sp[wi / S][part + q * S][t][lane] = acc[0][t];
@@ -232,7 +281,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   } else if (lane == 0) {
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-      if (out_f32)
+      if (flags & GEMV_OUT_F32)
         ((float *)out)[(size_t)t * N + row] = acc[0][t];
       else
         ((bf16 *)out)[(size_t)t * N + row] = __float2bfloat16(acc[0][t]);
@@ -304,7 +353,7 @@ __device__ __forceinline__ void gemv_multi_store(const gemv_multi &m, int i, int
 
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K) {
+    gemv_multi_kernel(const __grid_constant__ gemv_multi m, const bf16 *x, int K, int reg) {
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (g >= m.row0[BACKEND_MATMUL_N_MAX])
@@ -313,7 +362,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const int row = g - m.row0[i];
   const bf16 *wr[1] = {(const bf16 *)m.W[i] + (size_t)row * K};
   float acc[1][NT];
-  gemv_rows<NT, 1>(wr, x, K, lane, acc);
+  gemv_rows<NT, 1>(wr, x, K, lane, reg, acc);
   if (lane == 0)
     gemv_multi_store<NT>(m, i, row, acc[0]);
 }
@@ -332,14 +381,14 @@ __device__ __forceinline__ void gemv_silu_store(bf16 *out, int row, int F, const
 /* out(T, F) = silu(x Wg^T) * (x Wu^T): warp f takes gate row f and up row f. */
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_silu_mul_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K) {
+    gemv_silu_mul_kernel(bf16 *out, const bf16 *Wg, const bf16 *Wu, const bf16 *x, int F, int K, int reg) {
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (row >= F)
     return;
   const bf16 *wr[2] = {Wg + (size_t)row * K, Wu + (size_t)row * K};
   float acc[2][NT];
-  gemv_rows<NT, 2>(wr, x, K, lane, acc);
+  gemv_rows<NT, 2>(wr, x, K, lane, reg, acc);
   if (lane == 0)
     gemv_silu_store<NT>(out, row, F, acc);
 }
@@ -433,22 +482,13 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
       gemv_loop<NT, R, true>(wr, xs, K, e, acc);
   } else {
     uint4 w0[R][4];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        w0[r][j] = valid && e + 256 * j < K ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
+    gemv_first4_load<R>(wr, e, K, valid, w0);
     pdl_wait();
     pdl_trigger();
     gemv_prenorm<NT, NW>(xs, x, pre, K);
     if (!valid)
       return;
-#pragma unroll
-    for (int j = 0; j < 4; j++) /* the first four steps, in gemv_loop's order */
-      if (e + 256 * j < K)
-#pragma unroll
-        for (int r = 0; r < R; r++)
-          gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
+    gemv_first4_steps<NT, R, true>(w0, xs, K, e, K, acc); /* the first four steps, in gemv_loop's order */
     gemv_loop<NT, R, true>(wr, xs, K, e + 1024, acc);
   }
 }
@@ -479,16 +519,15 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
   const int L = gemv_seg_len(K), f0 = part * L, f1 = f0 + L < K ? f0 + L : K;
   const int e0 = f0 + lane * 8;
   uint4 w0[R][4];
+  if constexpr (REG)
+    gemv_first4_load<R>(wr, e0, f1, valid, w0);
+  else
 #pragma unroll
-  for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const bool in = valid && e0 + 256 * j < f1;
-      if constexpr (REG)
-        w0[r][j] = in ? __ldg((const uint4 *)(wr[r] + e0 + 256 * j)) : make_uint4(0, 0, 0, 0);
-      else if (in)
-        prefetch_l2(wr[r] + e0 + 256 * j);
-    }
+      for (int j = 0; j < 4; j++)
+        if (valid && e0 + 256 * j < f1)
+          prefetch_l2(wr[r] + e0 + 256 * j);
   pdl_wait();
   pdl_trigger();
   gemv_prenorm<NT, NW>(xs, x, pre, K);
@@ -503,12 +542,7 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
           acc[r][t] = 0.0f;
       int e = s0 + lane * 8;
       if (REG && q == 0) { /* the first four steps, loaded before the prologue */
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-          if (e + 256 * j < s1)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-              gemv_step<NT, true>(w0[r][j], xs, K, e + 256 * j, acc[r]);
+        gemv_first4_steps<NT, R, true>(w0, xs, K, e, s1, acc);
         e += 1024;
       }
       if (s0 < K)
@@ -708,7 +742,7 @@ __device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_r
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_qkv_rope_kernel(const __grid_constant__ gemv_multi m, const __grid_constant__ gemv_rope r, const bf16 *x,
-                         int K) {
+                         int K, int reg) {
   const int lane = threadIdx.x & 31;
   const int g = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
   if (g >= r.pq + 2 * r.pk)
@@ -717,7 +751,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const bf16 *W = (const bf16 *)m.W[p.i];
   const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
   float acc[2][NT];
-  gemv_rows<NT, 2>(wr, x, K, lane, acc);
+  gemv_rows<NT, 2>(wr, x, K, lane, reg, acc);
   qkv_rope_store<NT>(m, r, p, acc, lane);
 }
 
@@ -785,12 +819,13 @@ static cudaError_t gemv_launch(struct cuda_backend *cb, void *out, int out_f32, 
                                int K, int T) {
   const int S = gemv_split(cb, N, K), rows = GEMV_WARPS / S;
   const dim3 grid((unsigned)((N + rows - 1) / rows)), thr(GEMV_WARPS * 32);
+  const int flags = (out_f32 ? GEMV_OUT_F32 : 0) | (cb->gemv_reg ? GEMV_REG : 0);
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(n)                                                                                           \
   case n:                                                                                                      \
-    err = S == 4   ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 4>, grid, thr, 0, out, out_f32, W, X, N, K)       \
-          : S == 2 ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 2>, grid, thr, 0, out, out_f32, W, X, N, K)       \
-                   : cuda_pdl_launch(cb, gemv_kernel<n, ADD, 1>, grid, thr, 0, out, out_f32, W, X, N, K);      \
+    err = S == 4   ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 4>, grid, thr, 0, out, flags, W, X, N, K)       \
+          : S == 2 ? cuda_pdl_launch(cb, gemv_kernel<n, ADD, 2>, grid, thr, 0, out, flags, W, X, N, K)       \
+                   : cuda_pdl_launch(cb, gemv_kernel<n, ADD, 1>, grid, thr, 0, out, flags, W, X, N, K);      \
     break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
@@ -842,7 +877,7 @@ static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm 
 static int gemv_pre_split(struct cuda_backend *cb, long long units, int K, int T, int NW, int R, size_t *smem) {
   const size_t xs = ((size_t)T * K * 2 + 15) & ~(size_t)15;
   *smem = (size_t)T * K * 2;
-  if (T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX || gemv_split(cb, (int)units, K) < 2)
+  if (!cb->gemv_pre_split || T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX || gemv_split(cb, (int)units, K) < 2)
     return 1;
   const size_t sp = (size_t)(NW / 2) * GEMV_SEGS * R * T * 32 * sizeof(float);
   if (xs + sp + 32 * sizeof(float) > 48 * 1024) /* + gemv_prenorm's static part[32] */
@@ -945,7 +980,7 @@ int cuda_op_matmul_n(struct backend *be, int n, void *const outs[], const void *
   const dim3 thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(c) \
-  case c: err = cuda_pdl_launch(cb, gemv_multi_kernel<c>, grid, thr, 0, m, X, K); break;
+  case c: err = cuda_pdl_launch(cb, gemv_multi_kernel<c>, grid, thr, 0, m, X, K, cb->gemv_reg); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);
@@ -979,7 +1014,7 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
   const dim3 thr(GEMV_WARPS * 32);
 #define GEMV_CASE(c) \
-  case c: err = cuda_pdl_launch(cb, gemv_silu_mul_kernel<c>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K); break;
+  case c: err = cuda_pdl_launch(cb, gemv_silu_mul_kernel<c>, grid, thr, 0, (bf16 *)out, Wg, Wu, X, F, K, cb->gemv_reg); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);
@@ -1078,7 +1113,7 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
   const dim3 grid((pairs + GEMV_WARPS - 1) / GEMV_WARPS), thr(GEMV_WARPS * 32);
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(c) \
-  case c: err = cuda_pdl_launch(cb, gemv_qkv_rope_kernel<c>, grid, thr, 0, m, r, X, K); break;
+  case c: err = cuda_pdl_launch(cb, gemv_qkv_rope_kernel<c>, grid, thr, 0, m, r, X, K, cb->gemv_reg); break;
   GEMV_SWITCH(T, GEMV_CASE)
 #undef GEMV_CASE
   CUDA_CHECK(err);

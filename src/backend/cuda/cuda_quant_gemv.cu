@@ -377,8 +377,21 @@ __device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float
     xd[i / 4] = make_float2(d, d * (float)s);
 }
 
-__global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8) {
-  PDL_ENTER(); /* x is written by the kernel before (cuda_pdl.cuh) */
+/* The x quantization's entry: wait for x (written by the kernel before, cuda_pdl.cuh) and let the
+ * GEMV after it launch. EARLY (cb->qx_early) triggers first, so that GEMV's blocks take the SMs as
+ * the kernel before this one drains and their weight loads (issued before their own wait) overlap
+ * its tail; otherwise after the wait, as every other kernel (two kernels ahead at most either way:
+ * the GEMV triggers after its wait). */
+__device__ __forceinline__ void qx_enter(int early) {
+  if (early)
+    pdl_trigger();
+  pdl_wait();
+  if (!early)
+    pdl_trigger();
+}
+
+__global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8, int early) {
+  qx_enter(early);
   const int i = blockIdx.x * blockDim.x + threadIdx.x; /* 8 values each, 4 threads per block of 32 */
   if (i - (threadIdx.x & 31) >= n8)
     return; /* n8 is a multiple of 32: a warp is all in or all out */
@@ -398,9 +411,9 @@ __global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restric
 template <int NW>
 __global__ void __launch_bounds__(NW * 32)
     qx_norm_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, const void *__restrict__ nw,
-                            int nw_f32, int K, float eps) {
+                            int nw_f32, int K, float eps, int early) {
   __shared__ float part[32];
-  PDL_ENTER(); /* x is written by the kernel before (cuda_pdl.cuh) */
+  qx_enter(early);
   const bf16 *xr = x + (size_t)blockIdx.x * K;
   const float inv = norm_inv<NW>(xr, K, eps, part);
   const int n8 = K / 8;
@@ -802,11 +815,11 @@ static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const
   if (pre) {
     CUDA_CHECK(cuda_pdl_launch(cb, qx_norm_quantize_kernel<QX_NORM_WARPS>, dim3(T), dim3(QX_NORM_WARPS * 32), 0, xq,
                                xd, (const bf16 *)x, (const void *)pre->w->data, (int)(pre->w->dtype == DTYPE_F32), K,
-                               pre->eps));
+                               pre->eps, cb->qx_early));
   } else {
     const int n8 = T * K / 8, threads = 256;
     CUDA_CHECK(cuda_pdl_launch(cb, qx_quantize_kernel, dim3((n8 + threads - 1) / threads), dim3(threads), 0, xq, xd,
-                               (const bf16 *)x, n8));
+                               (const bf16 *)x, n8, cb->qx_early));
   }
   a->xq = xq;
   a->xd = xd;
