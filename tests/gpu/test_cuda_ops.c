@@ -999,6 +999,7 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
  * which must answer 1 to all of them. */
 #define PRE_BES 6
 static struct backend *pre_be[PRE_BES], *pre_off_be;
+static struct backend *reg0_be; /* PAGODA_GEMV_REG=0: the plain GEMV's first steps into L2, not registers */
 
 /* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
 static struct backend *cuda_with_env(const char *var, const char *val) {
@@ -1023,14 +1024,18 @@ static void pre_open(void) {
   pre_be[4] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
   pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "1");
   pre_off_be = cuda_with_env("PAGODA_FUSED_NORM", "0");
+  reg0_be = cuda_with_env("PAGODA_GEMV_REG", "0");
+  if (!reg0_be)
+    pair_die("cuda backend with PAGODA_GEMV_REG=0");
   for (int k = 1; k < PRE_BES; k++)
     if (!pre_be[k])
       pair_die("cuda backend with PAGODA_GEMV_PRE_*");
   if (!pre_off_be)
     pair_die("cuda backend with PAGODA_FUSED_NORM=0");
   static const char *bad_env[][2] = {
-      {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"}};
-  for (int k = 0; k < 3; k++) { /* an unknown value is an error naming the variable */
+      {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"},
+      {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"}};
+  for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
     if (bad)
@@ -1044,6 +1049,7 @@ static void pre_close(void) {
   for (int k = 1; k < PRE_BES; k++)
     pre_be[k]->ops->destroy(pre_be[k]);
   pre_off_be->ops->destroy(pre_off_be);
+  reg0_be->ops->destroy(reg0_be);
 }
 
 /* Norm weights sit near 1 in real models; bf16-exact, so the bf16 form holds the same values. */
@@ -1259,9 +1265,18 @@ static void test_matmul_add(int T, int N, int K, int expect) {
   char what[96];
   snprintf(what, sizeof what, "matmul_add T%d N%d K%d", T, N, K);
   float *f = get_act_copy(1, resid.p[1], nr);
-  if (rc == 0)
+  if (rc == 0) {
     fused_expect(what, "matmul + rmsnorm's residual add", resid.p[0], seq, resid.p[1], nr);
-  else
+    /* PAGODA_GEMV_REG=0 (the first weight steps prefetched into L2): the same bytes */
+    void *r0 = cuda_act_copy(r, nr);
+    int rc0 = reg0_be->ops->matmul_add(reg0_be, r0, dx.p[1], &w[1], scratch.p[1], T);
+    if (rc0 < 0 || reg0_be->ops->sync(reg0_be))
+      pair_die("matmul_add with PAGODA_GEMV_REG=0");
+    float *f0 = get_act_copy(1, r0, nr);
+    CHECK(rc0 == 0 && memcmp(f, f0, nr * 4) == 0, "%s with PAGODA_GEMV_REG=0: answered %d or other bytes", what, rc0);
+    free(f0);
+    pair_be[1]->ops->free(pair_be[1], r0);
+  } else
     CHECK(memcmp(f, r, nr * 4) == 0, "%s: answered 1 but changed the residual", what);
   /* PAGODA_FUSED_NORM=0: 1, the residual untouched */
   rc = pre_off_be->ops->matmul_add(pre_off_be, resid.p[1], dx.p[1], &w[1], scratch.p[1], T);

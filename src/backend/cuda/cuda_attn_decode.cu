@@ -122,7 +122,7 @@ __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int
 
 template <int BS, int HD, int G, class KV, int U>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_args a) {
-  PDL_ENTER(); /* cuda_pdl.cuh */
+  pdl_enter(a.pdl_early); /* cuda_pdl.cuh */
   typedef typename KV::elem E;
   constexpr int N = KV::N;       /* elements per lane per row (one load) */
   constexpr int LPR = HD / N;    /* lanes per key row */
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
  * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
-  PDL_ENTER(); /* cuda_pdl.cuh */
+  pdl_enter(a.pdl_early); /* cuda_pdl.cuh */
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */

@@ -478,7 +478,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * quantization of the integer-dot GEMV triggering its GEMV before its own wait (cuda_backend.h);
    * for measuring them. */
   if ((cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
-      (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0)
+      (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
+      (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0)
     return -1;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
    * it measured slower than the separate norm, bench/RESULTS.md), for measuring it. */

@@ -137,6 +137,8 @@ struct cuda_backend {
   int qx_early;              /* 1 (CUDA_QX_EARLY; PAGODA_QX_EARLY=0|1): the x quantization of the
                               * integer-dot GEMV lets that GEMV launch before its own wait, so the GEMV's
                               * weight loads overlap the tail of the kernel before (cuda_quant_gemv.cu) */
+  int attn_early;            /* 1 (CUDA_ATTN_EARLY; PAGODA_ATTN_EARLY=0|1): decode attention lets the next
+                              * kernel (o projection) launch before its own wait (cuda_pdl.cuh, pdl_enter) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
@@ -262,8 +264,9 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_PRE_ROWS_MAX 16
 #define CUDA_GEMV_PRE_LOOP 1
 #define CUDA_GEMV_PRE_L2 0
-#define CUDA_GEMV_REG 0
-#define CUDA_QX_EARLY 0
+#define CUDA_GEMV_REG 1
+#define CUDA_QX_EARLY 1
+#define CUDA_ATTN_EARLY 0
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

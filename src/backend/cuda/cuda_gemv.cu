@@ -871,13 +871,18 @@ static int gemv_pre_terms(struct cuda_backend *cb, const struct backend_prenorm 
 }
 
 /* Warps per row group (S) of a prenorm kernel over UNITS groups of R rows of K at T, NW warps per
- * block: 2 where gemv_split would split a plain GEMV of that many rows, for T <= CUDA_GEMV_PRE_SPLIT_T
- * with one row group per warp (PAGODA_GEMV_PRE_LOOP 1) and x plus the partials within 48 KiB of
- * shared memory; else 1. *SMEM: the dynamic shared memory for that S. */
+ * block: 2 where gemv_split would split a plain GEMV of that many rows and each warp gets two
+ * segments or more (four non-empty ones: at K = 2048, the 1B shape's q/k/v, a warp of one segment
+ * measured 0.015 ms per token slower than no split, which 8B's K = 4096 gains 0.04 ms from:
+ * bench/RESULTS.md), for T <= CUDA_GEMV_PRE_SPLIT_T with one row group per warp
+ * (PAGODA_GEMV_PRE_LOOP 1) and x plus the partials within 48 KiB of shared memory; else 1.
+ * *SMEM: the dynamic shared memory for that S. */
 static int gemv_pre_split(struct cuda_backend *cb, long long units, int K, int T, int NW, int R, size_t *smem) {
   const size_t xs = ((size_t)T * K * 2 + 15) & ~(size_t)15;
   *smem = (size_t)T * K * 2;
-  if (!cb->gemv_pre_split || T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX || gemv_split(cb, (int)units, K) < 2)
+  const int L = gemv_seg_len(K);
+  if (!cb->gemv_pre_split || T > CUDA_GEMV_PRE_SPLIT_T || cb->gemv_pre_loop != 1 || units > INT32_MAX ||
+      (K + L - 1) / L < 4 || gemv_split(cb, (int)units, K) < 2)
     return 1;
   const size_t sp = (size_t)(NW / 2) * GEMV_SEGS * R * T * 32 * sizeof(float);
   if (xs + sp + 32 * sizeof(float) > 48 * 1024) /* + gemv_prenorm's static part[32] */

@@ -23,7 +23,10 @@
  * most one kernel runs ahead: triggering first thing let a chain of kernels (norm, GEMV, rope,
  * attention, the next GEMV...) launch at once and sit on the SMs, prefetching and waiting, which
  * made the 1B step 3% slower than no PDL at all (bench/RESULTS.md, "Programmatic dependent
- * launch").
+ * launch"). The exception is pdl_enter(1), for a short kernel of little DRAM traffic just before a
+ * GEMV (the integer-dot GEMV's x quantization, decode attention): it triggers first, so the GEMV's
+ * first weight loads overlap the drain of the kernel before (bench/RESULTS.md, "Batch-1 decode:
+ * early triggers ...").
  *
  * Both instructions are no-ops when the kernel was launched without the attribute (PAGODA_PDL=0,
  * or a GPU below compute capability 9.0), so the arithmetic, and the output, is the same either
@@ -60,6 +63,20 @@ __device__ __forceinline__ void pdl_wait(void) {
     pdl_wait();     \
     pdl_trigger();  \
   } while (0)
+
+/* PDL_ENTER with the order chosen at run time: EARLY triggers before the wait, so the next kernel
+ * (a GEMV) launches as soon as this one has, and its blocks take the SMs as the kernel before this
+ * one drains, their weight loads (issued before their own wait) overlapping that tail. For short
+ * kernels whose own DRAM traffic is small (the x quantization of the integer-dot GEMV, decode
+ * attention; cb->qx_early, cb->attn_early). Then two kernels run ahead of the one that streams,
+ * not one: the next kernel still triggers after its wait, so the chain stops there. */
+__device__ __forceinline__ void pdl_enter(int early) {
+  if (early)
+    pdl_trigger();
+  pdl_wait();
+  if (!early)
+    pdl_trigger();
+}
 
 /* KERNEL<<<GRID, BLOCK, SMEM, cb->stream>>>(ARGS...), with the programmatic-serialization
  * attribute when cb->pdl is on. Returns the launch's error (check it with CUDA_CHECK). */

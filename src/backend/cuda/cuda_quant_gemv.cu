@@ -377,21 +377,8 @@ __device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float
     xd[i / 4] = make_float2(d, d * (float)s);
 }
 
-/* The x quantization's entry: wait for x (written by the kernel before, cuda_pdl.cuh) and let the
- * GEMV after it launch. EARLY (cb->qx_early) triggers first, so that GEMV's blocks take the SMs as
- * the kernel before this one drains and their weight loads (issued before their own wait) overlap
- * its tail; otherwise after the wait, as every other kernel (two kernels ahead at most either way:
- * the GEMV triggers after its wait). */
-__device__ __forceinline__ void qx_enter(int early) {
-  if (early)
-    pdl_trigger();
-  pdl_wait();
-  if (!early)
-    pdl_trigger();
-}
-
 __global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8, int early) {
-  qx_enter(early);
+  pdl_enter(early); /* x is written by the kernel before; EARLY: cb->qx_early (cuda_pdl.cuh) */
   const int i = blockIdx.x * blockDim.x + threadIdx.x; /* 8 values each, 4 threads per block of 32 */
   if (i - (threadIdx.x & 31) >= n8)
     return; /* n8 is a multiple of 32: a warp is all in or all out */
@@ -413,7 +400,7 @@ __global__ void __launch_bounds__(NW * 32)
     qx_norm_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, const void *__restrict__ nw,
                             int nw_f32, int K, float eps, int early) {
   __shared__ float part[32];
-  qx_enter(early);
+  pdl_enter(early); /* x is written by the kernel before; EARLY: cb->qx_early (cuda_pdl.cuh) */
   const bf16 *xr = x + (size_t)blockIdx.x * K;
   const float inv = norm_inv<NW>(xr, K, eps, part);
   const int n8 = K / 8;
