@@ -32,6 +32,17 @@ __device__ __forceinline__ float norm_weight_at(const void *w, int w_f32, size_t
   return w_f32 ? ((const float *)w)[i] : __bfloat162float(((const __nv_bfloat16 *)w)[i]);
 }
 
+/* 1 / rms from the sum of squares SUM of DIM values: rsqrt(SUM / DIM + EPS), with the division and
+ * the add rounded as written (IEEE division, and an add the compiler may not fuse with it): with
+ * --use_fast_math the plain expression is an approximate reciprocal and multiply that ptxas may or
+ * may or may not contract with the add into one FMA, depending on the surrounding kernel, so
+ * rmsnorm_kernel and the GEMV prologue could get different last bits of the rms (test_cuda_ops,
+ * seed 1882671549537440: a prenorm gate/up at T = 7, K = 1032 differed from rmsnorm followed by
+ * the plain GEMV, with PDL and either GEMV form). Both call this. */
+__device__ __forceinline__ float norm_inv_of(float sum, int dim, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(sum, (float)dim), eps));
+}
+
 /* 1 / rms of the row X (DIM bf16 values) with EPS, as rmsnorm_kernel computes it (residual
  * NULL). Every thread of the block calls it (NW = blockDim.x / 32 warps, 1 <= NW <= 32) and gets
  * the value. PART: 32 floats of shared memory, free on entry (the call ends with a barrier after
@@ -53,7 +64,7 @@ __device__ __forceinline__ float norm_inv(const __nv_bfloat16 *x, int dim, float
   }
   __syncthreads();
   float v = lane < vwarps ? part[lane] : 0.0f;
-  float inv = rsqrtf(norm_warp_sum(v) / dim + eps);
+  float inv = norm_inv_of(norm_warp_sum(v), dim, eps);
   __syncthreads(); /* part[] read by every warp before anyone reuses it */
   return inv;
 }

@@ -5,6 +5,7 @@
  * Every kernel here is launched with programmatic dependent launch and starts with PDL_ENTER()
  * (cuda_pdl.cuh): it reads nothing before the kernel ahead of it has completed. */
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_rope.cuh" /* rope_freqs, rope_sincos, rope_rotate, kv_store */
 
@@ -92,10 +93,10 @@ __global__ void rmsnorm_kernel(bf16 *out,      /* (T, dim) */
     }
     ss += v * v;
   }
-  float inv = rsqrtf(block_sum(ss) / dim + eps);
+  float inv = norm_inv_of(block_sum(ss), dim, eps); /* cuda_norm.cuh: the prologues' arithmetic */
   const bf16 *src = residual ? residual : x;
   for (int d = threadIdx.x; d < dim; d += blockDim.x)
-    out[row + d] = __float2bfloat16(__bfloat162float(src[row + d]) * inv * weight_at(w, w_f32, d));
+    out[row + d] = norm_elem(src[row + d], inv, weight_at(w, w_f32, d));
 }
 
 int cuda_op_rmsnorm(struct backend *be, void *out, void *residual, const void *x, const struct weight *w,
