@@ -13,6 +13,7 @@ Usage: python3 tools/random_gguf.py GGUF_PY_DIR OUT.gguf 1b|8b VOCAB.gguf [--see
   VOCAB.gguf   ../shared/testdata/vocab/ggml-vocab-llama-spm.gguf
 """
 import argparse
+import os
 import sys
 
 SHAPES = {  # layers, hidden, ffn, heads, kv heads, tied embeddings
@@ -32,7 +33,12 @@ def main():
     a = ap.parse_args()
     sys.path.insert(0, a.gguf_py)
     import numpy as np
-    import gguf
+    try:
+        import gguf
+    except ImportError as e:
+        sys.exit(f"error: cannot import gguf from {a.gguf_py} ({e}): give the gguf-py folder of the llama.cpp source")
+    if not os.path.isfile(a.vocab):
+        sys.exit(f"error: {a.vocab}: no such file (the llama-spm vocabulary GGUF)")
 
     layers, d, ff, nh, nkv, tied = SHAPES[a.shape]
     hd = d // nh
