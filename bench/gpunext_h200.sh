@@ -45,7 +45,8 @@ GP=$!
 gtest() { # NAME [VAR=value...]: one GPU test binary, its rc and last lines
   local name=$1; shift
   el "$name $*"
-  local log="/tmp/gpulogs/$name${1:+_${1//=/}}.log"
+  local tag="$*"; tag=${tag//=/}; tag=${tag// /_}
+  local log="/tmp/gpulogs/$name${tag:+_$tag}.log"
   env "$@" "$B/tests/gpu_bin/$name" >"$log" 2>&1
   echo "$name $* rc=$?"
   grep -E "FAIL|passed|failed" "$log" | tail -3
@@ -63,7 +64,8 @@ elif [[ $shape == 1b ]]; then
   el "GPU tests (tools/device_run.sh gpu)"
   mkdir -p /tmp/gpulogs; OUT=/tmp/gpulogs tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed|rel|differ" | head -40
   grep -h "failed:" /tmp/gpulogs/*.log | head -30
-  for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0 PAGODA_GEMV_SPLIT=0; do gtest test_cuda_model $v; done
+  for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0 PAGODA_GEMV_SPLIT=0 PAGODA_GEMV_PRE_SPLIT=0 \
+    PAGODA_GEMV_REG=0 PAGODA_QX_EARLY=0 PAGODA_ATTN_EARLY=1; do gtest test_cuda_model $v; done
   gtest test_cuda_ops PAGODA_GEMV_SPLIT=0
   tar czf "$out/gpu_logs.tgz" -C /tmp gpulogs 2>/dev/null
 fi
@@ -166,7 +168,7 @@ if [[ -n ${GPUNEXT_NCU:-} ]]; then
     [[ -n $NCU ]] || { echo "no ncu"; break; }
     el "ncu $label ($args), graphs off: 12 prompt words, 4 new tokens"
     # shellcheck disable=SC2086
-    PAGODA_CUDA_GRAPHS=0 timeout 240 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    PAGODA_CUDA_GRAPHS=0 timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
       --csv --print-units base "$P" run -m "$G" --device cuda --temperature 0 -n 4 --ignore-eos $args \
       -p "one two three four five six seven eight nine ten eleven twelve" >"/tmp/ncu/$label.csv" 2>"/tmp/ncu/$label.err"
     echo "ncu rc=$?"

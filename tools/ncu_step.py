@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ncu_step.py CSV [BYTES_JSON]: one decode step's kernels from an ncu CSV (--csv --print-units base
+"""ncu_step.py CSV: one decode step's kernels from an ncu CSV (--csv --print-units base
 --metrics gpu__time_duration.sum,dram__bytes_read.sum), summed by kernel name.
 
 The run profiled is a short greedy `pagoda run` with CUDA graphs off. A decode step is taken to be

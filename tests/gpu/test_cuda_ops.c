@@ -1034,7 +1034,8 @@ static void pre_open(void) {
     pair_die("cuda backend with PAGODA_FUSED_NORM=0");
   static const char *bad_env[][2] = {
       {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"},
-      {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"}};
+      {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
+      {"PAGODA_GEMV_PRE_SPLIT", "off"}};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
@@ -1269,6 +1270,8 @@ static void test_matmul_add(int T, int N, int K, int expect) {
     fused_expect(what, "matmul + rmsnorm's residual add", resid.p[0], seq, resid.p[1], nr);
     /* PAGODA_GEMV_REG=0 (the first weight steps prefetched into L2): the same bytes */
     void *r0 = cuda_act_copy(r, nr);
+    if (pair_be[1]->ops->sync(pair_be[1])) /* the upload ran on pair_be[1]'s stream, reg0_be has its own */
+      pair_die("upload");
     int rc0 = reg0_be->ops->matmul_add(reg0_be, r0, dx.p[1], &w[1], scratch.p[1], T);
     if (rc0 < 0 || reg0_be->ops->sync(reg0_be))
       pair_die("matmul_add with PAGODA_GEMV_REG=0");

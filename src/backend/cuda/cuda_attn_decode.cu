@@ -663,6 +663,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   /* the fold, unless it is off or a captured batch has more (sequence, KV head) pairs than counters */
   const int fold = P > 1 && cb->attn_fold && (int64_t)a->B * a->n_kv <= cb->attn_cnt_n;
   a->n_parts = P;
+  a->pdl_early = a->pdl_early && (P == 1 || fold); /* with the separate reduce, the early trigger would release it */
   a->part_len = (DEC_MIN_PART + step - 1) / step * step;
   size_t nml = (size_t)a->B * a->n_heads * P;
   a->part_cnt = fold ? (int *)cb->attn_scratch : NULL;

@@ -460,8 +460,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   /* The RMSNorm in the GEMV's prologue and the residual add in its epilogue (cuda_gemv.cu):
    * PAGODA_FUSED_NORM=0 turns both off (the add + rmsnorm op between the sub-blocks instead);
    * PAGODA_GEMV_PRE_ROWS=4|8|16 sets the prologue's warps per block, PAGODA_GEMV_PRE_LOOP=1|2|4
-   * its rows per warp, PAGODA_GEMV_PRE_L2=0 loads the first weight steps into registers rather
-   * than L2. For measuring them. */
+   * its rows per warp, PAGODA_GEMV_PRE_L2=1 prefetches the first weight steps into L2 rather than
+   * loading them into registers (the default, CUDA_GEMV_PRE_L2 0). For measuring them. */
   const char *fn = getenv("PAGODA_FUSED_NORM"), *pr = getenv("PAGODA_GEMV_PRE_ROWS"),
              *pl = getenv("PAGODA_GEMV_PRE_LOOP"), *p2 = getenv("PAGODA_GEMV_PRE_L2");
   cb->fused_norm = cb->fused_ops && !(fn && strcmp(fn, "0") == 0);
@@ -473,14 +473,16 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * gemv_split): PAGODA_GEMV_SPLIT=0 keeps one warp per row, for measuring it (same bits). */
   const char *gs = getenv("PAGODA_GEMV_SPLIT");
   cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
-  cb->gemv_pre_split = cb->gemv_split && !((gs = getenv("PAGODA_GEMV_PRE_SPLIT")) && strcmp(gs, "0") == 0);
-  /* The plain GEMVs' first weight steps into registers (1) or L2 (0) before their wait, and the x
-   * quantization of the integer-dot GEMV triggering its GEMV before its own wait (cuda_backend.h);
-   * for measuring them. */
-  if ((cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
+  /* PAGODA_GEMV_PRE_SPLIT=0: only the prenorm GEMVs keep one warp per row group. The plain GEMVs'
+   * first weight steps into registers (1) or L2 (0) before their wait, and the x quantization of
+   * the integer-dot GEMV (decode attention) triggering the next kernel before its own wait
+   * (cuda_backend.h); for measuring them. */
+  if ((cb->gemv_pre_split = env_flag("PAGODA_GEMV_PRE_SPLIT", 1)) < 0 ||
+      (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0)
     return -1;
+  cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
    * it measured slower than the separate norm, bench/RESULTS.md), for measuring it. */
   const char *gk = getenv("PAGODA_GEMV_PRE_MAX_K");

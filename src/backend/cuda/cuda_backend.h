@@ -137,14 +137,16 @@ struct cuda_backend {
   int qx_early;              /* 1 (CUDA_QX_EARLY; PAGODA_QX_EARLY=0|1): the x quantization of the
                               * integer-dot GEMV lets that GEMV launch before its own wait, so the GEMV's
                               * weight loads overlap the tail of the kernel before (cuda_quant_gemv.cu) */
-  int attn_early;            /* 1 (CUDA_ATTN_EARLY; PAGODA_ATTN_EARLY=0|1): decode attention lets the next
-                              * kernel (o projection) launch before its own wait (cuda_pdl.cuh, pdl_enter) */
+  int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
+                              * (the o projection; not with the separate split-K reduce) launch before its
+                              * own wait (cuda_pdl.cuh, pdl_enter) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
                               * (CUDA_GEMV_PRE_LOOP; PAGODA_GEMV_PRE_LOOP) */
-  int gemv_pre_l2;           /* 1 (CUDA_GEMV_PRE_L2): the prenorm GEMVs prefetch their first weight steps
-                              * into L2; 0 (PAGODA_GEMV_PRE_L2=0): into registers, live across the prologue */
+  int gemv_pre_l2;           /* 0 (CUDA_GEMV_PRE_L2, the default): the prenorm GEMVs load their first weight
+                              * steps into registers, live across the prologue; 1 (PAGODA_GEMV_PRE_L2=1):
+                              * they prefetch them into L2 */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */

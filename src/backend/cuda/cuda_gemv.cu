@@ -7,7 +7,8 @@
  * step covering 256 columns; the loop issues four steps' weight loads before using them, so
  * each warp keeps 4 x 512 bytes in flight (8 was measured with PDL: slower on both shapes, the
  * registers costing more occupancy than the loads gain; bench/RESULTS.md, "Programmatic dependent
- * launch"). The first four steps are prefetched into L2 before pdl_wait() (cuda_pdl.cuh).
+ * launch"). The first four steps are loaded into registers before pdl_wait() (cuda_pdl.cuh;
+ * PAGODA_GEMV_REG=0 prefetches them into L2 instead: gemv_rows).
  * Sums are f32 (fma), reduced over the warp by shuffles. K must be a multiple of 8 (16-byte
  * rows); callers fall back to cuBLAS otherwise.
  *
@@ -151,6 +152,17 @@ __device__ __forceinline__ void gemv_first4_load(const bf16 *const *wr, int e, i
       w0[r][j] = valid && e + 256 * j < end ? __ldg((const uint4 *)(wr[r] + e + 256 * j)) : make_uint4(0, 0, 0, 0);
 }
 
+/* gemv_first4_load's steps prefetched into L2 instead (no registers held across the wait). */
+template <int R>
+__device__ __forceinline__ void gemv_first4_prefetch(const bf16 *const *wr, int e, int end, bool valid) {
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (valid && e + 256 * j < end)
+        prefetch_l2(wr[r] + e + 256 * j);
+}
+
 /* Onto acc[r][t]: the steps of W0 (gemv_first4_load) in column order, those before END. SX as gemv_step. */
 template <int NT, int R, bool SX>
 __device__ __forceinline__ void gemv_first4_steps(const uint4 (*w0)[4], const bf16 *x, int K, int e, int end,
@@ -183,16 +195,10 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
       acc[r][t] = 0.0f;
   const int e = lane * 8;
   uint4 w0[R][4];
-  if (reg) {
+  if (reg)
     gemv_first4_load<R>(wr, e, K, true, w0);
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (e + 256 * j < K)
-          prefetch_l2(wr[r] + e + 256 * j);
-  }
+  else
+    gemv_first4_prefetch<R>(wr, e, K, true);
   pdl_wait();    /* x is written by the kernel before */
   pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
   if (reg) {
@@ -236,9 +242,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (reg)
       gemv_first4_load<1>(wr, e0, f1, valid, w0);
     else
-      for (int j = 0; j < 4; j++)
-        if (valid && e0 + 256 * j < f1)
-          prefetch_l2(wr[0] + e0 + 256 * j);
+      gemv_first4_prefetch<1>(wr, e0, f1, valid);
     pdl_wait();
     pdl_trigger();
     if (valid) {
@@ -469,12 +473,7 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
       acc[r][t] = 0.0f;
   const int e = lane * 8;
   if constexpr (!REG) {
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (valid && e + 256 * j < K)
-          prefetch_l2(wr[r] + e + 256 * j);
+    gemv_first4_prefetch<R>(wr, e, K, valid);
     pdl_wait();    /* x is written by the kernel before */
     pdl_trigger(); /* as gemv_rows */
     gemv_prenorm<NT, NW>(xs, x, pre, K);
@@ -522,12 +521,7 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
   if constexpr (REG)
     gemv_first4_load<R>(wr, e0, f1, valid, w0);
   else
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (valid && e0 + 256 * j < f1)
-          prefetch_l2(wr[r] + e0 + 256 * j);
+    gemv_first4_prefetch<R>(wr, e0, f1, valid);
   pdl_wait();
   pdl_trigger();
   gemv_prenorm<NT, NW>(xs, x, pre, K);

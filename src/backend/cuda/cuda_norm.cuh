@@ -56,7 +56,7 @@ __device__ __forceinline__ float norm_inv(const __nv_bfloat16 *x, int dim, float
     float ss = 0.0f;
     for (int d = vt; d < dim; d += V) {
       float v = __bfloat162float(x[d]);
-      ss += v * v;
+      ss = __fmaf_rn(v, v, ss); /* as rmsnorm_kernel: written out, so no kernel contracts it otherwise */
     }
     ss = norm_warp_sum(ss);
     if (lane == 0)

@@ -91,7 +91,7 @@ __global__ void rmsnorm_kernel(bf16 *out,      /* (T, dim) */
       residual[row + d] = r;
       v = __bfloat162float(r);
     }
-    ss += v * v;
+    ss = __fmaf_rn(v, v, ss); /* as norm_inv (cuda_norm.cuh) */
   }
   float inv = norm_inv_of(block_sum(ss), dim, eps); /* cuda_norm.cuh: the prologues' arithmetic */
   const bf16 *src = residual ? residual : x;

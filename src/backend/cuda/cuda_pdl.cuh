@@ -3,8 +3,8 @@
  * A kernel launched with cuda_pdl_launch (cudaLaunchAttributeProgrammaticStreamSerialization,
  * when cb->pdl is on) may start while the kernel before it on the stream is still running: as
  * soon as every block of that earlier kernel has executed pdl_trigger() (or exited). Its blocks
- * then do what depends on no earlier kernel (a GEMV prefetches its first weight steps into L2:
- * the weights never change during a step) and call pdl_wait(), which returns once the earlier
+ * then do what depends on no earlier kernel (a GEMV loads its first weight steps into registers,
+ * L2 or shared memory: the weights never change during a step) and call pdl_wait(), which returns once the earlier
  * kernel has completed and its writes are visible. This hides the launch, the ramp-up and the
  * first loads of each kernel behind the tail of the one before. It works inside CUDA-graph
  * capture (the edges become programmatic).
@@ -69,7 +69,8 @@ __device__ __forceinline__ void pdl_wait(void) {
  * one drains, their weight loads (issued before their own wait) overlapping that tail. For short
  * kernels whose own DRAM traffic is small (the x quantization of the integer-dot GEMV, decode
  * attention; cb->qx_early, cb->attn_early). Then two kernels run ahead of the one that streams,
- * not one: the next kernel still triggers after its wait, so the chain stops there. */
+ * not one (three with PAGODA_ATTN_EARLY=1 on quantized weights: attention, the early x
+ * quantization, its GEMV): the GEMV still triggers after its wait, so the chain stops there. */
 __device__ __forceinline__ void pdl_enter(int early) {
   if (early)
     pdl_trigger();
