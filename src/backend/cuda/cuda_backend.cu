@@ -484,7 +484,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     return -1;
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
-   * it measured slower than the separate norm, bench/RESULTS.md), for measuring it. */
+   * it first measured slower than the separate norm, then faster once the q/k/v split came,
+   * bench/RESULTS.md), for measuring it. */
   const char *gk = getenv("PAGODA_GEMV_PRE_MAX_K");
   cb->gemv_pre_max_k = 0;
   if (gk && *gk) {
