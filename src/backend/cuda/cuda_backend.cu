@@ -415,16 +415,21 @@ extern "C" int cuda_backend_available(void) {
   return 1;
 }
 
-/* An on/off switch from the environment: DEF when NAME is unset or empty, else 0 or 1; -1 (error
- * set) for anything else. */
-static int env_flag(const char *name, int def) {
+/* A setting from the environment: DEF when NAME is unset or empty, else a decimal integer in
+ * [LO, HI] (LO >= 0); -1 (error set, saying WHAT was expected) for anything else. */
+static int env_int(const char *name, int def, int lo, int hi, const char *what) {
   const char *v = getenv(name);
   if (!v || !*v)
     return def;
-  if (strcmp(v, "0") && strcmp(v, "1"))
-    return ERR("%s=%s: expected 0 or 1", name, v);
-  return v[0] == '1';
+  char *end;
+  long n = strtol(v, &end, 10);
+  if (*end || n < lo || n > hi)
+    return ERR("%s=%s: expected %s", name, v, what);
+  return (int)n;
 }
+
+/* An on/off switch: DEF when unset, else 0 or 1. */
+static int env_flag(const char *name, int def) { return env_int(name, def, 0, 1, "0 or 1"); }
 
 static int cuda_init(struct cuda_backend *cb, int device) {
   int n = 0;
@@ -463,7 +468,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * its rows per warp, PAGODA_GEMV_PRE_L2=1 prefetches the first weight steps into L2 rather than
    * loading them into registers (the default, CUDA_GEMV_PRE_L2 0). For measuring them. */
   const char *fn = getenv("PAGODA_FUSED_NORM"), *pr = getenv("PAGODA_GEMV_PRE_ROWS"),
-             *pl = getenv("PAGODA_GEMV_PRE_LOOP"), *p2 = getenv("PAGODA_GEMV_PRE_L2");
+             *pl = getenv("PAGODA_GEMV_PRE_LOOP");
   cb->fused_norm = cb->fused_ops && !(fn && strcmp(fn, "0") == 0);
   /* q/k/v + RoPE + KV write in one kernel (matmul_qkv_rope): PAGODA_FUSED_ROPE=0 turns it off (the
    * model then runs matmul_n and rope_kv_write), for measuring it. */
@@ -486,15 +491,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
    * it first measured slower than the separate norm, then faster once the q/k/v split came,
    * bench/RESULTS.md), for measuring it. */
-  const char *gk = getenv("PAGODA_GEMV_PRE_MAX_K");
-  cb->gemv_pre_max_k = 0;
-  if (gk && *gk) {
-    char *end;
-    long v = strtol(gk, &end, 10);
-    if (*end || v < 0 || v > INT32_MAX)
-      return ERR("PAGODA_GEMV_PRE_MAX_K=%s: expected a row length (0: no limit)", gk);
-    cb->gemv_pre_max_k = (int)v;
-  }
+  if ((cb->gemv_pre_max_k = env_int("PAGODA_GEMV_PRE_MAX_K", 0, 0, INT32_MAX, "a row length (0: no limit)")) < 0)
+    return -1;
   cb->gemv_pre_rows = CUDA_GEMV_PRE_ROWS;
   if (pr && *pr) {
     if (strcmp(pr, "4") && strcmp(pr, "8") && strcmp(pr, "16"))
@@ -507,10 +505,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       return ERR("PAGODA_GEMV_PRE_LOOP=%s: expected 1, 2 or 4 (weight rows per warp of the prenorm GEMV)", pl);
     cb->gemv_pre_loop = atoi(pl);
   }
-  if (p2 && *p2 && strcmp(p2, "0") && strcmp(p2, "1"))
-    return ERR("PAGODA_GEMV_PRE_L2=%s: expected 0 or 1 (the prenorm GEMV's first weight steps into registers "
-               "or L2)", p2);
-  cb->gemv_pre_l2 = p2 && *p2 ? strcmp(p2, "1") == 0 : CUDA_GEMV_PRE_L2;
+  if ((cb->gemv_pre_l2 = env_int("PAGODA_GEMV_PRE_L2", CUDA_GEMV_PRE_L2, 0, 1,
+                                  "0 or 1 (the prenorm GEMV's first weight steps into registers or L2)")) < 0)
+    return -1;
   /* Programmatic dependent launch (cuda_pdl.cuh): Hopper and newer; PAGODA_PDL=0 turns it off
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");
