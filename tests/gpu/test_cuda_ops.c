@@ -1035,7 +1035,7 @@ static void pre_open(void) {
   static const char *bad_env[][2] = {
       {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"},
       {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
-      {"PAGODA_GEMV_PRE_SPLIT", "off"}};
+      {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
@@ -1361,9 +1361,10 @@ static void test_prenorm_grid(void) {
  * slot -1): q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
  * byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3 caches). ROT < HD is a
  * partial rotation; LONGROPE adds the long table, chosen per sequence, and an mscale. */
-static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8) {
+static void test_rope_kv_write_shape(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8,
+                                     enum shape sh) {
   struct host_batch hb;
-  make_batch(&hb, SHAPE_MIXED, bs, 0, 1);
+  make_batch(&hb, sh, bs, 0, 1);
   const int T = hb.T, half = rot / 2;
   if (T > 1)
     hb.slots[T - 1] = -1;
@@ -1475,6 +1476,13 @@ static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int ro
   free(k8);
   free(v8);
   free_batch(&hb);
+}
+
+/* A mixed batch (a block of the kernel's grid may hold several tokens' items) and decode tokens
+ * only (the most blocks per token: rope_kv_write spreads a token over several, cuda_ops.cu). */
+static void test_rope_kv_write(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8) {
+  test_rope_kv_write_shape(hd, nh, nkv, bs, neox, rot, longrope, f8, SHAPE_MIXED);
+  test_rope_kv_write_shape(hd, nh, nkv, bs, neox, rot, longrope, f8, SHAPE_DECODE);
 }
 
 /* ---- matmul_qkv_rope (q/k/v, RoPE and the KV write in one kernel, cuda_gemv.cu) against the CUDA

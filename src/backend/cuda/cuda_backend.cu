@@ -480,12 +480,13 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
   /* PAGODA_GEMV_PRE_SPLIT=0: only the prenorm GEMVs keep one warp per row group. The plain GEMVs'
    * first weight steps into registers (1) or L2 (0) before their wait, and the x quantization of
-   * the integer-dot GEMV (decode attention) triggering the next kernel before its own wait
-   * (cuda_backend.h); for measuring them. */
+   * the integer-dot GEMV (decode attention) triggering the next kernel before its own wait,
+   * rope_kv_write over several blocks per token (cuda_backend.h); for measuring them. */
   if ((cb->gemv_pre_split = env_flag("PAGODA_GEMV_PRE_SPLIT", 1)) < 0 ||
       (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
-      (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0)
+      (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
+      (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", 1)) < 0)
     return -1;
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,

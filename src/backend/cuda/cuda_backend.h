@@ -131,6 +131,9 @@ struct cuda_backend {
                               * gemv_split; the same bits either way) */
   int gemv_pre_split;        /* 0 when PAGODA_GEMV_PRE_SPLIT=0: the prenorm GEMVs keep one warp per row group
                               * (gemv_pre_split; the plain GEMVs still split; the same bits either way) */
+  int rope_kv_split;         /* 1 (PAGODA_ROPE_KV_SPLIT=0|1): rope_kv_write gives a token several blocks (one
+                              * per 256 (head, pair) items, the grid within one wave of cuda_sm_count), not
+                              * one (cuda_ops.cu; the same bits either way) */
   int gemv_reg;              /* 1 (CUDA_GEMV_REG; PAGODA_GEMV_REG=0|1): the plain bf16 GEMVs load their first
                               * four weight steps into registers before pdl_wait; 0: prefetch into L2
                               * (cuda_gemv.cu, gemv_rows; the same bits either way) */

@@ -235,11 +235,15 @@ int cuda_op_kv_write(struct backend *be, const struct kv_layer *kv, const void *
   return 0;
 }
 
-/* ---- RoPE fused with the KV write (backend.h, rope_kv_write): one block per token. The block's
- * sin/cos go to shared memory first; then each thread rotates (head, pair) items of q and k, a
- * rotated k element going both back to k and into the cache; last, v and k's unrotated dims
- * (Phi-3's partial rotary) are stored. Same arithmetic and roundings as rope_kernel followed by
- * kv_write_kernel, so the cache holds the same bytes. ---- */
+/* ---- RoPE fused with the KV write (backend.h, rope_kv_write): gridDim.y blocks per token
+ * (blockIdx.x), which share its items. Each block puts the token's sin/cos in shared memory
+ * first; then each thread rotates (head, pair) items of q and k, a rotated k element going both
+ * back to k and into the cache; last, v and k's unrotated dims (Phi-3's partial rotary) are
+ * stored. Items are dealt to the token's blocks round robin, and no item depends on another, so
+ * the split changes no bit. Same arithmetic and roundings as rope_kernel followed by
+ * kv_write_kernel, so the cache holds the same bytes. At decode (few tokens) the token's 2,560
+ * pairs (8B shape) in one block of 256 threads were ten dependent load/store rounds on one SM:
+ * rope_kv_split spreads them over several blocks (cuda_backend.h). ---- */
 #define ROPE_KV_MAX_HALF 256 /* rot_dim / 2 (ROPE_MAX_FACTORS) */
 
 template <class E>
@@ -256,6 +260,7 @@ __global__ void rope_kv_write_kernel(bf16 *q,                  /* (T, n_heads, h
   PDL_ENTER(); /* cuda_pdl.cuh */
   __shared__ float s_sin[ROPE_KV_MAX_HALF], s_cos[ROPE_KV_MAX_HALF];
   const int t = blockIdx.x, half = rot_dim / 2;
+  const int i0 = blockIdx.y * blockDim.x + threadIdx.x, stride = gridDim.y * blockDim.x; /* this block's items */
   inv_freq = rope_freqs(t, inv_freq, inv_freq_long, long_after, query_start, seq_lens, num_seqs);
   const float pos = (float)positions[t];
   for (int i = threadIdx.x; i < half; i += blockDim.x)
@@ -265,21 +270,21 @@ __global__ void rope_kv_write_kernel(bf16 *q,                  /* (T, n_heads, h
   const bool store = slot >= 0 && slot < num_slots;
   const int blk = store ? slot / bs : 0, off = store ? slot % bs : 0;
   const int nk = n_kv * hd;
-  for (int j = threadIdx.x; j < (n_heads + n_kv) * half; j += blockDim.x) {
+  for (int j = i0; j < (n_heads + n_kv) * half; j += stride) {
     const int h = j / half, i = j % half;
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const int e0 = neox ? i : 2 * i, e1 = neox ? i + half : 2 * i + 1;
     const float sf = s_sin[i], cf = s_cos[i];
     bf16 *p = h < n_heads ? q + ((size_t)t * n_heads + h) * hd : k + ((size_t)t * n_kv + (h - n_heads)) * hd;
-    rope_rotate(p + i0, p + i1, cf, sf);
+    rope_rotate(p + e0, p + e1, cf, sf);
     if (h >= n_heads && store) {
       size_t dst = (((size_t)blk * n_kv + (h - n_heads)) * bs + off) * hd;
-      kv_store(kc, dst + i0, p[i0], k_scale);
-      kv_store(kc, dst + i1, p[i1], k_scale);
+      kv_store(kc, dst + e0, p[e0], k_scale);
+      kv_store(kc, dst + e1, p[e1], k_scale);
     }
   }
   if (!store)
     return;
-  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+  for (int i = i0; i < nk; i += stride) {
     int h = i / hd, d = i % hd;
     size_t dst = (((size_t)blk * n_kv + h) * bs + off) * hd + d;
     kv_store(vc, dst, v[(size_t)t * nk + i], v_scale);
@@ -307,10 +312,17 @@ int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, c
       kv->n_kv_heads, kv->head_dim, kv->block_size, slots, kv->dtype == DTYPE_F8E4M3 ? kv->k_scale : 1.0f,         \
       kv->dtype == DTYPE_F8E4M3 ? kv->v_scale : 1.0f, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,     \
       rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale
+  /* blocks per token: one per 256 (head, pair) items while the grid stays within a wave */
+  const int pairs = (n_heads + kv->n_kv_heads) * (rp->rot_dim / 2);
+  int parts = cb->rope_kv_split ? (pairs + 255) / 256 : 1;
+  const int sms = cuda_sm_count(cb);
+  if (parts > 1 && (int64_t)T * parts > sms)
+    parts = T >= sms ? 1 : sms / T;
+  const dim3 grid((unsigned)T, (unsigned)(parts > 0 ? parts : 1));
   if (kv->dtype == DTYPE_F8E4M3)
-    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<uint8_t>, dim3(T), dim3(256), 0, ROPE_KV_ARGS(uint8_t)));
+    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<uint8_t>, grid, dim3(256), 0, ROPE_KV_ARGS(uint8_t)));
   else
-    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<bf16>, dim3(T), dim3(256), 0, ROPE_KV_ARGS(bf16)));
+    CUDA_CHECK(cuda_pdl_launch(cb, rope_kv_write_kernel<bf16>, grid, dim3(256), 0, ROPE_KV_ARGS(bf16)));
 #undef ROPE_KV_ARGS
   return 0;
 }
