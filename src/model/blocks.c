@@ -80,13 +80,19 @@ static int res_norm(const struct fwd *f, struct block_res *res) {
  * answered 1, on f->xb after res_norm. Returns FN's answer: 1 only when FN covers no form of
  * these shapes (the caller then tries another FN; f->xb may hold the norm by then). */
 typedef int (*res_input_fn)(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre);
+/* FN with the norm as its prologue, where the residual stream is waiting for it (res not pending
+ * and not normalized); 1 when it is not (or FN has no prologue form), nothing done then. */
+static int res_input_pre(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
+  if (!res || res->pending || res->normed)
+    return 1;
+  const struct backend_prenorm pre = {.w = res->norm, .eps = f->c->rms_eps, .xn = f->xb};
+  return fn(f, l, f->x, &pre);
+}
+
 static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
-  if (res && !res->pending && !res->normed) {
-    const struct backend_prenorm pre = {.w = res->norm, .eps = f->c->rms_eps, .xn = f->xb};
-    int rc = fn(f, l, f->x, &pre);
-    if (rc != 1)
-      return rc;
-  }
+  int rc = res_input_pre(f, l, res, fn);
+  if (rc != 1)
+    return rc;
   if (res && !res->normed)
     TRY(res_norm(f, res));
   return fn(f, l, f->xb, NULL);
@@ -176,13 +182,20 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap, st
   const struct layer_weights *L = &f->layers[l];
   const int T = f->T, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
   const int kv_ok = f->kv[l].n_kv_heads == nkv && f->kv[l].head_dim == hd;
-  int rc = op->matmul_qkv_rope && kv_ok && !L->wqkv.data && !L->q_norm.data && !L->k_norm.data
-               ? res_input(f, l, res, qkv_rope)
-               : 1;
+  const int one_op = op->matmul_qkv_rope && kv_ok && !L->wqkv.data && !L->q_norm.data && !L->k_norm.data;
+  /* With the norm as a prologue: the one op, else the projections alone (a backend may take the
+   * prologue there and not in the one op: quantized weights on CUDA). Then, normalized: the one
+   * op, else the projections. */
+  int rc = one_op ? res_input_pre(f, l, res, qkv_rope) : 1, roped = rc == 0;
+  if (rc == 1 && !L->wqkv.data)
+    rc = res_input_pre(f, l, res, qkv_separate);
+  if (rc == 1 && one_op)
+    roped = (rc = res_input(f, l, res, qkv_rope)) == 0;
   if (rc < 0)
     return -1;
-  if (rc == 1) { /* the projections, the per-head norms, then RoPE and the KV write */
-    TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
+  if (!roped) { /* the projections, the per-head norms, then RoPE and the KV write */
+    if (rc == 1)
+      TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
     if (L->q_norm.data) /* in place: rows of head_dim */
       TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
     if (L->k_norm.data)
