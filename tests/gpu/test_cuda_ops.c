@@ -1520,7 +1520,11 @@ static void qkv_same(const char *what, const char *name, const void *d, const ui
   free(h);
 }
 
-static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f8, int with_bias, int prenorm) {
+/* Q8: the CUDA calls take Q8_0 weights (the integer-dot GEMV with the same epilogue,
+ * cuda_quant_gemv.cu); the CPU's op then has the bf16 ones and only the byte-for-byte checks
+ * against CUDA's own sequence apply (matmul_n on Q8_0 is checked against references in
+ * test_cuda_quant). */
+static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f8, int with_bias, int prenorm, int q8) {
   const int hd = qc->hd, nh = qc->nh, nkv = qc->nkv, K = qc->K, half = qc->rot / 2;
   const int N[3] = {nh * hd, nkv * hd, nkv * hd};
   int qlen[8], cached[8];
@@ -1545,6 +1549,17 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
   }
   struct matset ms;
   matset_make(&ms, 3, N, K, with_bias);
+  struct weight wq8[3];
+  const struct weight *wsq[3];
+  for (int m = 0; q8 && m < 3; m++) {
+    uint8_t *h = malloc(dtype_row_bytes(DTYPE_Q8_0, K) * N[m]);
+    fill_q8_0(h, (size_t)N[m] * K);
+    if (pair_be[1]->ops->weight_from_host(pair_be[1], &wq8[m], h, DTYPE_Q8_0, N[m], K))
+      pair_die("weight_from_host q8_0");
+    wsq[m] = &wq8[m];
+    free(h);
+  }
+  const struct weight *const *wsg = q8 ? wsq : ms.ws[1]; /* the CUDA calls' weights */
   struct weight nw[2];
   for (int i = 0; i < 2; i++)
     nw[i] = pre_norm_weight(i, nv, K, T % 2);
@@ -1579,7 +1594,7 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
     gx = xn.p[1];
   }
   void *outs[3] = {ref[0].p[1], ref[1].p[1], ref[2].p[1]};
-  rc = g->ops->matmul_n(g, 3, outs, gx, NULL, ms.ws[1], ms.bs[1], T);
+  rc = g->ops->matmul_n(g, 3, outs, gx, NULL, wsg, ms.bs[1], T);
   CHECK(rc == 0, "cuda matmul_n T%d answered %d", T, rc);
   rc = g->ops->rope_kv_write(g, outs[0], outs[1], outs[2], &kv[1], &b[1], nh, &rp[1]);
   CHECK(rc == 0, "cuda rope_kv_write answered %d", rc);
@@ -1591,14 +1606,19 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
   for (int c = 0; c < 2; c++)
     want[3 + c] = be_get(g, kc[c].p[1], cache_bytes);
   char what[160];
-  snprintf(what, sizeof what, "matmul_qkv_rope hd%d rot%d h%d/kv%d K%d T%d bs%d %s%s%s%s", hd, qc->rot, nh, nkv, K, T,
-           bs, qc->neox ? "neox" : "interleaved", f8 ? " f8e4m3" : "", with_bias ? " +bias" : "",
-           prenorm ? " prenorm" : "");
-  /* the fused op on every backend: fresh outputs (poisoned) and caches (the initial contents) */
-  const int covered = !prenorm || pre_covered(T, K);
+  snprintf(what, sizeof what, "matmul_qkv_rope hd%d rot%d h%d/kv%d K%d T%d bs%d %s%s%s%s%s", hd, qc->rot, nh, nkv, K,
+           T, bs, qc->neox ? "neox" : "interleaved", f8 ? " f8e4m3" : "", with_bias ? " +bias" : "",
+           prenorm ? " prenorm" : "", q8 ? " q8_0" : "");
+  /* the fused op on every backend: fresh outputs (poisoned) and caches (the initial contents);
+   * quantized weights take the prologue at any T the GEMV takes (x is normalized as it is
+   * quantized: no shared-memory limit) */
+  const int covered = q8 || !prenorm || pre_covered(T, K);
   const int nbe = prenorm ? PRE_BES + 2 : 3;
   for (int k = 0; k < nbe; k++) {
     const int off = k >= nbe - 2;
+    if (q8 && !off && k > 0)
+      continue; /* pre_be[k]'s shapes are the bf16 prologue's; a quantized weight sizes the x
+                 * quantization's scratch of the backend it was uploaded to (pair_be[1]) only */
     struct backend *be = off ? qkv_off_be[k - (nbe - 2)] : prenorm ? pre_be[k] : pair_be[1];
     void *o[3], *c[2];
     for (int m = 0; m < 3; m++) {
@@ -1613,8 +1633,8 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
     const struct backend_prenorm pre = {.w = &nw[1], .eps = PRE_EPS, .xn = xn.p[1]};
     if (pair_be[1]->ops->sync(pair_be[1]))
       pair_die("sync");
-    rc = be->ops->matmul_qkv_rope(be, o[0], o[1], o[2], dx.p[1], prenorm ? &pre : NULL, ms.ws[1], ms.bs[1], &kvf, &b[1],
-                                  nh, &rp[1]);
+    rc = be->ops->matmul_qkv_rope(be, o[0], o[1], o[2], dx.p[1], prenorm ? &pre : NULL, wsg, ms.bs[1], &kvf, &b[1], nh,
+                                  &rp[1]);
     if (rc < 0 || be->ops->sync(be))
       pair_die("matmul_qkv_rope");
     const int expect = off ? 1 : covered ? 0 : 1;
@@ -1624,17 +1644,19 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
       for (int m = 0; m < 3; m++) {
         char w2[200];
         snprintf(w2, sizeof w2, "%s [%s] backend %d", what, names[m], k);
-        float *hc = get_act_copy(0, ref[m].p[0], (size_t)T * N[m]), *hf = get_act_copy(1, o[m], (size_t)T * N[m]);
-        pair_expect(w2, hf, hc, (size_t)T * N[m], TOL_BF16_OUT);
-        free(hc);
-        free(hf);
+        if (!q8) {
+          float *hc = get_act_copy(0, ref[m].p[0], (size_t)T * N[m]), *hf = get_act_copy(1, o[m], (size_t)T * N[m]);
+          pair_expect(w2, hf, hc, (size_t)T * N[m], TOL_BF16_OUT);
+          free(hc);
+          free(hf);
+        }
         qkv_same(w2, names[m], o[m], want[m], (size_t)T * N[m] * 2);
       }
       for (int j = 0; j < 2; j++) {
         char w2[200];
         snprintf(w2, sizeof w2, "%s [%s] backend %d", what, names[3 + j], k);
         qkv_same(w2, names[3 + j], c[j], want[3 + j], cache_bytes);
-        if (!f8) {
+        if (!f8 && !q8) {
           float *hc = get_act_copy(0, kc[j].p[0], cache_n), *hf = get_act_copy(1, c[j], cache_n);
           pair_expect(w2, hf, hc, cache_n, TOL_BF16_OUT);
           free(hc);
@@ -1660,6 +1682,8 @@ static void test_matmul_qkv_rope(const struct qkv_case *qc, int T, int bs, int f
   }
   for (int m = 0; m < 5; m++)
     free(want[m]);
+  for (int m = 0; q8 && m < 3; m++)
+    pair_be[1]->ops->weight_free(pair_be[1], &wq8[m]);
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 6; j++)
       pair_be[i]->ops->free(pair_be[i], bufs[i][j]);
@@ -1766,7 +1790,9 @@ static void test_qkv_rope_refusals(void) {
   const struct weight *const ws[3] = {&w[0], &w[1], &w[2]}, *const wsq[3] = {&wq8[0], &wq8[1], &wq8[2]};
   struct backend *g = pair_be[1];
   qkv_refused("T 9 (past the GEMV)", g, ws, N, 9, &b9, kv, &rp, nh, NULL);
-  qkv_refused("q8_0 weights", g, wsq, N, 1, &b1, kv, &rp, nh, NULL);
+  const struct weight *const wsmix[3] = {&wq8[0], &wq8[1], &w[2]};
+  qkv_refused("q8_0 q and k with a bf16 v", g, wsmix, N, 1, &b1, kv, &rp, nh, NULL);
+  qkv_refused("q8_0 weights at T 9 (past the GEMV)", g, wsq, N, 9, &b9, kv, &rp, nh, NULL);
   qkv_refused("LongRoPE", g, ws, N, 1, &b1, kv, &rp_long, nh, NULL);
   qkv_refused("rot_dim 63", g, ws, N, 1, &b1, kv, &rp_odd, nh, NULL);
   for (int k = 0; k < 2; k++)
@@ -1805,12 +1831,20 @@ static void test_qkv_rope_grid(void) {
   for (int c = 0; c < ncs; c++)
     for (int T = 1; T <= 8; T++)
       for (int f8 = 0; f8 < 2; f8++, cases++)
-        test_matmul_qkv_rope(&cs[c], T, bss[(T + c + f8) % 3], f8, (T + f8) % 2, (T / 2 + c + f8) % 2);
+        test_matmul_qkv_rope(&cs[c], T, bss[(T + c + f8) % 3], f8, (T + f8) % 2, (T / 2 + c + f8) % 2, 0);
   const struct qkv_case big[2] = {{64, 32, 8, 64, 1, 2048}, {128, 32, 8, 128, 1, 4096}};
   for (int m = 0; m < 2; m++)
     for (int pre = 0; pre < 2; pre++, cases++)
-      test_matmul_qkv_rope(&big[m], 1, 16, m, 0, pre);
-  test_matmul_qkv_rope(&big[1], 5, 32, 0, 1, 1); /* the prologue does not take 5 x 4096: answers 1 */
+      test_matmul_qkv_rope(&big[m], 1, 16, m, 0, pre, 0);
+  test_matmul_qkv_rope(&big[1], 5, 32, 0, 1, 1, 0); /* the prologue does not take 5 x 4096: answers 1 */
+  /* Q8_0 weights (K a multiple of 256: the integer-dot GEMV), every T it takes, with and without
+   * the prologue (at 5 x 4096 too), both cache types, both RoPE layouts */
+  for (int c = 0; c < ncs; c++)
+    for (int T = 1; T <= 8 && cs[c].K % 256 == 0; T++, cases++)
+      test_matmul_qkv_rope(&cs[c], T, bss[(T + c) % 3], (T + c) % 2, T % 2, (T / 2 + c) % 2, 1);
+  for (int m = 0; m < 2; m++)
+    for (int pre = 0; pre < 2; pre++, cases++)
+      test_matmul_qkv_rope(&big[m], m ? 5 : 1, 16, m, pre, pre, 1);
   test_qkv_rope_refusals();
   printf("  matmul_qkv_rope: %d cases + the refusals\n", cases + 1);
   for (int k = 0; k < 2; k++)

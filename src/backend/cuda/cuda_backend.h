@@ -336,6 +336,13 @@ int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const voi
                         const struct weight *const ws[], const struct weight *const biases[], int T);
 int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
                                const struct weight *gate, const struct weight *up, int T);
+/* matmul_qkv_rope (backend.h) on quantized q/k/v weights of one type: the integer-dot GEMV with the
+ * epilogue of cuda_qkv_rope.cuh, whose struct gemv_rope R cuda_op_matmul_qkv_rope has filled and
+ * checked (and which calls this first for quantized weights); 0 / 1 / -1 as cuda_quant_matmul_n. */
+struct gemv_rope;
+int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const void *x, const struct backend_prenorm *pre,
+                               const struct weight *const ws[3], const struct weight *const biases[3],
+                               const struct gemv_rope *r, int T);
 /* matmul_add (backend.h) on a quantized weight, T <= CUDA_QGEMV_MAX_T: resid(T, w->rows) +=
  * x(T, w->cols) @ w^T, each product rounded to bf16 and added as rmsnorm_kernel's residual add
  * rounds it, in the GEMV's epilogue (bit for bit matmul + that add; no scratch). 0 / 1 / -1 as

@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh" /* cq_bf16x8_f32, shared with the quantized GEMV */
+#include "backend/cuda/cuda_qkv_rope.cuh" /* gemv_rope, qkv_rope_pair, qkv_rope_store: shared with the quantized GEMV */
 #include "backend/cuda/cuda_rope.cuh"  /* rope_sincos, rope_rotate, kv_store, shared with rope_kv_write */
 
 typedef __nv_bfloat16 bf16;
@@ -293,8 +294,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   }
 }
 
-/* Up to BACKEND_MATMUL_N_MAX matrices in one grid (struct cuda_matmul_set, cuda_backend.h). */
-typedef struct cuda_matmul_set gemv_multi;
 
 long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const outs[], const struct weight *const ws[],
                                const struct weight *const biases[], long long max_rows) {
@@ -329,19 +328,6 @@ __device__ __forceinline__ int gemv_multi_matrix(const gemv_multi &m, int g) {
   for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
     i += g >= m.row0[j];
   return i;
-}
-
-/* The bias of row ROW of matrix I of M (0 without one). */
-__device__ __forceinline__ float gemv_multi_bias(const gemv_multi &m, int i, int row) {
-  const void *bias = m.bias[i];
-  return !bias ? 0.0f : m.bias_f32[i] ? ((const float *)bias)[row] : __bfloat162float(((const bf16 *)bias)[row]);
-}
-
-/* One sum as matmul_n stores it: rounded to bf16, then (HAS_BIAS) + B rounded again (as the bias
- * kernel adds it to the product). Shared with matmul_qkv_rope's epilogue. */
-__device__ __forceinline__ bf16 gemv_multi_value(float acc, bool has_bias, float b) {
-  bf16 v = __float2bfloat16(acc);
-  return has_bias ? __float2bfloat16(__bfloat162float(v) + b) : v;
 }
 
 /* Row ROW of matrix I of M: its T sums ACC, as gemv_multi_value makes them, into its output. */
@@ -647,92 +633,8 @@ __global__ void __launch_bounds__(NW * 32)
   }
 }
 
-/* ---- q/k/v, RoPE and the KV write in one kernel (backend.h matmul_qkv_rope) ----
- * matmul_n's grid over the rows of wq, wk and wv, where each warp takes TWO rows whose sums RoPE
- * rotates together, so its epilogue has both: per head of q and k (hd / 2 pairs), pair j <
- * rot_dim / 2 is RoPE's (neox: dims j and j + rot_dim / 2; interleaved: 2j and 2j + 1), the others
- * the unrotated dims 2j, 2j + 1 (from rot_dim on); v's rows go in consecutive pairs. Lane t (every
- * lane holds the totals, gemv_loop) finishes token t: each sum rounded and biased as matmul_n
- * stores it (gemv_multi_value), the pair rotated by that token's angle as rope_kv_write_kernel
- * rotates it (rope_sincos, rope_rotate: cuda_rope.cuh), then q, k and v stored and k and v also
- * into the cache at the token's slot (kv_store; slots < 0 or past the pool skipped). The sums are
- * gemv_loop's (the same per row whatever the pairing), so the outputs and both caches are
- * matmul_n followed by rope_kv_write byte for byte. */
-struct gemv_rope {
-  const int32_t *positions, *slots; /* (T) */
-  const float *inv_freq;            /* (rot_dim / 2) */
-  void *kc, *vc;                    /* (num_blocks, n_kv, bs, hd) of bf16, or e4m3 when kv_f8 */
-  long long num_slots;
-  float k_scale, v_scale, mscale; /* scales 1 for a bf16 cache */
-  int hd, rot_dim, neox, n_kv, bs, kv_f8;
-  int pq, pk; /* pairs of q (n_heads * hd / 2) and of k (n_kv * hd / 2, as many as of v) */
-};
-
-/* Grid row G's matrix (0 q, 1 k, 2 v), its two rows R0 and R1, and the RoPE frequency J of the
- * pair (-1: not rotated). */
-struct qkv_pair {
-  int i, r0, r1, j;
-};
-
-__device__ __forceinline__ qkv_pair qkv_rope_pair(const gemv_rope &r, int g) {
-  qkv_pair p;
-  p.i = g < r.pq ? 0 : g < r.pq + r.pk ? 1 : 2;
-  const int e = g - (p.i == 0 ? 0 : p.i == 1 ? r.pq : r.pq + r.pk); /* pair within the matrix */
-  const int hd2 = r.hd >> 1, half = r.rot_dim >> 1;
-  const int h = e / hd2, j = e - h * hd2;
-  const bool rot = p.i < 2 && j < half;
-  p.j = rot ? j : -1;
-  p.r0 = rot && r.neox ? h * r.hd + j : 2 * e;
-  p.r1 = rot && r.neox ? h * r.hd + j + half : 2 * e + 1;
-  return p;
-}
-
-template <class E>
-__device__ __forceinline__ void qkv_cache_pair(void *cache, size_t at, int d0, int d1, bf16 v0, bf16 v1, float scale) {
-  kv_store((E *)cache, at + d0, v0, scale);
-  kv_store((E *)cache, at + d1, v1, scale);
-}
-
-/* The epilogue of pair P: lane t < NT finishes token t (see above). */
-template <int NT>
-__device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_rope &r, const qkv_pair &p,
-                                               const float (*acc)[NT], int lane) {
-  float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-  for (int t = 0; t < NT; t++) /* selects, so acc stays in registers */
-    if (lane == t) {
-      a0 = acc[0][t];
-      a1 = acc[1][t];
-    }
-  if (lane >= NT)
-    return;
-  const int t = lane;
-  const bool has_bias = m.bias[p.i] != NULL;
-  bf16 v0 = gemv_multi_value(a0, has_bias, gemv_multi_bias(m, p.i, p.r0));
-  bf16 v1 = gemv_multi_value(a1, has_bias, gemv_multi_bias(m, p.i, p.r1));
-  if (p.j >= 0) {
-    float sf, cf;
-    rope_sincos((float)r.positions[t], r.inv_freq[p.j], r.mscale, &sf, &cf);
-    rope_rotate(&v0, &v1, cf, sf);
-  }
-  bf16 *o = (bf16 *)m.out[p.i] + (size_t)t * m.N[p.i];
-  o[p.r0] = v0;
-  o[p.r1] = v1;
-  if (p.i == 0)
-    return;
-  const int32_t slot = r.slots[t];
-  if (slot < 0 || slot >= r.num_slots)
-    return;
-  const int h = p.r0 / r.hd, base = h * r.hd;
-  const size_t at = (((size_t)(slot / r.bs) * r.n_kv + h) * r.bs + slot % r.bs) * r.hd;
-  void *cache = p.i == 1 ? r.kc : r.vc;
-  const float scale = p.i == 1 ? r.k_scale : r.v_scale;
-  if (r.kv_f8)
-    qkv_cache_pair<uint8_t>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
-  else
-    qkv_cache_pair<bf16>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
-}
-
+/* ---- q/k/v, RoPE and the KV write in one kernel (backend.h matmul_qkv_rope): the pairing and the
+ * epilogue are in cuda_qkv_rope.cuh, shared with the integer-dot GEMV on quantized weights ---- */
 template <int NT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_qkv_rope_kernel(const __grid_constant__ gemv_multi m, const __grid_constant__ gemv_rope r, const bf16 *x,
@@ -1049,7 +951,8 @@ static cudaError_t qkv_rope_pre_launch(struct cuda_backend *cb, unsigned pairs, 
 /* backend.h matmul_qkv_rope: 1 (nothing enqueued) for what gemv_qkv_rope_kernel does not cover,
  * which the caller then runs as matmul_n (or its matmuls) and rope_kv_write (or rope, kv_write):
  * cb->fused_rope 0 (PAGODA_FUSED_ROPE=0 or PAGODA_FUSED_OPS=0), weights the GEMV does not take
- * (gemv_fusable: bf16 of one K, a multiple of 8, T <= gemv_max_t; quantized ones too), a KV
+ * (gemv_fusable: bf16 of one K, a multiple of 8, T <= gemv_max_t; quantized weights go to
+ * cuda_quant_matmul_qkv_rope, which answers 1 where its GEMV does not take them), a KV
  * dtype other than bf16 / f8e4m3 or a block size the cache kernels are not built for, an odd
  * head_dim, rot_dim not even or past head_dim, LongRoPE (rp->inv_freq_long), and with PRE what
  * the prologue does not take (gemv_pre_terms). */
@@ -1059,8 +962,9 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
                             int n_heads, const struct rope_params *rp) {
   struct cuda_backend *cb = cuda_be(be);
   const int T = b->num_tokens, hd = kv->head_dim, nkv = kv->n_kv_heads;
-  if (!cb->fused_rope || be->act_dtype != DTYPE_BF16 || cuda_quant_type(ws[0]->dtype) >= 0 ||
-      !gemv_fusable(cb, ws, 3, T) || (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3) ||
+  const int quant = cuda_quant_type(ws[0]->dtype) >= 0; /* cuda_quant_matmul_qkv_rope checks those weights */
+  if (!cb->fused_rope || be->act_dtype != DTYPE_BF16 || (!quant && !gemv_fusable(cb, ws, 3, T)) ||
+      (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3) ||
       !cuda_block_size_ok(kv->block_size) || hd <= 0 || hd % 2 || rp->rot_dim <= 0 || rp->rot_dim > hd ||
       rp->rot_dim % 2 || rp->inv_freq_long)
     return 1;
@@ -1071,18 +975,6 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
   if (f8 && !(kv->k_scale > 0.0f && kv->v_scale > 0.0f))
     return ERR("cuda matmul_qkv_rope: f8e4m3 KV scales %g / %g must be > 0", (double)kv->k_scale,
                (double)kv->v_scale);
-  const int K = (int)ws[0]->cols;
-  gemv_pre p = {};
-  if (pre) {
-    int terms = gemv_pre_terms(cb, pre, K, T, &p);
-    if (terms <= 0)
-      return terms < 0 ? -1 : 1;
-  }
-  gemv_multi m;
-  void *const outs[3] = {q, k, v};
-  long long rows = cuda_matmul_set_fill(&m, 3, outs, ws, biases, INT32_MAX - 2 * CUDA_GEMV_PRE_ROWS_MAX * 4);
-  if (rows <= 0)
-    return rows < 0 ? -1 : 1;
   gemv_rope r = {};
   r.positions = b->positions;
   r.slots = b->slot_mapping;
@@ -1101,6 +993,20 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
   r.kv_f8 = f8;
   r.pq = n_heads * hd / 2;
   r.pk = nkv * hd / 2;
+  void *const outs[3] = {q, k, v};
+  if (quant)
+    return cuda_quant_matmul_qkv_rope(be, outs, x, pre, ws, biases, &r, T);
+  const int K = (int)ws[0]->cols;
+  gemv_pre p = {};
+  if (pre) {
+    int terms = gemv_pre_terms(cb, pre, K, T, &p);
+    if (terms <= 0)
+      return terms < 0 ? -1 : 1;
+  }
+  gemv_multi m;
+  long long rows = cuda_matmul_set_fill(&m, 3, outs, ws, biases, INT32_MAX - 2 * CUDA_GEMV_PRE_ROWS_MAX * 4);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
   const unsigned pairs = (unsigned)(rows / 2);
   const bf16 *X = (const bf16 *)x;
   if (pre) {

@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_norm.cuh"
 #include "backend/cuda/cuda_pdl.cuh"
 #include "backend/cuda/cuda_quant.cuh"
+#include "backend/cuda/cuda_qkv_rope.cuh" /* gemv_rope, qkv_rope_pair, qkv_rope_store (ROPE) */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -566,18 +567,21 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
  * stream and each product, rounded to bf16, is added into it as rmsnorm_kernel's residual add
  * rounds it: r = bf16(float(bf16(acc)) + float(r)) (matmul_add). R = 2: unit f is gate row f
  * (W[0]) and up row f (W[1]), out[0](T, F) = silu(g) * u on the bf16-rounded products, as
- * silu_mul does. */
+ * silu_mul does. R = 2 with ROPE: unit g is the pair of q/k/v rows qkv_rope_pair(rope, g) gives,
+ * finished by qkv_rope_store (cuda_qkv_rope.cuh: matmul_qkv_rope). */
 struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_backend.h */
   int units, out_f32, add, K;
   size_t row_bytes;
   const int8_t *xq;
   const float2 *xd;
+  gemv_rope rope; /* ROPE only */
 };
 
 /* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
  * streams units g, g + G, ... and, per unit, R rows of nch chunks back to back. */
-template <int QT, int NT, int R, int STAGES>
+template <int QT, int NT, int R, int STAGES, bool ROPE = false>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid_constant__ qi_args a) {
+  static_assert(!ROPE || R == 2, "ROPE takes a pair of rows per unit");
   extern __shared__ __align__(16) uint8_t qg_smem[];
   const int CB = qg_chunk<QT>::BYTES;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -592,6 +596,10 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   /* the chunk stream: chunk ic of row ir (of R) of unit iu is issued into slot is */
   int iu = gw, ir = 0, ic = 0, is = 0;
   auto row_ptr = [&](int u, int r) -> const uint8_t * {
+    if (ROPE) {
+      const qkv_pair p = qkv_rope_pair(a.rope, u);
+      return (const uint8_t *)a.W[p.i] + (size_t)(r ? p.r1 : p.r0) * rb;
+    }
     if (R == 2)
       return (const uint8_t *)a.W[r] + (size_t)u * rb;
     int i = 0;
@@ -660,6 +668,16 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
         for (int t = 0; t < NT; t++)
           g[t] = acc[t];
         r = 1;
+      } else if (ROPE) { /* every lane holds both totals; lane t < NT finishes token t */
+        float pair[2][NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          pair[0][t] = g[t];
+          pair[1][t] = acc[t];
+        }
+        qkv_rope_store<NT>(a, a.rope, qkv_rope_pair(a.rope, u), pair, lane);
+        r = 0;
+        u += G;
       } else {
         if (lane == 0) {
           if (R == 2) {
@@ -708,14 +726,14 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
 
 /* Cached per instantiation; tensor-parallel ranks (threads, GPUs of one kind) may race to fill it
  * with the same value, hence the atomics. */
-template <int QT, int NT, int R> static int qi_resident_blocks(size_t smem) {
+template <int QT, int NT, int R, bool ROPE> static int qi_resident_blocks(size_t smem) {
   static int cached = 0;
   int blocks = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (!blocks) {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, QG_STAGES>, QGEMV_WARPS * 32,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, QG_STAGES, ROPE>, QGEMV_WARPS * 32,
                                                   smem);
     blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
     __atomic_store_n(&cached, blocks, __ATOMIC_RELAXED);
@@ -737,9 +755,10 @@ static int qi_stream_rows(void) {
 
 /* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
  * that is more than qi_stream_rows() units per resident warp). */
-template <int QT, int NT, int R> static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
+template <int QT, int NT, int R, bool ROPE>
+static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   const size_t sm = QGEMV_WARPS * (QG_STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
-  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R>(sm);
+  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, ROPE>(sm);
   const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
   if (cap && atoi(cap) > 0) {
     if (blocks > atoi(cap))
@@ -747,19 +766,20 @@ template <int QT, int NT, int R> static cudaError_t qi_launch(const struct cuda_
   } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
     blocks = fit;
   }
-  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, QG_STAGES>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
+  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, QG_STAGES, ROPE>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
 }
 
-template <int QT, int R> static cudaError_t qi_dispatch_t(const struct cuda_backend *cb, const qi_args &a, int T) {
+template <int QT, int R, bool ROPE = false>
+static cudaError_t qi_dispatch_t(const struct cuda_backend *cb, const qi_args &a, int T) {
   switch (T) {
-  case 1: return qi_launch<QT, 1, R>(cb, a);
-  case 2: return qi_launch<QT, 2, R>(cb, a);
-  case 3: return qi_launch<QT, 3, R>(cb, a);
-  case 4: return qi_launch<QT, 4, R>(cb, a);
-  case 5: return qi_launch<QT, 5, R>(cb, a);
-  case 6: return qi_launch<QT, 6, R>(cb, a);
-  case 7: return qi_launch<QT, 7, R>(cb, a);
-  default: return qi_launch<QT, 8, R>(cb, a);
+  case 1: return qi_launch<QT, 1, R, ROPE>(cb, a);
+  case 2: return qi_launch<QT, 2, R, ROPE>(cb, a);
+  case 3: return qi_launch<QT, 3, R, ROPE>(cb, a);
+  case 4: return qi_launch<QT, 4, R, ROPE>(cb, a);
+  case 5: return qi_launch<QT, 5, R, ROPE>(cb, a);
+  case 6: return qi_launch<QT, 6, R, ROPE>(cb, a);
+  case 7: return qi_launch<QT, 7, R, ROPE>(cb, a);
+  default: return qi_launch<QT, 8, R, ROPE>(cb, a);
   }
 }
 
@@ -814,10 +834,13 @@ static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const
   return 0;
 }
 
-/* One launch of the integer-dot kernel for A (R = 1: matrices, R = 2: gate / up) at T rows. */
+/* One launch of the integer-dot kernel for A (R = 1: matrices, R = 2: gate / up, R = 3: pairs of
+ * q/k/v rows with RoPE, the kernel's R = 2 with ROPE) at T rows. */
 static int qi_run(struct cuda_backend *cb, int qt, const qi_args &a, int R, int T) {
   cudaError_t err = cudaErrorInvalidValue; /* a type without the kernel: qi_applies said no */
-  if (R == 2)
+  if (R == 3)
+    QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 2, true>(cb, a, T)))
+  else if (R == 2)
     QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 2>(cb, a, T)))
   else
     QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 1>(cb, a, T)))
@@ -916,6 +939,29 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
   if (qx_quantize(cb, &a, x, pre, T, (int)gate->cols) != 0)
     return -1;
   return qi_run(cb, qt, a, 2, T);
+}
+
+int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const void *x, const struct backend_prenorm *pre,
+                               const struct weight *const ws[3], const struct weight *const biases[3],
+                               const struct gemv_rope *r, int T) {
+  struct cuda_backend *cb = cuda_be(be);
+  if (be->act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, 3, T))
+    return 1;
+  int ok = qi_prenorm_ok(cb, pre, ws[0]->cols);
+  if (ok <= 0)
+    return ok < 0 ? -1 : 1;
+  qi_args a;
+  memset(&a, 0, sizeof a);
+  long long rows = cuda_matmul_set_fill(&a, 3, outs, ws, biases, INT32_MAX - 2 * QGEMV_WARPS);
+  if (rows <= 0)
+    return rows < 0 ? -1 : 1;
+  a.units = (int)(rows / 2); /* r->pq + 2 * r->pk pairs */
+  a.rope = *r;
+  int qt = cuda_quant_type(ws[0]->dtype);
+  a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
+  if (qx_quantize(cb, &a, x, pre, T, (int)ws[0]->cols) != 0)
+    return -1;
+  return qi_run(cb, qt, a, 3, T);
 }
 
 int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T) {
