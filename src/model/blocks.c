@@ -89,13 +89,16 @@ static int res_input_pre(const struct fwd *f, int l, struct block_res *res, res_
   return fn(f, l, f->x, &pre);
 }
 
-static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
-  int rc = res_input_pre(f, l, res, fn);
-  if (rc != 1)
-    return rc;
+/* FN on the normalized input, normalizing (and adding what is pending) first where needed. */
+static int res_input_normed(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
   if (res && !res->normed)
     TRY(res_norm(f, res));
   return fn(f, l, f->xb, NULL);
+}
+
+static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
+  int rc = res_input_pre(f, l, res, fn);
+  return rc != 1 ? rc : res_input_normed(f, l, res, fn);
 }
 
 /* A sub-block's last matmul, out = x @ W^T (o / down; a partial sum under tensor parallelism):
@@ -184,18 +187,18 @@ int block_attention(const struct fwd *f, int l, const struct attn_params *ap, st
   const int kv_ok = f->kv[l].n_kv_heads == nkv && f->kv[l].head_dim == hd;
   const int one_op = op->matmul_qkv_rope && kv_ok && !L->wqkv.data && !L->q_norm.data && !L->k_norm.data;
   /* With the norm as a prologue: the one op, else the projections alone (a backend may take the
-   * prologue there and not in the one op: quantized weights on CUDA). Then, normalized: the one
-   * op, else the projections. */
+   * prologue there and not in the one op: on CUDA with PAGODA_FUSED_ROPE=0, LongRoPE, or a KV
+   * layout the one op does not cover). Then, normalized: the one op, else the projections. */
   int rc = one_op ? res_input_pre(f, l, res, qkv_rope) : 1, roped = rc == 0;
   if (rc == 1 && !L->wqkv.data)
     rc = res_input_pre(f, l, res, qkv_separate);
   if (rc == 1 && one_op)
-    roped = (rc = res_input(f, l, res, qkv_rope)) == 0;
+    roped = (rc = res_input_normed(f, l, res, qkv_rope)) == 0;
   if (rc < 0)
     return -1;
   if (!roped) { /* the projections, the per-head norms, then RoPE and the KV write */
     if (rc == 1)
-      TRY(res_input(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
+      TRY(res_input_normed(f, l, res, L->wqkv.data ? qkv_fused : qkv_separate));
     if (L->q_norm.data) /* in place: rows of head_dim */
       TRY(op->rmsnorm(be, f->q, NULL, f->q, &L->q_norm, T * nh, hd, c->rms_eps));
     if (L->k_norm.data)

@@ -1357,8 +1357,8 @@ static void test_prenorm_grid(void) {
   pre_close();
 }
 
-/* rope_kv_write over a mixed batch (decode and prompt tokens, padded sequences, one padding
- * slot -1): q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
+/* rope_kv_write over a batch of shape SH (mixed: decode and prompt tokens, padded sequences; or
+ * decode only), one padding slot -1: q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
  * byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3 caches). ROT < HD is a
  * partial rotation; LONGROPE adds the long table, chosen per sequence, and an mscale. */
 static void test_rope_kv_write_shape(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8,
@@ -1750,8 +1750,8 @@ static void qkv_refused(const char *what, struct backend *g, const struct weight
   free(xh);
 }
 
-/* What matmul_qkv_rope leaves to matmul_n + rope_kv_write: T past the GEMV, quantized weights,
- * LongRoPE, an odd rot_dim; weights that do not match the heads are an error. The caches hold the
+/* What matmul_qkv_rope leaves to matmul_n + rope_kv_write: T past the GEMV (bf16 and Q8_0 weights),
+ * quantized weights of mixed types, LongRoPE, an odd rot_dim; weights that do not match the heads are an error. The caches hold the
  * same values on both sides (so v's cache is compared against k's initial bytes). */
 static void test_qkv_rope_refusals(void) {
   const int hd = 64, nh = 4, nkv = 2, K = 256, bs = 16, N[3] = {nh * hd, nkv * hd, nkv * hd};
@@ -1813,7 +1813,10 @@ static void test_qkv_rope_refusals(void) {
 /* The grid: Llama-3.2-1B's (hd 64, 32/8 heads) and -3.1-8B's (hd 128, 32/8) attention input, 4/4
  * heads with partial rotary at head_dim 96 (interleaved) and 80 (neox), 8/2 interleaved; T = 1..8
  * with block sizes 8, 16, 32, bf16 and f8e4m3 caches, biases and the prenorm on and off in turn;
- * then the real K of both models at T = 1 and the refusals. */
+ * then the real K of both models at T = 1; then Q8_0 weights (the integer-dot GEMV): the same
+ * shapes at K a multiple of 256 (partial rotary and 4/4 heads at K 768 and 1024), the real K, and
+ * once with PAGODA_QGEMV_BLOCKS=2, so that each warp streams many pairs through its ring; and
+ * the refusals. */
 static void test_qkv_rope_grid(void) {
   pre_open();
   qkv_off_be[0] = cuda_with_env("PAGODA_FUSED_ROPE", "0");
@@ -1838,13 +1841,23 @@ static void test_qkv_rope_grid(void) {
       test_matmul_qkv_rope(&big[m], 1, 16, m, 0, pre, 0);
   test_matmul_qkv_rope(&big[1], 5, 32, 0, 1, 1, 0); /* the prologue does not take 5 x 4096: answers 1 */
   /* Q8_0 weights (K a multiple of 256: the integer-dot GEMV), every T it takes, with and without
-   * the prologue (at 5 x 4096 too), both cache types, both RoPE layouts */
-  for (int c = 0; c < ncs; c++)
-    for (int T = 1; T <= 8 && cs[c].K % 256 == 0; T++, cases++)
-      test_matmul_qkv_rope(&cs[c], T, bss[(T + c) % 3], (T + c) % 2, T % 2, (T / 2 + c) % 2, 1);
+   * the prologue (at 5 x 4096 too), both cache types, both RoPE layouts, partial rotary */
+  struct qkv_case q8cs[sizeof cs / sizeof cs[0]];
+  for (int c = 0; c < ncs; c++) {
+    q8cs[c] = cs[c];
+    q8cs[c].K = (cs[c].K + 255) / 256 * 256; /* 520 -> 768, 1000 -> 1024 */
+    for (int T = 1; T <= 8; T++, cases++)
+      test_matmul_qkv_rope(&q8cs[c], T, bss[(T + c) % 3], (T + c) % 2, T % 2, (T / 2 + c) % 2, 1);
+  }
   for (int m = 0; m < 2; m++)
     for (int pre = 0; pre < 2; pre++, cases++)
       test_matmul_qkv_rope(&big[m], m ? 5 : 1, 16, m, pre, pre, 1);
+  /* two blocks in all (read at each launch): every warp takes many pairs, the ring running from
+   * one pair's rows into the next's */
+  setenv("PAGODA_QGEMV_BLOCKS", "2", 1);
+  for (int c = 0; c < 2; c++, cases++)
+    test_matmul_qkv_rope(c ? &big[1] : &q8cs[3], c ? 1 : 3, 16, c, 1, 1, 1);
+  unsetenv("PAGODA_QGEMV_BLOCKS");
   test_qkv_rope_refusals();
   printf("  matmul_qkv_rope: %d cases + the refusals\n", cases + 1);
   for (int k = 0; k < 2; k++)

@@ -37,6 +37,7 @@
  * normalized x to bf16, and it stores each block's scale as f16, so the two int8 roundings are
  * independent: about sqrt(2) / 254 = 5.6e-3 relative rms, plus the bf16 outputs (2^-9 each). */
 #define TOL_FUSED_VS_CPU 2e-2
+#define TOL_FUSED_VS_CPU_MAX 5e-2 /* the most a draw's own int8 error may raise it to (test_prenorm) */
 
 struct qcase {
   enum dtype t;
@@ -571,9 +572,11 @@ static void test_prenorm(const struct qcase *qc, int K, int nw_bf16) {
         pair_get_act(1, got, fo[m], (size_t)T * N[m]);
         pair_get_act(0, ref, co[m], (size_t)T * N[m]);
         snprintf(w2, sizeof w2, "%s [%d] vs cpu", what, m);
-        /* two independent int8 roundings: about sqrt(2) times this draw's own int8 error apart */
+        /* two independent int8 roundings: about sqrt(2) times this draw's own int8 error apart (a
+         * draw that Q5_K seed 1882683066044060 measured at 0.022), never past TOL_FUSED_VS_CPU_MAX */
         const double e8 = i8_draw_err(xnh, T, K, wf[m], N[m], m == 0 ? bq : m == 2 ? bv : NULL);
-        pair_expect(w2, got, ref, (size_t)T * N[m], 2.1 * e8 > TOL_FUSED_VS_CPU ? 2.1 * e8 : TOL_FUSED_VS_CPU);
+        double tol = 2.1 * e8 > TOL_FUSED_VS_CPU ? 2.1 * e8 : TOL_FUSED_VS_CPU;
+        pair_expect(w2, got, ref, (size_t)T * N[m], tol < TOL_FUSED_VS_CPU_MAX ? tol : TOL_FUSED_VS_CPU_MAX);
       }
     }
     poison_act(fo[0], (size_t)T * 24);

@@ -478,15 +478,16 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * gemv_split): PAGODA_GEMV_SPLIT=0 keeps one warp per row, for measuring it (same bits). */
   const char *gs = getenv("PAGODA_GEMV_SPLIT");
   cb->gemv_split = !(gs && strcmp(gs, "0") == 0);
-  /* PAGODA_GEMV_PRE_SPLIT=0: only the prenorm GEMVs keep one warp per row group. The plain GEMVs'
-   * first weight steps into registers (1) or L2 (0) before their wait, and the x quantization of
-   * the integer-dot GEMV (decode attention) triggering the next kernel before its own wait,
-   * rope_kv_write over several blocks per token (cuda_backend.h); for measuring them. */
+  /* PAGODA_GEMV_PRE_SPLIT=0: only the prenorm GEMVs keep one warp per row group. PAGODA_GEMV_REG:
+   * the plain GEMVs' first weight steps into registers (1) or L2 (0) before their wait.
+   * PAGODA_QX_EARLY, PAGODA_ATTN_EARLY: the x quantization of the integer-dot GEMV (decode
+   * attention) triggering the next kernel before its own wait. PAGODA_ROPE_KV_SPLIT: rope_kv_write
+   * over several blocks per token (cuda_backend.h). For measuring them. */
   if ((cb->gemv_pre_split = env_flag("PAGODA_GEMV_PRE_SPLIT", 1)) < 0 ||
       (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
-      (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", 1)) < 0)
+      (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0)
     return -1;
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,

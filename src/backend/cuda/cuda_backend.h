@@ -131,9 +131,9 @@ struct cuda_backend {
                               * gemv_split; the same bits either way) */
   int gemv_pre_split;        /* 0 when PAGODA_GEMV_PRE_SPLIT=0: the prenorm GEMVs keep one warp per row group
                               * (gemv_pre_split; the plain GEMVs still split; the same bits either way) */
-  int rope_kv_split;         /* 1 (PAGODA_ROPE_KV_SPLIT=0|1): rope_kv_write gives a token several blocks (one
-                              * per 256 (head, pair) items, the grid within one wave of cuda_sm_count), not
-                              * one (cuda_ops.cu; the same bits either way) */
+  int rope_kv_split;         /* 1 (CUDA_ROPE_KV_SPLIT; PAGODA_ROPE_KV_SPLIT=0|1): rope_kv_write gives a token
+                              * several blocks (one per 256 (head, pair) items, T * blocks at most
+                              * cuda_sm_count), not one (cuda_ops.cu; the same bits either way) */
   int gemv_reg;              /* 1 (CUDA_GEMV_REG; PAGODA_GEMV_REG=0|1): the plain bf16 GEMVs load their first
                               * four weight steps into registers before pdl_wait; 0: prefetch into L2
                               * (cuda_gemv.cu, gemv_rows; the same bits either way) */
@@ -272,6 +272,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_REG 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0
+#define CUDA_ROPE_KV_SPLIT 1
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's
@@ -340,6 +341,9 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
  * epilogue of cuda_qkv_rope.cuh, whose struct gemv_rope R cuda_op_matmul_qkv_rope has filled and
  * checked (and which calls this first for quantized weights); 0 / 1 / -1 as cuda_quant_matmul_n. */
 struct gemv_rope;
+/* Whether the integer-dot GEMV takes the N quantized matrices WS (one type and K, a layout it
+ * reads) at T rows: what the fused forms above check first. */
+int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T);
 int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const void *x, const struct backend_prenorm *pre,
                                const struct weight *const ws[3], const struct weight *const biases[3],
                                const struct gemv_rope *r, int T);

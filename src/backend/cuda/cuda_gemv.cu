@@ -838,7 +838,7 @@ static cudaError_t gemv_pre_shape(const struct cuda_backend *cb, F f) {
 }
 
 /* matmul_n with PRE: bf16 weights the GEMV takes (gemv_fusable) and the prologue's terms, else 1
- * (quantized weights too, for now: their kernel has no prologue yet). */
+ * (quantized weights: cuda_quant_matmul_n, which takes the prologue into its x quantization). */
 static int gemv_multi_pre(struct cuda_backend *cb, int n, void *const outs[], const void *x,
                           const struct backend_prenorm *pre, const struct weight *const ws[],
                           const struct weight *const biases[], int T) {
@@ -948,7 +948,8 @@ static cudaError_t qkv_rope_pre_launch(struct cuda_backend *cb, unsigned pairs, 
   return cudaErrorInvalidValue;
 }
 
-/* backend.h matmul_qkv_rope: 1 (nothing enqueued) for what gemv_qkv_rope_kernel does not cover,
+/* backend.h matmul_qkv_rope: 1 (nothing enqueued) for what gemv_qkv_rope_kernel (or, for quantized
+ * weights, qgemv_i8_kernel with ROPE) does not cover,
  * which the caller then runs as matmul_n (or its matmuls) and rope_kv_write (or rope, kv_write):
  * cb->fused_rope 0 (PAGODA_FUSED_ROPE=0 or PAGODA_FUSED_OPS=0), weights the GEMV does not take
  * (gemv_fusable: bf16 of one K, a multiple of 8, T <= gemv_max_t; quantized weights go to
@@ -962,8 +963,9 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
                             int n_heads, const struct rope_params *rp) {
   struct cuda_backend *cb = cuda_be(be);
   const int T = b->num_tokens, hd = kv->head_dim, nkv = kv->n_kv_heads;
-  const int quant = cuda_quant_type(ws[0]->dtype) >= 0; /* cuda_quant_matmul_qkv_rope checks those weights */
-  if (!cb->fused_rope || be->act_dtype != DTYPE_BF16 || (!quant && !gemv_fusable(cb, ws, 3, T)) ||
+  const int quant = cuda_quant_type(ws[0]->dtype) >= 0; /* then the integer-dot GEMV (cuda_quant_gemv.cu) */
+  if (!cb->fused_rope || be->act_dtype != DTYPE_BF16 ||
+      (quant ? !cuda_quant_fusable(cb, ws, 3, T) : !gemv_fusable(cb, ws, 3, T)) ||
       (kv->dtype != DTYPE_BF16 && kv->dtype != DTYPE_F8E4M3) ||
       !cuda_block_size_ok(kv->block_size) || hd <= 0 || hd % 2 || rp->rot_dim <= 0 || rp->rot_dim > hd ||
       rp->rot_dim % 2 || rp->inv_freq_long)

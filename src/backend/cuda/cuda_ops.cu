@@ -312,7 +312,8 @@ int cuda_op_rope_kv_write(struct backend *be, void *q, void *k, const void *v, c
       kv->n_kv_heads, kv->head_dim, kv->block_size, slots, kv->dtype == DTYPE_F8E4M3 ? kv->k_scale : 1.0f,         \
       kv->dtype == DTYPE_F8E4M3 ? kv->v_scale : 1.0f, rp->inv_freq, rp->rot_dim, rp->neox, rp->inv_freq_long,     \
       rp->long_after, rp->query_start, rp->seq_lens, rp->num_seqs, rp->mscale
-  /* blocks per token: one per 256 (head, pair) items while the grid stays within a wave */
+  /* blocks per token: one per 256 (head, pair) items, while T * blocks stays within one block per
+   * multiprocessor */
   const int pairs = (n_heads + kv->n_kv_heads) * (rp->rot_dim / 2);
   int parts = cb->rope_kv_split ? (pairs + 255) / 256 : 1;
   const int sms = cuda_sm_count(cb);

@@ -692,10 +692,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
             for (int j = 1; j < BACKEND_MATMUL_N_MAX; j++)
               i += u >= a.row0[j];
             const int row = u - a.row0[i], N = a.N[i];
-            const void *bias = a.bias[i];
-            const float bv = !bias ? 0.0f
-                             : a.bias_f32[i] ? ((const float *)bias)[row]
-                                             : __bfloat162float(((const bf16 *)bias)[row]);
+            const bool has_bias = a.bias[i] != NULL;
+            const float bv = gemv_multi_bias(a, i, row);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
               if (a.out_f32) {
@@ -703,11 +701,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
               } else if (a.add) { /* as rmsnorm_kernel's residual add */
                 bf16 *rp = (bf16 *)a.out[i] + (size_t)t * N + row;
                 *rp = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[t])) + __bfloat162float(*rp));
-              } else {
-                bf16 v = __float2bfloat16(acc[t]);
-                if (bias)
-                  v = __float2bfloat16(__bfloat162float(v) + bv);
-                ((bf16 *)a.out[i])[(size_t)t * N + row] = v;
+              } else { /* as matmul_n stores it (cuda_qkv_rope.cuh, shared with the bf16 GEMV) */
+                ((bf16 *)a.out[i])[(size_t)t * N + row] = gemv_multi_value(acc[t], has_bias, bv);
               }
             }
           }
@@ -834,13 +829,17 @@ static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const
   return 0;
 }
 
-/* One launch of the integer-dot kernel for A (R = 1: matrices, R = 2: gate / up, R = 3: pairs of
- * q/k/v rows with RoPE, the kernel's R = 2 with ROPE) at T rows. */
-static int qi_run(struct cuda_backend *cb, int qt, const qi_args &a, int R, int T) {
+/* What one launch of the integer-dot kernel computes (qi_args): the rows of matrices (the kernel's
+ * R = 1), gate / up pairs into silu(g) * u (R = 2), or pairs of q/k/v rows with RoPE and the KV
+ * write (R = 2 with ROPE). */
+enum qi_form { QI_ROWS, QI_GATE_UP, QI_QKV_ROPE };
+
+/* One launch of the integer-dot kernel for A in FORM at T rows. */
+static int qi_run(struct cuda_backend *cb, int qt, const qi_args &a, enum qi_form form, int T) {
   cudaError_t err = cudaErrorInvalidValue; /* a type without the kernel: qi_applies said no */
-  if (R == 3)
+  if (form == QI_QKV_ROPE)
     QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 2, true>(cb, a, T)))
-  else if (R == 2)
+  else if (form == QI_GATE_UP)
     QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 2>(cb, a, T)))
   else
     QI_DISPATCH(qt, (err = qi_dispatch_t<QT_, 1>(cb, a, T)))
@@ -865,7 +864,7 @@ static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *
   a.out_f32 = out_f32;
   a.add = add;
   a.row_bytes = cuda_quant_row_bytes(qt, w->cols);
-  return qi_run(cb, qt, a, 1, T);
+  return qi_run(cb, qt, a, QI_ROWS, T);
 }
 
 /* Fused forms on quantized weights (backend.h, "Fused small ops"; the bf16 ones are in
@@ -882,6 +881,10 @@ static int qi_fusable(struct cuda_backend *cb, const struct weight *const *ws, i
   return 1;
 }
 
+int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
+  return qi_fusable(cb, ws, n, T);
+}
+
 /* Whether the x quantization takes PRE for rows of K values (qx_norm_quantize_kernel): an f32 or
  * bf16 norm weight (the two rmsnorm_kernel reads); 0: the caller's rmsnorm first. -1 with the
  * error set when the weight's size is not K, which rmsnorm would refuse too. */
@@ -896,25 +899,36 @@ static int qi_prenorm_ok(const struct cuda_backend *cb, const struct backend_pre
   return pre->w->dtype == DTYPE_F32 || pre->w->dtype == DTYPE_BF16;
 }
 
-int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
-                        const struct weight *const ws[], const struct weight *const biases[], int T) {
-  struct cuda_backend *cb = cuda_be(be);
-  if (be->act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, n, T))
+/* A (zeroed here) for the N matrices WS of one quantized type with their BIASES, and x (with PRE)
+ * quantized for them at T rows: 0 ready, *ROWS the matrices' total rows; 1 when the integer-dot
+ * GEMV does not take them (nothing enqueued); -1 with the error set. For matmul_n and
+ * matmul_qkv_rope. */
+static int qi_set_prepare(struct cuda_backend *cb, qi_args *a, int n, void *const outs[], const void *x,
+                          const struct backend_prenorm *pre, const struct weight *const ws[],
+                          const struct weight *const biases[], int T, long long *rows) {
+  if (cb->base.act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, n, T))
     return 1;
   int ok = qi_prenorm_ok(cb, pre, ws[0]->cols);
   if (ok <= 0)
     return ok < 0 ? -1 : 1;
+  memset(a, 0, sizeof *a);
+  *rows = cuda_matmul_set_fill(a, n, outs, ws, biases, INT32_MAX - 2 * QGEMV_WARPS);
+  if (*rows <= 0)
+    return *rows < 0 ? -1 : 1;
+  a->row_bytes = cuda_quant_row_bytes(cuda_quant_type(ws[0]->dtype), ws[0]->cols);
+  return qx_quantize(cb, a, x, pre, T, (int)ws[0]->cols) != 0 ? -1 : 0;
+}
+
+int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
+                        const struct weight *const ws[], const struct weight *const biases[], int T) {
+  struct cuda_backend *cb = cuda_be(be);
   qi_args a;
-  memset(&a, 0, sizeof a);
-  long long rows = cuda_matmul_set_fill(&a, n, outs, ws, biases, INT32_MAX - QGEMV_WARPS);
-  if (rows <= 0)
-    return rows < 0 ? -1 : 1;
+  long long rows = 0;
+  int rc = qi_set_prepare(cb, &a, n, outs, x, pre, ws, biases, T, &rows);
+  if (rc != 0)
+    return rc;
   a.units = (int)rows;
-  int qt = cuda_quant_type(ws[0]->dtype);
-  a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
-  if (qx_quantize(cb, &a, x, pre, T, (int)ws[0]->cols) != 0)
-    return -1;
-  return qi_run(cb, qt, a, 1, T);
+  return qi_run(cb, cuda_quant_type(ws[0]->dtype), a, QI_ROWS, T);
 }
 
 int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
@@ -938,30 +952,21 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
   a.row_bytes = cuda_quant_row_bytes(qt, gate->cols);
   if (qx_quantize(cb, &a, x, pre, T, (int)gate->cols) != 0)
     return -1;
-  return qi_run(cb, qt, a, 2, T);
+  return qi_run(cb, qt, a, QI_GATE_UP, T);
 }
 
 int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const void *x, const struct backend_prenorm *pre,
                                const struct weight *const ws[3], const struct weight *const biases[3],
                                const struct gemv_rope *r, int T) {
   struct cuda_backend *cb = cuda_be(be);
-  if (be->act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, 3, T))
-    return 1;
-  int ok = qi_prenorm_ok(cb, pre, ws[0]->cols);
-  if (ok <= 0)
-    return ok < 0 ? -1 : 1;
   qi_args a;
-  memset(&a, 0, sizeof a);
-  long long rows = cuda_matmul_set_fill(&a, 3, outs, ws, biases, INT32_MAX - 2 * QGEMV_WARPS);
-  if (rows <= 0)
-    return rows < 0 ? -1 : 1;
+  long long rows = 0;
+  int rc = qi_set_prepare(cb, &a, 3, outs, x, pre, ws, biases, T, &rows);
+  if (rc != 0)
+    return rc;
   a.units = (int)(rows / 2); /* r->pq + 2 * r->pk pairs */
   a.rope = *r;
-  int qt = cuda_quant_type(ws[0]->dtype);
-  a.row_bytes = cuda_quant_row_bytes(qt, ws[0]->cols);
-  if (qx_quantize(cb, &a, x, pre, T, (int)ws[0]->cols) != 0)
-    return -1;
-  return qi_run(cb, qt, a, 3, T);
+  return qi_run(cb, cuda_quant_type(ws[0]->dtype), a, QI_QKV_ROPE, T);
 }
 
 int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T) {
