@@ -161,8 +161,10 @@ elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --i
   digests "8b isq8"
 fi
 # GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"): ncu over a short greedy run per
-# entry, CUDA graphs off, and one decode step's kernels summed by name (tools/ncu_step.py: time,
-# DRAM bytes read and GB/s per kernel); summaries in $OUT/ncu_LABEL.txt, CSVs tarred.
+# entry, CUDA graphs off, and one decode step's kernels summed by name and grid (tools/ncu_step.py:
+# time, DRAM bytes read and GB/s per kernel); GPUNEXT_NCU_METRICS="m1,m2" adds ncu metrics, printed
+# as time-weighted means per row (e.g. sm__warps_active.avg.pct_of_peak_sustained_active for the
+# achieved occupancy, launch__registers_per_thread); summaries in $OUT/ncu_LABEL.txt, CSVs tarred.
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ -n ${GPUNEXT_NCU:-} ]]; then
   IFS=';' read -ra ncus <<<"$GPUNEXT_NCU"
@@ -173,7 +175,8 @@ if [[ -n ${GPUNEXT_NCU:-} ]]; then
     [[ -n $NCU ]] || { echo "no ncu"; break; }
     el "ncu $label ($args), graphs off: 12 prompt words, 4 new tokens"
     # shellcheck disable=SC2086
-    PAGODA_CUDA_GRAPHS=0 timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    PAGODA_CUDA_GRAPHS=0 timeout 150 "$NCU" --clock-control none \
+      --metrics "gpu__time_duration.sum,dram__bytes_read.sum${GPUNEXT_NCU_METRICS:+,$GPUNEXT_NCU_METRICS}" \
       --csv --print-units base "$P" run -m "$G" --device cuda --temperature 0 -n 4 --ignore-eos $args \
       -p "one two three four five six seven eight nine ten eleven twelve" >"/tmp/ncu/$label.csv" 2>"/tmp/ncu/$label.err"
     echo "ncu rc=$?"
