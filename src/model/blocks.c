@@ -74,11 +74,8 @@ static int res_norm(const struct fwd *f, struct block_res *res) {
   return 0;
 }
 
-/* A sub-block's first matmuls, FN(f, l, x, pre), on its normalized input: without RES on f->xb
- * (the caller normalized it); with RES first on f->x with the norm as the matmuls' prologue
- * (when no output is pending and f->xb does not hold the norm already), and if the backend
- * answered 1, on f->xb after res_norm. Returns FN's answer: 1 only when FN covers no form of
- * these shapes (the caller then tries another FN; f->xb may hold the norm by then). */
+/* A sub-block's first matmuls, FN(f, l, x, pre): on f->x with PRE (the norm as their prologue),
+ * or on the normalized f->xb with PRE NULL. 1 when FN covers no form of these shapes. */
 typedef int (*res_input_fn)(const struct fwd *f, int l, const void *x, const struct backend_prenorm *pre);
 /* FN with the norm as its prologue, where the residual stream is waiting for it (res not pending
  * and not normalized); 1 when it is not (or FN has no prologue form), nothing done then. */
@@ -96,6 +93,11 @@ static int res_input_normed(const struct fwd *f, int l, struct block_res *res, r
   return fn(f, l, f->xb, NULL);
 }
 
+/* FN on the sub-block's normalized input: without RES on f->xb (the caller normalized it); with
+ * RES first on f->x with the norm as the prologue (when no output is pending and f->xb does not
+ * hold the norm already), and if the backend answered 1, on f->xb after res_norm. Returns FN's
+ * answer: 1 only when FN covers no form of these shapes (the caller then tries another FN; f->xb
+ * may hold the norm by then). */
 static int res_input(const struct fwd *f, int l, struct block_res *res, res_input_fn fn) {
   int rc = res_input_pre(f, l, res, fn);
   return rc != 1 ? rc : res_input_normed(f, l, res, fn);

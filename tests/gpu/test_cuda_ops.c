@@ -1358,8 +1358,9 @@ static void test_prenorm_grid(void) {
 }
 
 /* rope_kv_write over a batch of shape SH (mixed: decode and prompt tokens, padded sequences; or
- * decode only), one padding slot -1: q, k and both caches against the CPU's rope + kv_write (bf16 cache) and, byte for
- * byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3 caches). ROT < HD is a
+ * decode only), one padding slot -1: q, k and both caches against the CPU's rope + kv_write (bf16
+ * cache) and, byte for byte, against the CUDA backend's own rope + kv_write (bf16 and f8e4m3
+ * caches). ROT < HD is a
  * partial rotation; LONGROPE adds the long table, chosen per sequence, and an mscale. */
 static void test_rope_kv_write_shape(int hd, int nh, int nkv, int bs, int neox, int rot, int longrope, int f8,
                                      enum shape sh) {
@@ -1750,9 +1751,10 @@ static void qkv_refused(const char *what, struct backend *g, const struct weight
   free(xh);
 }
 
-/* What matmul_qkv_rope leaves to matmul_n + rope_kv_write: T past the GEMV (bf16 and Q8_0 weights),
- * quantized weights of mixed types, LongRoPE, an odd rot_dim; weights that do not match the heads are an error. The caches hold the
- * same values on both sides (so v's cache is compared against k's initial bytes). */
+/* What matmul_qkv_rope leaves to matmul_n + rope_kv_write: T past the GEMV (bf16 and Q8_0
+ * weights), quantized weights of mixed types, LongRoPE, an odd rot_dim; weights that do not match
+ * the heads are an error. The caches hold the same values on both sides (so v's cache is compared
+ * against k's initial bytes). */
 static void test_qkv_rope_refusals(void) {
   const int hd = 64, nh = 4, nkv = 2, K = 256, bs = 16, N[3] = {nh * hd, nkv * hd, nkv * hd};
   int qlen[9], cached[9];

@@ -337,13 +337,13 @@ int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const voi
                         const struct weight *const ws[], const struct weight *const biases[], int T);
 int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, const struct backend_prenorm *pre,
                                const struct weight *gate, const struct weight *up, int T);
+/* Whether the integer-dot GEMV takes the N quantized matrices WS (one type and K, a layout it
+ * reads) at T rows: what the fused forms on quantized weights check first. */
+int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T);
 /* matmul_qkv_rope (backend.h) on quantized q/k/v weights of one type: the integer-dot GEMV with the
  * epilogue of cuda_qkv_rope.cuh, whose struct gemv_rope R cuda_op_matmul_qkv_rope has filled and
  * checked (and which calls this first for quantized weights); 0 / 1 / -1 as cuda_quant_matmul_n. */
 struct gemv_rope;
-/* Whether the integer-dot GEMV takes the N quantized matrices WS (one type and K, a layout it
- * reads) at T rows: what the fused forms above check first. */
-int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T);
 int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const void *x, const struct backend_prenorm *pre,
                                const struct weight *const ws[3], const struct weight *const biases[3],
                                const struct gemv_rope *r, int T);

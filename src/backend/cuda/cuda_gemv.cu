@@ -294,7 +294,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   }
 }
 
-
 long long cuda_matmul_set_fill(struct cuda_matmul_set *s, int n, void *const outs[], const struct weight *const ws[],
                                const struct weight *const biases[], long long max_rows) {
   memset(s, 0, sizeof *s);

@@ -870,7 +870,7 @@ static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *
 /* Fused forms on quantized weights (backend.h, "Fused small ops"; the bf16 ones are in
  * cuda_gemv.cu, which calls these first): 1 when they do not apply (mixed types or K, T over
  * the GEMV's, a type or layout without the integer-dot kernel), then the caller goes on. */
-static int qi_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
+int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
   int qt = cuda_quant_type(ws[0]->dtype);
   if (!cb->fused_ops || T < 1 || T > cb->qgemv_max_t || T > CUDA_QGEMV_MAX_T || qt < 0 ||
       !qi_applies(cb, qt, ws[0]->cols, ws[0]->data))
@@ -879,10 +879,6 @@ static int qi_fusable(struct cuda_backend *cb, const struct weight *const *ws, i
     if (ws[i]->dtype != ws[0]->dtype || ws[i]->cols != ws[0]->cols || !qi_applies(cb, qt, ws[i]->cols, ws[i]->data))
       return 0;
   return 1;
-}
-
-int cuda_quant_fusable(struct cuda_backend *cb, const struct weight *const *ws, int n, int T) {
-  return qi_fusable(cb, ws, n, T);
 }
 
 /* Whether the x quantization takes PRE for rows of K values (qx_norm_quantize_kernel): an f32 or
@@ -906,7 +902,7 @@ static int qi_prenorm_ok(const struct cuda_backend *cb, const struct backend_pre
 static int qi_set_prepare(struct cuda_backend *cb, qi_args *a, int n, void *const outs[], const void *x,
                           const struct backend_prenorm *pre, const struct weight *const ws[],
                           const struct weight *const biases[], int T, long long *rows) {
-  if (cb->base.act_dtype != DTYPE_BF16 || !qi_fusable(cb, ws, n, T))
+  if (cb->base.act_dtype != DTYPE_BF16 || !cuda_quant_fusable(cb, ws, n, T))
     return 1;
   int ok = qi_prenorm_ok(cb, pre, ws[0]->cols);
   if (ok <= 0)
@@ -937,7 +933,7 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
   const struct weight *ws[2] = {gate, up};
   if (gate->rows != up->rows)
     return ERR("cuda matmul_silu_mul: gate has %lld rows, up %lld", (long long)gate->rows, (long long)up->rows);
-  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || gate->rows > INT32_MAX || !qi_fusable(cb, ws, 2, T))
+  if (be->act_dtype != DTYPE_BF16 || !cb->fused_silu || gate->rows > INT32_MAX || !cuda_quant_fusable(cb, ws, 2, T))
     return 1;
   int ok = qi_prenorm_ok(cb, pre, gate->cols);
   if (ok <= 0)
@@ -973,7 +969,7 @@ int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const 
   struct cuda_backend *cb = cuda_be(be);
   const struct weight *ws[1] = {w};
   if (be->act_dtype != DTYPE_BF16 || !cb->fused_norm || w->rows > INT32_MAX - QGEMV_WARPS ||
-      !qi_fusable(cb, ws, 1, T))
+      !cuda_quant_fusable(cb, ws, 1, T))
     return 1;
   return qi_gemv_pass(cb, cuda_quant_type(w->dtype), resid, x, w, T, 0, 1) != 0 ? -1 : 0;
 }
