@@ -296,9 +296,25 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
  * movmatrix.trans (8x8 transposes in registers). Online softmax per head row: max over the 4
  * threads of a row group, partial sums per thread. Head_dim 64, 80, 96, 128 and 256 (256: V is
  * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
+/* Asks L2 for the K and V rows of KV head KVH of sequence B's keys K0 .. K1 - 1 (one 128-byte line
+ * per thread and request), without waiting for them or holding registers. Issued before the
+ * kernel's wait: L2 is where every SM's writes land, so a line the kernel before is still writing
+ * (this step's key) is fetched again by the load after the wait, never read stale. */
+template <int BS, int HD, class E>
+__device__ __forceinline__ void dec_prefetch_kv(const attn_args &a, int b, int kvh, int k0, int k1) {
+  constexpr int LPR = (HD * (int)sizeof(E) + 127) / 128; /* lines per row */
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD, block_stride = (size_t)a.n_kv * BS * HD;
+  for (int i = threadIdx.x; i < (k1 - k0) * 2 * LPR; i += blockDim.x) {
+    const int j = k0 + i / (2 * LPR), r = i % (2 * LPR);
+    const size_t row = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+    const E *base = (const E *)(r < LPR ? a.kc : a.vc) + row;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)base + (r % LPR) * 128));
+  }
+}
+
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
-  pdl_enter(a.pdl_early); /* cuda_pdl.cuh */
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
@@ -324,13 +340,21 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int G = a.n_heads / a.n_kv;
+  /* PREFETCH: the batch metadata and the K/V rows before the wait (cuda_pdl.cuh, rule 3) */
+  if (!a.prefetch)
+    pdl_enter(a.pdl_early); /* cuda_pdl.cuh */
   const int tok = a.query_start[b];
   attn_tok tk = attn_lookup(a.query_start, a.seq_lens, a.B, tok, b, a.window);
-  if (tk.q_len <= 0)
-    return;
   const int nkeys = tk.ctx - tk.first;
   const int plen = dec_part_len(a, nkeys);
   const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
+  if (a.prefetch) {
+    if (tk.q_len > 0 && p < nparts)
+      dec_prefetch_kv<BS, HD, E>(a, b, kvh, tk.first + p * plen, min(tk.first + (p + 1) * plen, tk.ctx));
+    pdl_enter(a.pdl_early);
+  }
+  if (tk.q_len <= 0)
+    return;
   if (p >= (nparts > 0 ? nparts : 1))
     return;
   if (nparts == 0) {

@@ -140,6 +140,16 @@ struct cuda_backend {
   int qx_early;              /* 1 (CUDA_QX_EARLY; PAGODA_QX_EARLY=0|1): the x quantization of the
                               * integer-dot GEMV lets that GEMV launch before its own wait, so the GEMV's
                               * weight loads overlap the tail of the kernel before (cuda_quant_gemv.cu) */
+  int epi_early;             /* 1 (CUDA_EPI_EARLY; PAGODA_EPI_EARLY=0|1): a GEMV reads what its epilogue needs
+                              * right after its wait, not after the reduction: matmul_add its residual
+                              * (cuda_gemv.cu, gemv_res_load), matmul_qkv_rope its biases, angles and
+                              * slots (cuda_qkv_rope.cuh, qkv_rope_load); the same bits either way */
+  int qx_ahead;              /* 1 (CUDA_QX_AHEAD; PAGODA_QX_AHEAD=0|1): the T = 1 integer-dot GEMV loads its
+                              * activation blocks one chunk ahead (cuda_quant_gemv.cu; the same bits;
+                              * 0: the kernel without that code) */
+  int attn_prefetch;         /* 1 (CUDA_ATTN_PREFETCH; PAGODA_ATTN_PREFETCH=0|1): decode attention looks up its
+                              * keys and prefetches their K/V rows into L2 before its wait (cuda_pdl.cuh
+                              * rule 3; cuda_attn_decode.cu, dec_prefetch_kv; the same bits either way) */
   int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
                               * (the o projection; not with the separate split-K reduce) launch before its
                               * own wait (cuda_pdl.cuh, pdl_enter) */
@@ -270,6 +280,9 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_PRE_LOOP 1
 #define CUDA_GEMV_PRE_L2 0
 #define CUDA_GEMV_REG 1
+#define CUDA_EPI_EARLY 1
+#define CUDA_ATTN_PREFETCH 1
+#define CUDA_QX_AHEAD 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0
 #define CUDA_ROPE_KV_SPLIT 1

@@ -40,6 +40,7 @@ typedef __nv_bfloat16 bf16;
 #define GEMV_WARPS 4 /* rows per block */
 #define GEMV_OUT_F32 1 /* gemv_kernel's flags */
 #define GEMV_REG 2
+#define GEMV_EPI_EARLY 4 /* ADD: the residual read right after the wait (cb->epi_early) */
 
 /* One weight step: acc[t] += the dot product of the 8 weights WU with columns [e, e + 8) of x's
  * row t. SX: x is the block's normalized copy in shared memory (the prenorm kernels), else the
@@ -176,6 +177,22 @@ __device__ __forceinline__ void gemv_first4_steps(const uint4 (*w0)[4], const bf
         gemv_step<NT, SX>(w0[r][j], x, K, e + 256 * j, acc[r]);
 }
 
+/* matmul_add's residual for lane t (token t < NT) of one row: RES points at token 0's element,
+ * STRIDE apart. Loaded right after the wait, so its L2 round trip overlaps the products instead of
+ * following the reduction. */
+template <int NT>
+__device__ __forceinline__ void gemv_res_load(const bf16 *res, int stride, int lane, float *v) {
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+    v[t] = lane == t ? __bfloat162float(res[(size_t)t * stride]) : 0.0f;
+}
+
+/* What a GEMV does right after its wait besides the products (gemv_rows' AFTER): nothing, or a
+ * lambda starting the epilogue's reads of batch data (cb->epi_early). */
+struct gemv_after_none {
+  __device__ __forceinline__ void operator()() const {}
+};
+
 /* The dot products of R weight rows WR[r] with the T activation rows of x into acc[r][t], summed
  * over the warp (gemv_loop: every lane holds the totals). Four steps' loads per row go out first.
  * Before pdl_wait() the rows' first four steps are requested (the weights never change during a
@@ -185,10 +202,11 @@ __device__ __forceinline__ void gemv_first4_steps(const uint4 (*w0)[4], const bf
  * form that held eight steps measured slower, bench/RESULTS.md, "Programmatic dependent launch").
  * The trigger comes after the wait: the next kernel's blocks may launch (and prefetch) while this
  * one streams, the kernel after that only once this one's wait has passed. Either way the steps
- * are added in gemv_loop's order, so the sums have the same bits. */
-template <int NT, int R>
+ * are added in gemv_loop's order, so the sums have the same bits. AFTER() runs right after the
+ * wait (gemv_after_none). */
+template <int NT, int R, class After = gemv_after_none>
 __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, int K, int lane, bool reg,
-                                          float (*acc)[NT]) {
+                                          float (*acc)[NT], const After &after = After()) {
 #pragma unroll
   for (int r = 0; r < R; r++)
 #pragma unroll
@@ -202,6 +220,7 @@ __device__ __forceinline__ void gemv_rows(const bf16 *const *wr, const bf16 *x, 
     gemv_first4_prefetch<R>(wr, e, K, true);
   pdl_wait();    /* x is written by the kernel before */
   pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
+  after(); /* the epilogue's early reads (gemv_res_load, qkv_rope_load), in flight during the products */
   if (reg) {
     gemv_first4_steps<NT, R, false>(w0, x, K, e, K, acc);
     gemv_loop<NT, R, false>(wr, x, K, e + 1024, acc);
@@ -223,14 +242,17 @@ template <int NT, bool ADD, int S>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(void *out, int flags, const bf16 *W, const bf16 *x, int N, int K) {
   const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-  const bool reg = flags & GEMV_REG;
+  const bool reg = flags & GEMV_REG, early = ADD && (flags & GEMV_EPI_EARLY);
   const int row = blockIdx.x * (GEMV_WARPS / S) + wi / S;
-  float acc[1][NT];
+  float acc[1][NT], res_v[NT];
   if constexpr (S == 1) {
     if (row >= N)
       return;
     const bf16 *wr[1] = {W + (size_t)row * K};
-    gemv_rows<NT, 1>(wr, x, K, lane, reg, acc);
+    gemv_rows<NT, 1>(wr, x, K, lane, reg, acc, [&] {
+      if (early) /* lane t's residual of token t, read while the products run */
+        gemv_res_load<NT>((const bf16 *)out + row, N, lane, res_v);
+    });
   } else {
     /* sp[row in block][segment][t][lane]: each segment's lane sums */
     __shared__ float sp[GEMV_WARPS / S][GEMV_SEGS][NT][32];
@@ -246,6 +268,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
       gemv_first4_prefetch<1>(wr, e0, f1, valid);
     pdl_wait();
     pdl_trigger();
+    if (early && valid && part == 0)
+      gemv_res_load<NT>((const bf16 *)out + row, N, lane, res_v);
     if (valid) {
 #pragma unroll
       for (int q = 0; q < GEMV_SEGS / S; q++) {
@@ -281,7 +305,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int t = 0; t < NT; t++)
       if (lane == t) {
         bf16 *r = (bf16 *)out + (size_t)t * N + row;
-        *r = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + __bfloat162float(*r));
+        *r = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + (early ? res_v[t] : __bfloat162float(*r)));
       }
   } else if (lane == 0) {
 #pragma unroll
@@ -447,9 +471,9 @@ __device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv
  * prologue and must not store). REG (cb->gemv_pre_l2 0): those four steps are loaded into
  * registers, which stay live across the prologue (more registers, fewer warps per SM); else
  * prefetched into L2 as gemv_rows does, and loaded from there after it. */
-template <int NT, int R, int NW, bool REG>
+template <int NT, int R, int NW, bool REG, class After = gemv_after_none>
 __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
-                                              int K, int lane, float (*acc)[NT]) {
+                                              int K, int lane, float (*acc)[NT], const After &after = After()) {
   bf16 *xs = (bf16 *)gemv_xs;
 #pragma unroll
   for (int r = 0; r < R; r++)
@@ -461,6 +485,7 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
     gemv_first4_prefetch<R>(wr, e, K, valid);
     pdl_wait();    /* x is written by the kernel before */
     pdl_trigger(); /* as gemv_rows */
+    after();
     gemv_prenorm<NT, NW>(xs, x, pre, K);
     if (valid)
       gemv_loop<NT, R, true>(wr, xs, K, e, acc);
@@ -469,6 +494,7 @@ __device__ __forceinline__ void gemv_rows_pre(const bf16 *const *wr, bool valid,
     gemv_first4_load<R>(wr, e, K, valid, w0);
     pdl_wait();
     pdl_trigger();
+    after();
     gemv_prenorm<NT, NW>(xs, x, pre, K);
     if (!valid)
       return;
@@ -496,9 +522,10 @@ __device__ __forceinline__ void gemv_rows_xs(const bf16 *const *wr, int K, int l
  * floats, the group's slice of the dynamic shared memory after x), then after the barrier the
  * group's first warp adds them in segment order and reduces over the warp: gemv_loop's bits. Every
  * warp of the block calls it (barriers); acc[r][t] is meaningful on PART 0 of a VALID group only. */
-template <int NT, int R, int NW, bool REG, int S>
+template <int NT, int R, int NW, bool REG, int S, class After = gemv_after_none>
 __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool valid, const bf16 *x, const gemv_pre &pre,
-                                                    int K, int lane, int part, float *sp, float (*acc)[NT]) {
+                                                    int K, int lane, int part, float *sp, float (*acc)[NT],
+                                                    const After &after = After()) {
   bf16 *xs = (bf16 *)gemv_xs;
   const int L = gemv_seg_len(K), f0 = part * L, f1 = f0 + L < K ? f0 + L : K;
   const int e0 = f0 + lane * 8;
@@ -509,6 +536,7 @@ __device__ __forceinline__ void gemv_rows_pre_split(const bf16 *const *wr, bool 
     gemv_first4_prefetch<R>(wr, e0, f1, valid);
   pdl_wait();
   pdl_trigger();
+  after();
   gemv_prenorm<NT, NW>(xs, x, pre, K);
   if (valid) {
 #pragma unroll
@@ -646,8 +674,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
   const bf16 *W = (const bf16 *)m.W[p.i];
   const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
   float acc[2][NT];
-  gemv_rows<NT, 2>(wr, x, K, lane, reg, acc);
-  qkv_rope_store<NT>(m, r, p, acc, lane);
+  qkv_rope_in in = {};
+  gemv_rows<NT, 2>(wr, x, K, lane, reg, acc, [&] {
+    if (r.early)
+      in = qkv_rope_load<NT>(m, r, p, lane);
+  });
+  qkv_rope_store<NT>(m, r, p, acc, lane, r.early ? in : qkv_rope_load<NT>(m, r, p, lane));
 }
 
 /* With the prenorm: NW warps per block, RPW pairs per warp, as gemv_multi_pre_kernel. */
@@ -663,9 +695,15 @@ __global__ void __launch_bounds__(NW * 32)
     const bf16 *W = (const bf16 *)m.W[p.i];
     const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
     float acc[2][NT];
-    gemv_rows_pre_split<NT, 2, NW, REG, S>(wr, valid, x, pre, K, lane, wi % S, gemv_split_slice<NT, 2>(K, wi / S), acc);
+    qkv_rope_in in = {};
+    const bool early = r.early && valid && wi % S == 0;
+    gemv_rows_pre_split<NT, 2, NW, REG, S>(wr, valid, x, pre, K, lane, wi % S, gemv_split_slice<NT, 2>(K, wi / S), acc,
+                                           [&] {
+                                             if (early)
+                                               in = qkv_rope_load<NT>(m, r, p, lane);
+                                           });
     if (valid && wi % S == 0)
-      qkv_rope_store<NT>(m, r, p, acc, lane);
+      qkv_rope_store<NT>(m, r, p, acc, lane, early ? in : qkv_rope_load<NT>(m, r, p, lane));
     return;
   }
   int g = blockIdx.x * NW * rpw + (threadIdx.x >> 5);
@@ -674,10 +712,15 @@ __global__ void __launch_bounds__(NW * 32)
   const bf16 *W = (const bf16 *)m.W[p.i];
   const bf16 *wr[2] = {W + (size_t)p.r0 * K, W + (size_t)p.r1 * K};
   float acc[2][NT];
-  gemv_rows_pre<NT, 2, NW, REG>(wr, valid, x, pre, K, lane, acc);
+  qkv_rope_in in = {};
+  const bool early = r.early && valid;
+  gemv_rows_pre<NT, 2, NW, REG>(wr, valid, x, pre, K, lane, acc, [&] {
+    if (early)
+      in = qkv_rope_load<NT>(m, r, p, lane);
+  });
   if (!valid)
     return;
-  qkv_rope_store<NT>(m, r, p, acc, lane);
+  qkv_rope_store<NT>(m, r, p, acc, lane, early ? in : qkv_rope_load<NT>(m, r, p, lane));
   for (int k = 1; k < rpw && (g += NW) < total; k++) {
     p = qkv_rope_pair(r, g);
     W = (const bf16 *)m.W[p.i];
@@ -714,7 +757,7 @@ static cudaError_t gemv_launch(struct cuda_backend *cb, void *out, int out_f32, 
                                int K, int T) {
   const int S = gemv_split(cb, N, K), rows = GEMV_WARPS / S;
   const dim3 grid((unsigned)((N + rows - 1) / rows)), thr(GEMV_WARPS * 32);
-  const int flags = (out_f32 ? GEMV_OUT_F32 : 0) | (cb->gemv_reg ? GEMV_REG : 0);
+  const int flags = (out_f32 ? GEMV_OUT_F32 : 0) | (cb->gemv_reg ? GEMV_REG : 0) | (cb->epi_early ? GEMV_EPI_EARLY : 0);
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(n)                                                                                           \
   case n:                                                                                                      \
@@ -994,6 +1037,7 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
   r.kv_f8 = f8;
   r.pq = n_heads * hd / 2;
   r.pk = nkv * hd / 2;
+  r.early = cb->epi_early;
   void *const outs[3] = {q, k, v};
   if (quant)
     return cuda_quant_matmul_qkv_rope(be, outs, x, pre, ws, biases, &r, T);

@@ -15,7 +15,16 @@
  *      before its first global or shared-with-other-kernels write; before the wait it may read
  *      only memory no kernel writes during a step (weights, norm weights, rope frequencies);
  *   2. at least one thread of every launched grid calls pdl_wait() (threads with nothing to do
- *      may exit without it; every other one waits).
+ *      may exit without it; every other one waits);
+ *   3. the batch metadata (query starts, sequence lengths, positions, slots, block tables) and the
+ *      KV cache of earlier steps may also be read before the wait, by every kernel but a step's
+ *      first: the host copies the metadata before that first kernel, which waits for the copy in
+ *      full (a copy is no kernel, so no early launch), and a kernel starts only after the one
+ *      before it started, so every later kernel starts after the copy completed. Within a step
+ *      no kernel writes them but the q/k/v kernels (this step's keys and values, which a kernel
+ *      may only prefetch into L2 before the wait: L2 is where every SM's writes land, so the
+ *      load after the wait sees them) and the copy-on-write block copies before the first layer
+ *      (complete long before: a kernel that starts has the one two back complete, rule 1).
  * So a kernel completes only after its predecessor completed; ordering stays transitive, and a
  * kernel launched the ordinary way (cuBLAS, NCCL, a kernel not converted yet, a copy) after a
  * PDL kernel waits for it as usual. pdl_trigger() only lets the next kernel be scheduled (it

@@ -47,6 +47,8 @@ struct gemv_rope {
   float k_scale, v_scale, mscale; /* scales 1 for a bf16 cache */
   int hd, rot_dim, neox, n_kv, bs, kv_f8;
   int pq, pk; /* pairs of q (n_heads * hd / 2) and of k (n_kv * hd / 2, as many as of v) */
+  int early;  /* cb->epi_early: a warp's first pair reads its epilogue inputs (qkv_rope_load) right
+               * after the kernel's wait, so their round trips overlap the products */
 };
 
 /* Grid row G's matrix (0 q, 1 k, 2 v), its two rows R0 and R1, and the RoPE frequency J of the
@@ -74,10 +76,33 @@ __device__ __forceinline__ void qkv_cache_pair(void *cache, size_t at, int d0, i
   kv_store((E *)cache, at + d1, v1, scale);
 }
 
-/* The epilogue of pair P: lane t < NT finishes token t (see above). */
+/* What pair P's epilogue reads for lane t < NT (token t) besides the sums: the rows' biases, the
+ * rotation's sin and cos, the token's cache slot (-1: none). Batch metadata, so only after the
+ * kernel's wait (cuda_pdl.cuh). */
+struct qkv_rope_in {
+  float b0, b1, sf, cf;
+  int32_t slot;
+};
+
+template <int NT>
+__device__ __forceinline__ qkv_rope_in qkv_rope_load(const gemv_multi &m, const gemv_rope &r, const qkv_pair &p,
+                                                     int lane) {
+  qkv_rope_in in = {0.0f, 0.0f, 0.0f, 1.0f, -1};
+  if (lane >= NT)
+    return in;
+  in.b0 = gemv_multi_bias(m, p.i, p.r0);
+  in.b1 = gemv_multi_bias(m, p.i, p.r1);
+  if (p.j >= 0)
+    rope_sincos((float)r.positions[lane], r.inv_freq[p.j], r.mscale, &in.sf, &in.cf);
+  if (p.i != 0)
+    in.slot = r.slots[lane];
+  return in;
+}
+
+/* The epilogue of pair P: lane t < NT finishes token t (see above), with IN from qkv_rope_load. */
 template <int NT>
 __device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_rope &r, const qkv_pair &p,
-                                               const float (*acc)[NT], int lane) {
+                                               const float (*acc)[NT], int lane, const qkv_rope_in &in) {
   float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
   for (int t = 0; t < NT; t++) /* selects, so acc stays in registers */
@@ -89,19 +114,16 @@ __device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_r
     return;
   const int t = lane;
   const bool has_bias = m.bias[p.i] != NULL;
-  bf16 v0 = gemv_multi_value(a0, has_bias, gemv_multi_bias(m, p.i, p.r0));
-  bf16 v1 = gemv_multi_value(a1, has_bias, gemv_multi_bias(m, p.i, p.r1));
-  if (p.j >= 0) {
-    float sf, cf;
-    rope_sincos((float)r.positions[t], r.inv_freq[p.j], r.mscale, &sf, &cf);
-    rope_rotate(&v0, &v1, cf, sf);
-  }
+  bf16 v0 = gemv_multi_value(a0, has_bias, in.b0);
+  bf16 v1 = gemv_multi_value(a1, has_bias, in.b1);
+  if (p.j >= 0)
+    rope_rotate(&v0, &v1, in.cf, in.sf);
   bf16 *o = (bf16 *)m.out[p.i] + (size_t)t * m.N[p.i];
   o[p.r0] = v0;
   o[p.r1] = v1;
   if (p.i == 0)
     return;
-  const int32_t slot = r.slots[t];
+  const int32_t slot = in.slot;
   if (slot < 0 || slot >= r.num_slots)
     return;
   const int h = p.r0 / r.hd, base = h * r.hd;
@@ -112,6 +134,13 @@ __device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_r
     qkv_cache_pair<uint8_t>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
   else
     qkv_cache_pair<bf16>(cache, at, p.r0 - base, p.r1 - base, v0, v1, scale);
+}
+
+/* qkv_rope_store with the inputs read now. */
+template <int NT>
+__device__ __forceinline__ void qkv_rope_store(const gemv_multi &m, const gemv_rope &r, const qkv_pair &p,
+                                               const float (*acc)[NT], int lane) {
+  qkv_rope_store<NT>(m, r, p, acc, lane, qkv_rope_load<NT>(m, r, p, lane));
 }
 
 #endif

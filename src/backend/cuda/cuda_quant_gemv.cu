@@ -401,17 +401,24 @@ __global__ void __launch_bounds__(NW * 32)
     qx_norm_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, const void *__restrict__ nw,
                             int nw_f32, int K, float eps, int early) {
   __shared__ float part[32];
+  const int n8 = K / 8;
+  /* the norm weights of the thread's first group: constant during a step, so read before the wait
+   * (cuda_pdl.cuh), and their L2 round trip overlaps the kernel before */
+  float w0[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    w0[k] = (int)threadIdx.x < n8 ? norm_weight_at(nw, nw_f32, (size_t)threadIdx.x * 8 + k) : 0.0f;
   pdl_enter(early); /* x is written by the kernel before; EARLY: cb->qx_early (cuda_pdl.cuh) */
   const bf16 *xr = x + (size_t)blockIdx.x * K;
   const float inv = norm_inv<NW>(xr, K, eps, part);
-  const int n8 = K / 8;
   for (int g = threadIdx.x; g < n8; g += NW * 32) {
     const uint4 u = *((const uint4 *)xr + g);
     const bf16 *xb = (const bf16 *)&u;
     float v[8];
 #pragma unroll
     for (int k = 0; k < 8; k++)
-      v[k] = __bfloat162float(norm_elem(xb[k], inv, norm_weight_at(nw, nw_f32, (size_t)g * 8 + k)));
+      v[k] = __bfloat162float(
+          norm_elem(xb[k], inv, g == (int)threadIdx.x ? w0[k] : norm_weight_at(nw, nw_f32, (size_t)g * 8 + k)));
     qx_quantize8(xq, xd, v, (size_t)blockIdx.x * n8 + g);
   }
 }
@@ -449,17 +456,31 @@ __device__ __forceinline__ int qi_sub32(uint32_t q) {
   return (int)(t | ((t & 0x20202020u) * 6u));
 }
 
-/* One lane's 32 values [e, e + 32) of the chunk CH (shared memory) against the T activation
- * blocks at XQ / XD (block index of e; row t at t * K values / t * K / 32 blocks). */
-template <int QT, int NT>
-__device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *xq, const float2 *xd, int K,
-                                        float *acc) {
+/* One lane's 32 weights of a step, decoded from the staged chunk: the codes as int8 (Q6_K: minus
+ * 32; Q4_0: unsigned nibbles), the scale S of sum(code * xq), the factor M of the block's
+ * d * sum(xq) (mins and offsets), Q6_K's two 16-value scales. */
+struct qi_w {
+  int q[8];
+  float s, m;
+  int sc0, sc1;
+};
+/* One activation block: 32 int8 values and (d, d * sum q). */
+struct qi_x {
+  int4 a, b;
+  float2 d;
+};
+__device__ __forceinline__ qi_x qi_load_x(const int8_t *xq, const float2 *xd) {
+  return qi_x{__ldg((const int4 *)xq), __ldg((const int4 *)xq + 1), __ldg(xd)};
+}
+
+/* The weights of lane's 32 values [e, e + 32) of the chunk CH (shared memory). */
+template <int QT> __device__ __forceinline__ qi_w qi_weights(const uint8_t *ch, int e) {
   typedef cq_traits<QT> tr;
   const int o = (e / tr::QK) * tr::BYTES;
-  int wq[8];         /* the 32 weight codes as int8 (Q6_K: minus 32; Q4_0: unsigned nibbles) */
-  float ws = 0.0f;   /* scale of sum(code * xq) */
-  float wm = 0.0f;   /* factor of the block's d * sum(xq) (mins and offsets) */
-  int sc1 = 0, sc0 = 0; /* Q6_K: the two 16-value scales */
+  qi_w res = {};
+  int *wq = res.q;
+  float &ws = res.s, &wm = res.m;
+  int &sc0 = res.sc0, &sc1 = res.sc1;
   if (QT == CQ_Q8_0) {
     uint32_t w[8];
     qi_ldw<8>(ch, o + 2, w);
@@ -523,40 +544,36 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
     sc1 = (int)(signed char)(sw >> 8);
     ws = qi_f16(ch + o + 208);
   }
+  return res;
+}
+
+/* acc += the block's dot product: W's codes with X's, scaled. */
+template <int QT> __device__ __forceinline__ void qi_dot(const qi_w &w, const qi_x &x, float &acc) {
+  const int xa[8] = {x.a.x, x.a.y, x.a.z, x.a.w, x.b.x, x.b.y, x.b.z, x.b.w};
+  int s0 = 0, s1 = 0; /* Q4_0 / Q4_1 / K-quants: unsigned codes times signed activations */
 #pragma unroll
-  for (int t = 0; t < NT; t++) {
-    const int4 *xp = (const int4 *)(xq + (size_t)t * K);
-    const int4 a = __ldg(xp), b = __ldg(xp + 1);
-    const float2 dx = __ldg(xd + (size_t)t * (K / 32));
-    const int xa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    if (QT == CQ_Q6_K) {
-      int s0 = 0, s1 = 0;
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        s0 = __dp4a(wq[i], xa[i], s0);
-        s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
-      }
-      acc[t] = fmaf(ws * dx.x, (float)(sc0 * s0 + sc1 * s1), acc[t]);
-    } else {
-      int s0 = 0, s1 = 0;
-      if (QT == CQ_Q8_0) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          s0 = __dp4a(wq[i], xa[i], s0);
-          s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
-        }
-      } else { /* unsigned codes times signed activations */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          s0 = __dp4a(wq[i], xa[i], s0);
-          s1 = __dp4a(wq[i + 4], xa[i + 4], s1);
-        }
-      }
-      acc[t] = fmaf(ws * dx.x, (float)(s0 + s1), acc[t]);
-      if (QT != CQ_Q8_0)
-        acc[t] = fmaf(wm, dx.y, acc[t]);
-    }
+  for (int i = 0; i < 4; i++) {
+    s0 = __dp4a(w.q[i], xa[i], s0);
+    s1 = __dp4a(w.q[i + 4], xa[i + 4], s1);
   }
+  if (QT == CQ_Q6_K) {
+    acc = fmaf(w.s * x.d.x, (float)(w.sc0 * s0 + w.sc1 * s1), acc);
+  } else {
+    acc = fmaf(w.s * x.d.x, (float)(s0 + s1), acc);
+    if (QT != CQ_Q8_0)
+      acc = fmaf(w.m, x.d.y, acc);
+  }
+}
+
+/* One lane's 32 values [e, e + 32) of the chunk CH (shared memory) against the T activation
+ * blocks at XQ / XD (block index of e; row t at t * K values / t * K / 32 blocks). */
+template <int QT, int NT>
+__device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *xq, const float2 *xd, int K,
+                                        float *acc) {
+  const qi_w w = qi_weights<QT>(ch, e);
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+    qi_dot<QT>(w, qi_load_x(xq + (size_t)t * K, xd + (size_t)t * (K / 32)), acc[t]);
 }
 
 /* What one launch of the integer-dot kernel computes (passed by value as a __grid_constant__):
@@ -570,7 +587,8 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
  * silu_mul does. R = 2 with ROPE: unit g is the pair of q/k/v rows qkv_rope_pair(rope, g) gives,
  * finished by qkv_rope_store (cuda_qkv_rope.cuh: matmul_qkv_rope). */
 struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_backend.h */
-  int units, out_f32, add, K;
+  int units, out_f32, add, epi_early, x_ahead, K; /* epi_early: ADD reads the residual right after the wait
+                                                  * (cb->epi_early); x_ahead: T = 1 takes the XA kernel */
   size_t row_bytes;
   const int8_t *xq;
   const float2 *xd;
@@ -579,7 +597,7 @@ struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_back
 
 /* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
  * streams units g, g + G, ... and, per unit, R rows of nch chunks back to back. */
-template <int QT, int NT, int R, int STAGES, bool ROPE = false>
+template <int QT, int NT, int R, int STAGES, bool ROPE = false, bool XA = false>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid_constant__ qi_args a) {
   static_assert(!ROPE || R == 2, "ROPE takes a pair of rows per unit");
   extern __shared__ __align__(16) uint8_t qg_smem[];
@@ -632,10 +650,36 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
     issue(); /* weights into this warp's shared memory: allowed before the wait (cuda_pdl.cuh) */
   pdl_wait();    /* xq / xd (and the residual of ADD) are written by the kernels before */
   pdl_trigger(); /* only now: the next kernel may launch, the one after it not yet */
+  /* ADD: the residual of the warp's first row, read now, so that its L2 round trip overlaps the
+   * products instead of following the reduction (one matrix: unit = row) */
+  float rpre[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++)
+    rpre[t] = R == 1 && a.epi_early && lane == 0 ? __bfloat162float(((const bf16 *)a.out[0])[(size_t)t * a.N[0] + gw]) : 0.0f;
+  /* ROPE: the same for the first pair's epilogue inputs (cuda_qkv_rope.cuh) */
+  qkv_rope_in rin = {};
+  if (ROPE && a.rope.early)
+    rin = qkv_rope_load<NT>(a, a.rope, qkv_rope_pair(a.rope, gw), lane);
   float acc[NT], g[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
     acc[t] = g[t] = 0.0f;
+  /* T = 1 (XA, a.x_ahead: cb->qx_ahead): the activation blocks of a chunk are loaded one chunk
+   * ahead, so their round trip overlaps the chunk before's products (x is the same for every
+   * unit: after the last chunk of a row comes chunk 0). The same products in the same order.
+   * Measured at 8B --isq 8 on the H200: 2.953 against 3.061 ms per token without (bench/RESULTS.md) */
+  constexpr int SPC = QG_CHUNK / 1024; /* warp steps per chunk */
+  qi_x xn[SPC];
+  auto load_x = [&](int cc) {
+#pragma unroll
+    for (int s = 0; s < SPC; s++) {
+      const int e = cc * QG_CHUNK + s * 1024 + lane * 32;
+      if (e < K)
+        xn[s] = qi_load_x(a.xq + e, a.xd + e / 32);
+    }
+  };
+  if (NT == 1 && XA && a.x_ahead)
+    load_x(0);
   int u = gw, r = 0, c = 0, slot = 0;
   while (u < U) {
     qg_cp_wait<STAGES - 2>(); /* this lane's copies of the current chunk have landed */
@@ -645,7 +689,17 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
     const int v0 = c * QG_CHUNK;
     const int8_t *xq = a.xq + v0 + lane * 32;
     const float2 *xd = a.xd + v0 / 32 + lane;
-    if (K - v0 >= QG_CHUNK) {
+    if (NT == 1 && XA && a.x_ahead) {
+      qi_x xc[SPC];
+#pragma unroll
+      for (int s = 0; s < SPC; s++)
+        xc[s] = xn[s];
+      load_x(c + 1 == nch ? 0 : c + 1);
+#pragma unroll
+      for (int s = 0; s < SPC; s++) /* K - v0 is a multiple of 256: a lane's 32 values are all in or all out */
+        if (v0 + s * 1024 + lane * 32 < K)
+          qi_dot<QT>(qi_weights<QT>(ch, s * 1024 + lane * 32), xc[s], acc[0]);
+    } else if (K - v0 >= QG_CHUNK) {
 #pragma unroll
       for (int s = 0; s < QG_CHUNK / 1024; s++)
         qi_step<QT, NT>(ch, s * 1024 + lane * 32, xq + s * 1024, xd + s * 32, K, acc);
@@ -675,7 +729,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
           pair[0][t] = g[t];
           pair[1][t] = acc[t];
         }
-        qkv_rope_store<NT>(a, a.rope, qkv_rope_pair(a.rope, u), pair, lane);
+        const qkv_pair p = qkv_rope_pair(a.rope, u);
+        qkv_rope_store<NT>(a, a.rope, p, pair, lane, a.rope.early && u == gw ? rin : qkv_rope_load<NT>(a, a.rope, p, lane));
         r = 0;
         u += G;
       } else {
@@ -700,7 +755,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
                 ((float *)a.out[i])[(size_t)t * N + row] = acc[t];
               } else if (a.add) { /* as rmsnorm_kernel's residual add */
                 bf16 *rp = (bf16 *)a.out[i] + (size_t)t * N + row;
-                *rp = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[t])) + __bfloat162float(*rp));
+                const float rv = a.epi_early && u == gw ? rpre[t] : __bfloat162float(*rp);
+                *rp = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[t])) + rv);
               } else { /* as matmul_n stores it (cuda_qkv_rope.cuh, shared with the bf16 GEMV) */
                 ((bf16 *)a.out[i])[(size_t)t * N + row] = gemv_multi_value(acc[t], has_bias, bv);
               }
@@ -721,14 +777,14 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
 
 /* Cached per instantiation; tensor-parallel ranks (threads, GPUs of one kind) may race to fill it
  * with the same value, hence the atomics. */
-template <int QT, int NT, int R, bool ROPE> static int qi_resident_blocks(size_t smem) {
+template <int QT, int NT, int R, int STAGES, bool ROPE, bool XA> static int qi_resident_blocks(size_t smem) {
   static int cached = 0;
   int blocks = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (!blocks) {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, QG_STAGES, ROPE>, QGEMV_WARPS * 32,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>, QGEMV_WARPS * 32,
                                                   smem);
     blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
     __atomic_store_n(&cached, blocks, __ATOMIC_RELAXED);
@@ -750,10 +806,11 @@ static int qi_stream_rows(void) {
 
 /* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
  * that is more than qi_stream_rows() units per resident warp). */
-template <int QT, int NT, int R, bool ROPE>
+template <int QT, int NT, int R, bool ROPE, bool XA = false>
 static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
-  const size_t sm = QGEMV_WARPS * (QG_STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
-  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, ROPE>(sm);
+  const int STAGES = QG_STAGES;
+  const size_t sm = QGEMV_WARPS * (STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
+  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, STAGES, ROPE, XA>(sm);
   const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
   if (cap && atoi(cap) > 0) {
     if (blocks > atoi(cap))
@@ -761,13 +818,14 @@ static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
     blocks = fit;
   }
-  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, QG_STAGES, ROPE>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
+  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
 }
 
 template <int QT, int R, bool ROPE = false>
 static cudaError_t qi_dispatch_t(const struct cuda_backend *cb, const qi_args &a, int T) {
   switch (T) {
-  case 1: return qi_launch<QT, 1, R, ROPE>(cb, a);
+  case 1: /* x one chunk ahead (XA) unless PAGODA_QX_AHEAD=0 */
+    return a.x_ahead ? qi_launch<QT, 1, R, ROPE, true>(cb, a) : qi_launch<QT, 1, R, ROPE>(cb, a);
   case 2: return qi_launch<QT, 2, R, ROPE>(cb, a);
   case 3: return qi_launch<QT, 3, R, ROPE>(cb, a);
   case 4: return qi_launch<QT, 4, R, ROPE>(cb, a);
@@ -824,6 +882,7 @@ static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const
                                (const bf16 *)x, n8, cb->qx_early));
   }
   a->xq = xq;
+  a->x_ahead = cb->qx_ahead;
   a->xd = xd;
   a->K = K;
   return 0;
@@ -863,6 +922,7 @@ static int qi_gemv_pass(struct cuda_backend *cb, int qt, void *out, const void *
   a.units = (int)w->rows;
   a.out_f32 = out_f32;
   a.add = add;
+  a.epi_early = add && cb->epi_early;
   a.row_bytes = cuda_quant_row_bytes(qt, w->cols);
   return qi_run(cb, qt, a, QI_ROWS, T);
 }
