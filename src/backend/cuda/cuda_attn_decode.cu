@@ -285,17 +285,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
     dec_fold<HD>(a, b, kvh, G, t, nparts, &sm_acc[0][0][0]);
 }
 
-/* ---- the tensor-core variant (the default): mma.sync m16n8k16 with f32 accumulators, bf16
- * operands for a bf16 cache and f16 for e4m3 (exact: e4m3 -> f16 by cvt; q is rounded to f16).
- * Each warp takes 16 keys per step. QK: S[head][key] = Q (16 rows: the G <= 8 query heads of the
- * KV head, the rest zero) x K^T, one mma per 16 dims and 8 keys, K fed as the B operand straight
- * from 16-byte loads (thread (g, t) loads key g; the dims inside each 16-dim chunk are permuted
- * the same way for Q and K, which a dot product allows; head_dim 80 and 96 end a row with a
- * shorter load: struct attn_rows). The score fragment is the PV mma's A operand as it stands
- * (FlashAttention-2's register reuse); V is loaded as K was and turned into the B operand by
- * movmatrix.trans (8x8 transposes in registers). Online softmax per head row: max over the 4
- * threads of a row group, partial sums per thread. Head_dim 64, 80, 96, 128 and 256 (256: V is
- * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
 /* Asks L2 for the K and V rows of KV head KVH of sequence B's keys K0 .. K1 - 1 (one 128-byte line
  * per thread and request), without waiting for them or holding registers. Issued before the
  * kernel's wait: L2 is where every SM's writes land, so a line the kernel before is still writing
@@ -313,6 +302,17 @@ __device__ __forceinline__ void dec_prefetch_kv(const attn_args &a, int b, int k
   }
 }
 
+/* ---- the tensor-core variant (the default): mma.sync m16n8k16 with f32 accumulators, bf16
+ * operands for a bf16 cache and f16 for e4m3 (exact: e4m3 -> f16 by cvt; q is rounded to f16).
+ * Each warp takes 16 keys per step. QK: S[head][key] = Q (16 rows: the G <= 8 query heads of the
+ * KV head, the rest zero) x K^T, one mma per 16 dims and 8 keys, K fed as the B operand straight
+ * from 16-byte loads (thread (g, t) loads key g; the dims inside each 16-dim chunk are permuted
+ * the same way for Q and K, which a dot product allows; head_dim 80 and 96 end a row with a
+ * shorter load: struct attn_rows). The score fragment is the PV mma's A operand as it stands
+ * (FlashAttention-2's register reuse); V is loaded as K was and turned into the B operand by
+ * movmatrix.trans (8x8 transposes in registers). Online softmax per head row: max over the 4
+ * threads of a row group, partial sums per thread. Head_dim 64, 80, 96, 128 and 256 (256: V is
+ * loaded after the scores, so that K and V of 16 keys are not in registers at once). */
 template <int BS, int HD, class KV>
 __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const attn_args a) {
   typedef typename KV::elem E;
