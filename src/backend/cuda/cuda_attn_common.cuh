@@ -150,8 +150,8 @@ struct attn_args {
   int part_len; /* the granule of a partition's length (keys); see dec_part_len */
   int *part_cnt; /* (B, n_kv) partitions done, 0 between launches; NULL: the separate reduce kernel */
   int pdl_early; /* the decode kernels trigger the next kernel before their wait (cb->attn_early, cuda_pdl.cuh) */
-  int prefetch;  /* attn_decode_mma_kernel looks up its keys and prefetches their K/V rows into L2 before its
-                  * wait (cb->attn_prefetch) */
+  int prefetch;  /* > 0: attn_decode_mma_kernel looks up its keys and prefetches the K/V rows of the first
+                  * PREFETCH keys of its partition into L2 before its wait (cb->attn_prefetch) */
 };
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a

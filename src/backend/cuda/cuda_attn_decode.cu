@@ -350,7 +350,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
   if (a.prefetch) {
     if (tk.q_len > 0 && p < nparts)
-      dec_prefetch_kv<BS, HD, E>(a, b, kvh, tk.first + p * plen, min(tk.first + (p + 1) * plen, tk.ctx));
+      dec_prefetch_kv<BS, HD, E>(a, b, kvh, tk.first + p * plen,
+                                 min(tk.first + p * plen + min(plen, a.prefetch), tk.ctx));
     pdl_enter(a.pdl_early);
   }
   if (tk.q_len <= 0)

@@ -490,7 +490,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
       (cb->epi_early = env_flag("PAGODA_EPI_EARLY", CUDA_EPI_EARLY)) < 0 ||
-      (cb->attn_prefetch = env_flag("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH)) < 0 ||
+      (cb->attn_prefetch = env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 1 << 30, "keys (0: off)")) < 0 ||
       (cb->qx_ahead = env_flag("PAGODA_QX_AHEAD", CUDA_QX_AHEAD)) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0)

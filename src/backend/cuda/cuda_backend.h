@@ -147,9 +147,12 @@ struct cuda_backend {
   int qx_ahead;              /* 1 (CUDA_QX_AHEAD; PAGODA_QX_AHEAD=0|1): the T = 1 integer-dot GEMV loads its
                               * activation blocks one chunk ahead (cuda_quant_gemv.cu; the same bits;
                               * 0: the kernel without that code) */
-  int attn_prefetch;         /* 1 (CUDA_ATTN_PREFETCH; PAGODA_ATTN_PREFETCH=0|1): decode attention looks up its
-                              * keys and prefetches their K/V rows into L2 before its wait (cuda_pdl.cuh
-                              * rule 3; cuda_attn_decode.cu, dec_prefetch_kv; the same bits either way) */
+  int attn_prefetch;         /* CUDA_ATTN_PREFETCH (PAGODA_ATTN_PREFETCH=n, 0 off): the tensor-core decode
+                              * attention kernel looks up its keys and prefetches the K/V rows of its
+                              * partition's first n keys into L2 before its wait (cuda_pdl.cuh rule 3;
+                              * cuda_attn_decode.cu, dec_prefetch_kv; the same bits either way). 64 =
+                              * every warp's first step: whole partitions would overflow L2 at large
+                              * batches */
   int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
                               * (the o projection; not with the separate split-K reduce) launch before its
                               * own wait (cuda_pdl.cuh, pdl_enter) */
@@ -281,7 +284,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_PRE_L2 0
 #define CUDA_GEMV_REG 1
 #define CUDA_EPI_EARLY 1
-#define CUDA_ATTN_PREFETCH 1
+#define CUDA_ATTN_PREFETCH 64
 #define CUDA_QX_AHEAD 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0

@@ -23,8 +23,8 @@
  *      before it started, so every later kernel starts after the copy completed. Within a step
  *      no kernel writes them but the q/k/v kernels (this step's keys and values, which a kernel
  *      may only prefetch into L2 before the wait: L2 is where every SM's writes land, so the
- *      load after the wait sees them) and the copy-on-write block copies before the first layer
- *      (complete long before: a kernel that starts has the one two back complete, rule 1).
+ *      load after the wait sees them); the copy-on-write block copies are device-to-device
+ *      copies issued before the metadata's, so waited for in full the same way.
  * So a kernel completes only after its predecessor completed; ordering stays transitive, and a
  * kernel launched the ordinary way (cuBLAS, NCCL, a kernel not converted yet, a copy) after a
  * PDL kernel waits for it as usual. pdl_trigger() only lets the next kernel be scheduled (it

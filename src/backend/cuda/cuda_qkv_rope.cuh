@@ -77,8 +77,8 @@ __device__ __forceinline__ void qkv_cache_pair(void *cache, size_t at, int d0, i
 }
 
 /* What pair P's epilogue reads for lane t < NT (token t) besides the sums: the rows' biases, the
- * rotation's sin and cos, the token's cache slot (-1: none). Batch metadata, so only after the
- * kernel's wait (cuda_pdl.cuh). */
+ * rotation's sin and cos, the token's cache slot (-1: none). The GEMVs call it right after their
+ * wait (cb->epi_early), or at the store. */
 struct qkv_rope_in {
   float b0, b1, sf, cf;
   int32_t slot;

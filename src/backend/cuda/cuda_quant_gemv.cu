@@ -595,8 +595,9 @@ struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_back
   gemv_rope rope; /* ROPE only */
 };
 
-/* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
- * streams units g, g + G, ... and, per unit, R rows of nch chunks back to back. */
+/* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step (XA, T = 1:
+ * qi_weights / qi_dot with the activation blocks loaded one chunk ahead): each warp streams units
+ * g, g + G, ... and, per unit, R rows of nch chunks back to back. */
 template <int QT, int NT, int R, int STAGES, bool ROPE = false, bool XA = false>
 __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid_constant__ qi_args a) {
   static_assert(!ROPE || R == 2, "ROPE takes a pair of rows per unit");
