@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int t = 0; t < NT; t++)
       if (lane == t) {
         bf16 *r = (bf16 *)out + (size_t)t * N + row;
-        *r = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + (early ? res_v[t] : __bfloat162float(*r)));
+        const float rv = early ? res_v[t] : __bfloat162float(*r);
+        *r = __float2bfloat16(__bfloat162float(__float2bfloat16(acc[0][t])) + rv);
       }
   } else if (lane == 0) {
 #pragma unroll
@@ -757,7 +758,8 @@ static cudaError_t gemv_launch(struct cuda_backend *cb, void *out, int out_f32, 
                                int K, int T) {
   const int S = gemv_split(cb, N, K), rows = GEMV_WARPS / S;
   const dim3 grid((unsigned)((N + rows - 1) / rows)), thr(GEMV_WARPS * 32);
-  const int flags = (out_f32 ? GEMV_OUT_F32 : 0) | (cb->gemv_reg ? GEMV_REG : 0) | (cb->epi_early ? GEMV_EPI_EARLY : 0);
+  const int flags =
+      (out_f32 ? GEMV_OUT_F32 : 0) | (cb->gemv_reg ? GEMV_REG : 0) | (cb->epi_early ? GEMV_EPI_EARLY : 0);
   cudaError_t err = cudaSuccess;
 #define GEMV_CASE(n)                                                                                           \
   case n:                                                                                                      \

@@ -656,7 +656,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   float rpre[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
-    rpre[t] = R == 1 && a.epi_early && lane == 0 ? __bfloat162float(((const bf16 *)a.out[0])[(size_t)t * a.N[0] + gw]) : 0.0f;
+    rpre[t] = R == 1 && a.epi_early && lane == 0 ? __bfloat162float(((const bf16 *)a.out[0])[(size_t)t * a.N[0] + gw])
+                                                  : 0.0f;
   /* ROPE: the same for the first pair's epilogue inputs (cuda_qkv_rope.cuh) */
   qkv_rope_in rin = {};
   if (ROPE && a.rope.early)
@@ -668,7 +669,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   /* T = 1 (XA, a.x_ahead: cb->qx_ahead): the activation blocks of a chunk are loaded one chunk
    * ahead, so their round trip overlaps the chunk before's products (x is the same for every
    * unit: after the last chunk of a row comes chunk 0). The same products in the same order.
-   * Measured at 8B --isq 8 on the H200: 2.953 against 3.061 ms per token without (bench/RESULTS.md) */
+   * Measured at 8B --isq 8 on the H200: 2.953 against 3.061 ms per token without (bench/RESULTS.md).
+   * a.x_ahead is always 1 where XA is launched; the test stays as measured, since code around
+   * this loop moved ptxas's schedule, and the step time, by 4% between builds (RESULTS.md, session 9) */
   constexpr int SPC = QG_CHUNK / 1024; /* warp steps per chunk */
   qi_x xn[SPC];
   auto load_x = [&](int cc) {
@@ -731,7 +734,8 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
           pair[1][t] = acc[t];
         }
         const qkv_pair p = qkv_rope_pair(a.rope, u);
-        qkv_rope_store<NT>(a, a.rope, p, pair, lane, a.rope.early && u == gw ? rin : qkv_rope_load<NT>(a, a.rope, p, lane));
+        qkv_rope_store<NT>(a, a.rope, p, pair, lane,
+                           a.rope.early && u == gw ? rin : qkv_rope_load<NT>(a, a.rope, p, lane));
         r = 0;
         u += G;
       } else {
@@ -785,8 +789,8 @@ template <int QT, int NT, int R, int STAGES, bool ROPE, bool XA> static int qi_r
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>, QGEMV_WARPS * 32,
-                                                  smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>,
+                                                  QGEMV_WARPS * 32, smem);
     blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
     __atomic_store_n(&cached, blocks, __ATOMIC_RELAXED);
   }
