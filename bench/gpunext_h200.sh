@@ -11,8 +11,8 @@
 # --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
 # PAGODA_GEMV_SPLIT=0, PAGODA_FUSED_NORM=0, PAGODA_GEMV_PRE_L2=1, PAGODA_ATTN_FOLD=0,
 # PAGODA_FUSED_ROPE=0 alone, and all of them off (main's kernels, in the new summation order);
-# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others (GPUNEXT_TESTS, GPUNEXT_B64, GPUNEXT_ISQ_CFGS
-# and GPUNEXT_NCU below pick the rest); GPUNEXT_ROUNDS=N (0: none) alternates llama-bench and
+# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others ("none": no A/B; GPUNEXT_TESTS, GPUNEXT_B64,
+# GPUNEXT_ISQ_CFGS, GPUNEXT_QUANTS and GPUNEXT_NCU below pick the rest); GPUNEXT_ROUNDS=N (0: none) alternates llama-bench and
 # pagoda's default N times after them (for the ratio on a machine whose speed drifts). Every fused form and split is
 # bit-identical to the separate ops: the digests of one model must all be equal; the script says
 # ALL EQUAL or DIFFER.
@@ -36,6 +36,7 @@ echo "commit $(cat COMMIT 2>/dev/null)"
 targets="llama-bench"
 [[ $shape == 1b ]] && targets="llama-bench llama-batched-bench"
 [[ ${GPUNEXT_LLAMA:-1} == 0 ]] && targets="" # GPUNEXT_LLAMA=0: no llama.cpp (no build, no rounds, no batched bench)
+[[ -n $targets && -n ${GPUNEXT_QUANTS:-} ]] && targets="$targets llama-quantize"
 [[ -n $targets ]] && (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
   cmake --build b -j 12 --target $targets >>$W/build.log 2>&1) &
 BP=$!
@@ -95,6 +96,7 @@ except Exception as e:
 EOF
 }
 digests() { # PREFIX: are the digests of every line starting with PREFIX equal?
+  [[ -f $out/bench.json ]] || return
   python3 - "$1" "$out/bench.json" <<'EOF'
 import json, sys
 pre, path = sys.argv[1], sys.argv[2]
@@ -110,8 +112,9 @@ one=(--num-prompts 1 --input-len 512 --output-len 128)
 cfgs=("on" "PAGODA_GEMV_SPLIT=0" "PAGODA_FUSED_NORM=0" "PAGODA_GEMV_PRE_L2=1" "PAGODA_ATTN_FOLD=0" "PAGODA_FUSED_ROPE=0"
   "PAGODA_GEMV_SPLIT=0 PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0")
 [[ -n ${GPUNEXT_CFGS:-} ]] && IFS=, read -ra cfgs <<<"$GPUNEXT_CFGS" # comma-separated, "on" for the defaults
-ab() { # NAME [extra bench args]: every configuration twice, interleaved
+ab() { # NAME [extra bench args]: every configuration twice, interleaved (GPUNEXT_CFGS=none: no A/B)
   local name=$1; shift
+  [[ ${cfgs[0]} == none ]] && return
   for rep in 1 2; do
     for c in "${cfgs[@]}"; do
       left "$name $c" || return
@@ -152,13 +155,38 @@ if [[ $shape == 1b && ${GPUNEXT_B64:-1} != 0 ]]; then # GPUNEXT_B64=0: no 64-par
   fi
 elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --isq 8 configurations
   isq=(on "PAGODA_FUSED_NORM=0" "PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0" on)
-  [[ -n ${GPUNEXT_ISQ_CFGS:-} ]] && IFS=, read -ra isq <<<"$GPUNEXT_ISQ_CFGS"
+  [[ -n ${GPUNEXT_ISQ_CFGS:-} ]] && IFS=, read -ra isq <<<"$GPUNEXT_ISQ_CFGS" # "none": no --isq 8 runs
+  [[ ${isq[0]} == none ]] && isq=()
   for c in "${isq[@]}"; do
     left "--isq 8 $c" || break
     e=(); [[ $c != on ]] && read -ra e <<<"$c"
     run "8b isq8 b1" "${e[@]}" -- "${one[@]}" --isq 8
   done
   digests "8b isq8"
+  # GPUNEXT_QUANTS="Q4_K_M Q8_0": llama-quantize (built with llama-bench) makes these from the f16
+  # GGUF; per file llama-bench (tg128) and pagoda batch 1 in each GPUNEXT_QUANT_CFGS configuration
+  # (comma-separated, default "on"), in that order, GPUNEXT_ROUNDS times (at least once)
+  qcfgs=(on)
+  [[ -n ${GPUNEXT_QUANT_CFGS:-} ]] && IFS=, read -ra qcfgs <<<"$GPUNEXT_QUANT_CFGS"
+  for q in ${GPUNEXT_QUANTS:-}; do
+    [[ -x $LB/llama-quantize ]] || { echo "no llama-quantize (GPUNEXT_LLAMA=0?)"; break; }
+    left "$q" || break
+    f=$W/random-8b-$q.gguf
+    if [[ ! -f $f ]]; then
+      el "llama-quantize $q"
+      $LB/llama-quantize $G $f $q 16 >$W/quant_$q.log 2>&1 || { tail -3 $W/quant_$q.log; continue; }
+    fi
+    for ((round = 1; round <= (rounds > 1 ? rounds : 1); round++)); do
+      left "$q round $round" || break
+      $LB/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | grep -E "tg128|model" | tee -a "$out/llamacpp_bench_$q.txt"
+      for c in "${qcfgs[@]}"; do
+        left "$q $c" || break
+        e=(); [[ $c != on ]] && read -ra e <<<"$c"
+        G=$f run "8b $q b1" "${e[@]}" -- "${one[@]}"
+      done
+    done
+    digests "8b $q"
+  done
 fi
 # GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"): ncu over a short greedy run per
 # entry, CUDA graphs off, and one decode step's kernels summed by name and grid (tools/ncu_step.py:

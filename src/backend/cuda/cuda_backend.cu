@@ -483,18 +483,18 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * PAGODA_QX_EARLY, PAGODA_ATTN_EARLY: the x quantization of the integer-dot GEMV (decode
    * attention) triggering the next kernel before its own wait. PAGODA_EPI_EARLY: the GEMV
    * epilogues' reads right after their wait. PAGODA_ATTN_PREFETCH=n: decode attention's first n
-   * keys' K/V rows prefetched before its wait. PAGODA_QX_AHEAD: the T = 1 integer-dot GEMV's
-   * activation loads one chunk ahead. PAGODA_ROPE_KV_SPLIT: rope_kv_write over several blocks per
-   * token (cuda_backend.h). For measuring them. */
+   * keys' K/V rows prefetched before its wait. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
+   * weight copies with L2's evict-first policy. PAGODA_ROPE_KV_SPLIT: rope_kv_write over several
+   * blocks per token (cuda_backend.h). For measuring them. */
   if ((cb->gemv_pre_split = env_flag("PAGODA_GEMV_PRE_SPLIT", 1)) < 0 ||
       (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
       (cb->epi_early = env_flag("PAGODA_EPI_EARLY", CUDA_EPI_EARLY)) < 0 ||
       (cb->attn_prefetch =
            env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 1 << 30, "a number of keys (0: off)")) < 0 ||
-      (cb->qx_ahead = env_flag("PAGODA_QX_AHEAD", CUDA_QX_AHEAD)) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
-      (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0)
+      (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
+      (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0)
     return -1;
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,

@@ -144,9 +144,6 @@ struct cuda_backend {
                               * right after its wait, not after the reduction: matmul_add its residual
                               * (cuda_gemv.cu, gemv_res_load), matmul_qkv_rope its biases, angles and
                               * slots (cuda_qkv_rope.cuh, qkv_rope_load); the same bits either way */
-  int qx_ahead;              /* 1 (CUDA_QX_AHEAD; PAGODA_QX_AHEAD=0|1): the T = 1 integer-dot GEMV loads its
-                              * activation blocks one chunk ahead (cuda_quant_gemv.cu; the same bits;
-                              * 0: the kernel without that code) */
   int attn_prefetch;         /* CUDA_ATTN_PREFETCH (PAGODA_ATTN_PREFETCH=n, 0 off): the tensor-core decode
                               * attention kernel looks up its keys and prefetches the K/V rows of its
                               * partition's first n keys into L2 before its wait (cuda_pdl.cuh rule 3;
@@ -156,6 +153,9 @@ struct cuda_backend {
   int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
                               * (the o projection; not with the separate split-K reduce) launch before its
                               * own wait (cuda_pdl.cuh, pdl_enter) */
+  int qg_evict_first;        /* 1 (CUDA_QG_EVICT_FIRST; PAGODA_QG_EVICT_FIRST=0|1): the integer-dot GEMV's weight
+                              * copies carry L2's evict-first policy (read once per step; cuda_quant_gemv.cu;
+                              * the same bits either way) */
   int gemv_pre_rows;         /* warps per block of the prenorm GEMVs: 4, 8 or 16 (CUDA_GEMV_PRE_ROWS;
                               * PAGODA_GEMV_PRE_ROWS) */
   int gemv_pre_loop;         /* weight rows (or gate/up pairs) per warp of the prenorm GEMVs: 1, 2 or 4
@@ -285,7 +285,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_REG 1
 #define CUDA_EPI_EARLY 1
 #define CUDA_ATTN_PREFETCH 64
-#define CUDA_QX_AHEAD 1
+#define CUDA_QG_EVICT_FIRST 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0
 #define CUDA_ROPE_KV_SPLIT 1

@@ -54,6 +54,12 @@ typedef __nv_bfloat16 bf16;
 #define QG_STAGES 3 /* staged kernel: chunks per warp in shared memory (STAGES - 1 in flight while one is used) */
 #endif
 #define QG_SLACK 16 /* bytes after each warp's buffers: cq_ld8<true> may read 3 past a chunk */
+/* Blocks per multiprocessor the integer-dot kernel's registers must allow (__launch_bounds__): at
+ * T = 1 with Q8_0, Q4_0 or Q4_1 weights, 8, the most Q8_0's shared memory allows. ptxas then uses
+ * up to 64 registers (61-64, no spills) and starts the activation loads earlier, where it chose
+ * 40-56 unbounded; a variant that loaded them a chunk ahead by hand took up to 96 (5 blocks).
+ * Elsewhere no bound (the K-quants would spill). bench/RESULTS.md, "session 10". */
+#define QI_MIN_BLOCKS(QT, NT) ((NT) == 1 && ((QT) == CQ_Q8_0 || (QT) == CQ_Q4_0 || (QT) == CQ_Q4_1) ? 8 : 1)
 #define QG_STREAM_ROWS 8 /* rows per resident warp from which the grid is capped (see qgemv_staged_launch) */
 
 /* Asks L2 for the 128-byte line holding P (a weight: may run before pdl_wait). */
@@ -66,6 +72,12 @@ template <int QT> struct qg_chunk {
 __device__ __forceinline__ void qg_cp_async16(void *smem, const void *gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+/* The same with the L2 cache policy POL (createpolicy; here evict-first: bytes read once per step). */
+__device__ __forceinline__ void qg_cp_async16_pol(void *smem, const void *gmem, uint64_t pol) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
+               : "memory");
 }
 __device__ __forceinline__ void qg_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void qg_cp_wait(void) {
@@ -587,19 +599,21 @@ __device__ __forceinline__ void qi_step(const uint8_t *ch, int e, const int8_t *
  * silu_mul does. R = 2 with ROPE: unit g is the pair of q/k/v rows qkv_rope_pair(rope, g) gives,
  * finished by qkv_rope_store (cuda_qkv_rope.cuh: matmul_qkv_rope). */
 struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_backend.h */
-  int units, out_f32, add, epi_early, x_ahead, K; /* epi_early: ADD reads the residual right after the wait
-                                                  * (cb->epi_early); x_ahead: T = 1 takes the XA kernel */
+  int units, out_f32, add, epi_early, K; /* epi_early: ADD reads the residual right after the wait (cb->epi_early) */
+  int evict_first; /* the weight copies carry L2's evict-first policy (cb->qg_evict_first) */
   size_t row_bytes;
   const int8_t *xq;
   const float2 *xd;
   gemv_rope rope; /* ROPE only */
 };
 
-/* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step (XA, T = 1:
- * qi_weights / qi_dot with the activation blocks loaded one chunk ahead): each warp streams units
- * g, g + G, ... and, per unit, R rows of nch chunks back to back. */
-template <int QT, int NT, int R, int STAGES, bool ROPE = false, bool XA = false>
-__global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid_constant__ qi_args a) {
+/* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
+ * streams units g, g + G, ... and, per unit, R rows of nch chunks back to back. The weight copies
+ * carry L2's evict-first policy (a.evict_first): read once per step, they should not push out
+ * what is read again (the activations, the KV cache, the next kernels' inputs). */
+template <int QT, int NT, int R, int STAGES, bool ROPE = false>
+__global__ void __launch_bounds__(QGEMV_WARPS * 32, QI_MIN_BLOCKS(QT, NT))
+    qgemv_i8_kernel(const __grid_constant__ qi_args a) {
   static_assert(!ROPE || R == 2, "ROPE takes a pair of rows per unit");
   extern __shared__ __align__(16) uint8_t qg_smem[];
   const int CB = qg_chunk<QT>::BYTES;
@@ -611,6 +625,9 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
   if (gw >= U)
     return; /* no block-wide barrier below: warps are independent */
   uint8_t *buf = qg_smem + warp * (STAGES * CB + QG_SLACK);
+  uint64_t pol = 0;
+  if (a.evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   const int nch = (K + QG_CHUNK - 1) / QG_CHUNK;
   /* the chunk stream: chunk ic of row ir (of R) of unit iu is issued into slot is */
   int iu = gw, ir = 0, ic = 0, is = 0;
@@ -633,8 +650,12 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
       const int nb = (int)(rb - c0 < (size_t)CB ? rb - c0 : (size_t)CB);
       const uint8_t *src = row_ptr(iu, ir) + c0;
       uint8_t *dst = buf + is * CB;
-      for (int o = lane * 16; o < nb; o += 512)
-        qg_cp_async16(dst + o, src + o);
+      if (a.evict_first)
+        for (int o = lane * 16; o < nb; o += 512)
+          qg_cp_async16_pol(dst + o, src + o, pol);
+      else
+        for (int o = lane * 16; o < nb; o += 512)
+          qg_cp_async16(dst + o, src + o);
       if (++ic == nch) {
         ic = 0;
         if (++ir == R) {
@@ -666,24 +687,6 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
 #pragma unroll
   for (int t = 0; t < NT; t++)
     acc[t] = g[t] = 0.0f;
-  /* T = 1 (XA, a.x_ahead: cb->qx_ahead): the activation blocks of a chunk are loaded one chunk
-   * ahead, so their round trip overlaps the chunk before's products (x is the same for every
-   * unit: after the last chunk of a row comes chunk 0). The same products in the same order.
-   * Measured at 8B --isq 8 on the H200: 2.953 against 3.061 ms per token without (bench/RESULTS.md).
-   * a.x_ahead is always 1 where XA is launched; the test stays as measured, since code around
-   * this loop moved ptxas's schedule, and the step time, by 4% between builds (RESULTS.md, session 9) */
-  constexpr int SPC = QG_CHUNK / 1024; /* warp steps per chunk */
-  qi_x xn[SPC];
-  auto load_x = [&](int cc) {
-#pragma unroll
-    for (int s = 0; s < SPC; s++) {
-      const int e = cc * QG_CHUNK + s * 1024 + lane * 32;
-      if (e < K)
-        xn[s] = qi_load_x(a.xq + e, a.xd + e / 32);
-    }
-  };
-  if (NT == 1 && XA && a.x_ahead)
-    load_x(0);
   int u = gw, r = 0, c = 0, slot = 0;
   while (u < U) {
     qg_cp_wait<STAGES - 2>(); /* this lane's copies of the current chunk have landed */
@@ -693,17 +696,7 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
     const int v0 = c * QG_CHUNK;
     const int8_t *xq = a.xq + v0 + lane * 32;
     const float2 *xd = a.xd + v0 / 32 + lane;
-    if (NT == 1 && XA && a.x_ahead) {
-      qi_x xc[SPC];
-#pragma unroll
-      for (int s = 0; s < SPC; s++)
-        xc[s] = xn[s];
-      load_x(c + 1 == nch ? 0 : c + 1);
-#pragma unroll
-      for (int s = 0; s < SPC; s++) /* K - v0 is a multiple of 256: a lane's 32 values are all in or all out */
-        if (v0 + s * 1024 + lane * 32 < K)
-          qi_dot<QT>(qi_weights<QT>(ch, s * 1024 + lane * 32), xc[s], acc[0]);
-    } else if (K - v0 >= QG_CHUNK) {
+    if (K - v0 >= QG_CHUNK) {
 #pragma unroll
       for (int s = 0; s < QG_CHUNK / 1024; s++)
         qi_step<QT, NT>(ch, s * 1024 + lane * 32, xq + s * 1024, xd + s * 32, K, acc);
@@ -782,14 +775,14 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32) qgemv_i8_kernel(const __grid
 
 /* Cached per instantiation; tensor-parallel ranks (threads, GPUs of one kind) may race to fill it
  * with the same value, hence the atomics. */
-template <int QT, int NT, int R, int STAGES, bool ROPE, bool XA> static int qi_resident_blocks(size_t smem) {
+template <int QT, int NT, int R, int STAGES, bool ROPE> static int qi_resident_blocks(size_t smem) {
   static int cached = 0;
   int blocks = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (!blocks) {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE>,
                                                   QGEMV_WARPS * 32, smem);
     blocks = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
     __atomic_store_n(&cached, blocks, __ATOMIC_RELAXED);
@@ -811,11 +804,11 @@ static int qi_stream_rows(void) {
 
 /* The launch of the integer-dot kernel (grid as qgemv_staged_launch: one unit per warp unless
  * that is more than qi_stream_rows() units per resident warp). */
-template <int QT, int NT, int R, bool ROPE, bool XA = false>
+template <int QT, int NT, int R, bool ROPE>
 static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   const int STAGES = QG_STAGES;
   const size_t sm = QGEMV_WARPS * (STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
-  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, STAGES, ROPE, XA>(sm);
+  int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, STAGES, ROPE>(sm);
   const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
   if (cap && atoi(cap) > 0) {
     if (blocks > atoi(cap))
@@ -823,14 +816,13 @@ static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   } else if ((long long)blocks > (long long)qi_stream_rows() * fit) {
     blocks = fit;
   }
-  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE, XA>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
+  return cuda_pdl_launch(cb, qgemv_i8_kernel<QT, NT, R, STAGES, ROPE>, dim3(blocks), dim3(QGEMV_WARPS * 32), sm, a);
 }
 
 template <int QT, int R, bool ROPE = false>
 static cudaError_t qi_dispatch_t(const struct cuda_backend *cb, const qi_args &a, int T) {
   switch (T) {
-  case 1: /* x one chunk ahead (XA) unless PAGODA_QX_AHEAD=0 */
-    return a.x_ahead ? qi_launch<QT, 1, R, ROPE, true>(cb, a) : qi_launch<QT, 1, R, ROPE>(cb, a);
+  case 1: return qi_launch<QT, 1, R, ROPE>(cb, a);
   case 2: return qi_launch<QT, 2, R, ROPE>(cb, a);
   case 3: return qi_launch<QT, 3, R, ROPE>(cb, a);
   case 4: return qi_launch<QT, 4, R, ROPE>(cb, a);
@@ -887,7 +879,7 @@ static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const
                                (const bf16 *)x, n8, cb->qx_early));
   }
   a->xq = xq;
-  a->x_ahead = cb->qx_ahead;
+  a->evict_first = cb->qg_evict_first;
   a->xd = xd;
   a->K = K;
   return 0;
