@@ -6,13 +6,14 @@
 # where peers/make_random_gguf.py took five minutes of the 8B call).
 #   1b  all GPU tests (tools/device_run.sh gpu; GPUNEXT_SUITE_ROUNDS times), test_cuda_model with each switch, then the
 #       batch-1 A/B and llama-bench, then 64 x (512, 256) with everything on and off;
-#   8b  the batch-1 A/B and llama-bench, then --isq 8 (on and off the fused forms).
+#   8b  the batch-1 A/B and llama-bench, then --isq 8 (on and off the fused forms), then
+#       llama-quantize's copies of the GGUF next to llama-bench on each (GPUNEXT_QUANTS).
 # A/B configurations (`pagoda bench -m G --device cuda --json --num-prompts 1 --input-len 512
 # --output-len 128 --temperature 0`, twice each, interleaved): "on" (the defaults), and
 # PAGODA_GEMV_SPLIT=0, PAGODA_FUSED_NORM=0, PAGODA_GEMV_PRE_L2=1, PAGODA_ATTN_FOLD=0,
 # PAGODA_FUSED_ROPE=0 alone, and all of them off (main's kernels, in the new summation order);
-# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others ("none": no A/B; GPUNEXT_TESTS, GPUNEXT_B64,
-# GPUNEXT_ISQ_CFGS, GPUNEXT_QUANTS and GPUNEXT_NCU below pick the rest); GPUNEXT_ROUNDS=N (0: none) alternates llama-bench and
+# GPUNEXT_CFGS="on,PAGODA_GEMV_SPLIT=0,..." picks others ("none" as the whole value: no A/B;
+# GPUNEXT_TESTS, GPUNEXT_B64, GPUNEXT_ISQ_CFGS, GPUNEXT_QUANTS and GPUNEXT_NCU below pick the rest); GPUNEXT_ROUNDS=N (0: none) alternates llama-bench and
 # pagoda's default N times after them (for the ratio on a machine whose speed drifts). Every fused form and split is
 # bit-identical to the separate ops: the digests of one model must all be equal; the script says
 # ALL EQUAL or DIFFER.
@@ -36,7 +37,7 @@ echo "commit $(cat COMMIT 2>/dev/null)"
 targets="llama-bench"
 [[ $shape == 1b ]] && targets="llama-bench llama-batched-bench"
 [[ ${GPUNEXT_LLAMA:-1} == 0 ]] && targets="" # GPUNEXT_LLAMA=0: no llama.cpp (no build, no rounds, no batched bench)
-[[ -n $targets && -n ${GPUNEXT_QUANTS:-} ]] && targets="$targets llama-quantize"
+[[ -n $targets && -n ${GPUNEXT_QUANTS:-} && $shape == 8b ]] && targets="$targets llama-quantize"
 [[ -n $targets ]] && (cd $W/lc && cmake -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >$W/build.log 2>&1 &&
   cmake --build b -j 12 --target $targets >>$W/build.log 2>&1) &
 BP=$!
@@ -105,7 +106,7 @@ for line in open(path):
     if line.startswith(pre):
         try: d.add(json.loads(line.split(": ", 1)[1])["output_digest"])
         except Exception: d.add("(no result)")
-print(f"{pre}: digests {sorted(d)} -> {'ALL EQUAL' if len(d) == 1 else 'DIFFER'}")
+print(f"{pre}: digests {sorted(d)} -> {'no runs' if not d else 'ALL EQUAL' if len(d) == 1 else 'DIFFER'}")
 EOF
 }
 one=(--num-prompts 1 --input-len 512 --output-len 128)
@@ -163,9 +164,10 @@ elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --i
     run "8b isq8 b1" "${e[@]}" -- "${one[@]}" --isq 8
   done
   digests "8b isq8"
-  # GPUNEXT_QUANTS="Q4_K_M Q8_0": llama-quantize (built with llama-bench) makes these from the f16
-  # GGUF; per file llama-bench (tg128) and pagoda batch 1 in each GPUNEXT_QUANT_CFGS configuration
-  # (comma-separated, default "on"), in that order, GPUNEXT_ROUNDS times (at least once)
+  # GPUNEXT_QUANTS="Q4_K_M Q8_0" (space-separated llama-quantize types): llama-quantize (built with
+  # llama-bench) makes these from the f16 GGUF; per file llama-bench (tg128) and pagoda batch 1 in
+  # each GPUNEXT_QUANT_CFGS configuration (comma-separated, default "on"), in that order,
+  # GPUNEXT_ROUNDS times (at least once)
   qcfgs=(on)
   [[ -n ${GPUNEXT_QUANT_CFGS:-} ]] && IFS=, read -ra qcfgs <<<"$GPUNEXT_QUANT_CFGS"
   for q in ${GPUNEXT_QUANTS:-}; do
@@ -174,18 +176,21 @@ elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --i
     f=$W/random-8b-$q.gguf
     if [[ ! -f $f ]]; then
       el "llama-quantize $q"
-      $LB/llama-quantize $G $f $q 16 >$W/quant_$q.log 2>&1 || { tail -3 $W/quant_$q.log; continue; }
+      $LB/llama-quantize $G $f.tmp $q 16 >$W/quant_$q.log 2>&1 && mv $f.tmp $f ||
+        { tail -3 $W/quant_$q.log; rm -f $f.tmp; continue; }
     fi
     for ((round = 1; round <= (rounds > 1 ? rounds : 1); round++)); do
       left "$q round $round" || break
-      $LB/llama-bench -m $f -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>/dev/null | grep -E "tg128|model" | tee -a "$out/llamacpp_bench_$q.txt"
+      el "llama.cpp llama-bench $q (tg128), round $round"
+      $LB/llama-bench -m $f -ngl 99 -fa 1 -p 0 -n 128 -r 3 2>/dev/null | grep -E "tg128|model" |
+        tee -a "$out/llamacpp_bench_$q.txt"
       for c in "${qcfgs[@]}"; do
         left "$q $c" || break
         e=(); [[ $c != on ]] && read -ra e <<<"$c"
         G=$f run "8b $q b1" "${e[@]}" -- "${one[@]}"
       done
     done
-    digests "8b $q"
+    digests "8b $q b1"
   done
 fi
 # GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"): ncu over a short greedy run per

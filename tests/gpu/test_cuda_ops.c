@@ -1035,7 +1035,7 @@ static void pre_open(void) {
   static const char *bad_env[][2] = {
       {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"},
       {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
-      {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}};
+      {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}, {"PAGODA_QG_EVICT_FIRST", "2"}};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);

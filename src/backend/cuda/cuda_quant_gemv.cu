@@ -54,12 +54,6 @@ typedef __nv_bfloat16 bf16;
 #define QG_STAGES 3 /* staged kernel: chunks per warp in shared memory (STAGES - 1 in flight while one is used) */
 #endif
 #define QG_SLACK 16 /* bytes after each warp's buffers: cq_ld8<true> may read 3 past a chunk */
-/* Blocks per multiprocessor the integer-dot kernel's registers must allow (__launch_bounds__): at
- * T = 1 with Q8_0, Q4_0 or Q4_1 weights, 8, the most Q8_0's shared memory allows. ptxas then uses
- * up to 64 registers (61-64, no spills) and starts the activation loads earlier, where it chose
- * 40-56 unbounded; a variant that loaded them a chunk ahead by hand took up to 96 (5 blocks).
- * Elsewhere no bound (the K-quants would spill). bench/RESULTS.md, "session 10". */
-#define QI_MIN_BLOCKS(QT, NT) ((NT) == 1 && ((QT) == CQ_Q8_0 || (QT) == CQ_Q4_0 || (QT) == CQ_Q4_1) ? 8 : 1)
 #define QG_STREAM_ROWS 8 /* rows per resident warp from which the grid is capped (see qgemv_staged_launch) */
 
 /* Asks L2 for the 128-byte line holding P (a weight: may run before pdl_wait). */
@@ -68,6 +62,16 @@ __device__ __forceinline__ void qg_prefetch_l2(const void *p) { asm volatile("pr
 template <int QT> struct qg_chunk {
   static const int BYTES = QG_CHUNK / cq_traits<QT>::QK * cq_traits<QT>::BYTES; /* multiple of 16 */
 };
+
+/* Blocks per multiprocessor the integer-dot kernel's registers must allow (__launch_bounds__): at
+ * T = 1 on Q8_0, as many as its shared memory allows (Hopper's 228 KiB per multiprocessor, 1 KiB
+ * of it reserved per block: 8 with the 3-chunk ring). ptxas then stays within 64 registers (61-64
+ * for sm_90, no spills) and there schedules the activation loads earlier than it does
+ * unbounded: `--isq 8` at 8B measured faster (bench/RESULTS.md, "session 10"). Other types and T
+ * keep no bound: the K-quants would spill, and Q4_0 / Q4_1 fit more blocks than 8. */
+#define QI_SMEM_BYTES(QT, STAGES) (QGEMV_WARPS * ((STAGES) * qg_chunk<QT>::BYTES + QG_SLACK))
+#define QI_MIN_BLOCKS(QT, NT)                                                                   \
+  ((NT) == 1 && (QT) == CQ_Q8_0 ? (228 * 1024) / (QI_SMEM_BYTES(QT, QG_STAGES) + 1024) : 1)
 
 __device__ __forceinline__ void qg_cp_async16(void *smem, const void *gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -807,7 +811,7 @@ static int qi_stream_rows(void) {
 template <int QT, int NT, int R, bool ROPE>
 static cudaError_t qi_launch(const struct cuda_backend *cb, const qi_args &a) {
   const int STAGES = QG_STAGES;
-  const size_t sm = QGEMV_WARPS * (STAGES * qg_chunk<QT>::BYTES + QG_SLACK);
+  const size_t sm = QI_SMEM_BYTES(QT, STAGES);
   int blocks = (a.units + QGEMV_WARPS - 1) / QGEMV_WARPS, fit = qi_resident_blocks<QT, NT, R, STAGES, ROPE>(sm);
   const char *cap = getenv("PAGODA_QGEMV_BLOCKS");
   if (cap && atoi(cap) > 0) {
@@ -864,7 +868,7 @@ static int qi_applies(struct cuda_backend *cb, int qt, int64_t K, const void *wd
 
 /* Quantizes T <= CUDA_QGEMV_MAX_T rows of x into the scratch, first normalized as struct
  * backend_prenorm says when PRE is not NULL (qx_norm_quantize_kernel; checked by qi_prenorm_ok);
- * fills a's xq / xd / K. */
+ * fills a's xq / xd / K, and its evict_first (every launch of the integer-dot kernel passes here). */
 static int qx_quantize(struct cuda_backend *cb, qi_args *a, const void *x, const struct backend_prenorm *pre, int T,
                        int K) {
   int8_t *xq = (int8_t *)cb->deq_scratch;
