@@ -410,7 +410,10 @@ __global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restric
  * (norm_elem), and quantizes those values exactly as qx_quantize_kernel quantizes a stored
  * rmsnorm output: one launch where rmsnorm + qx_quantize took two, bit for bit the same xq / xd.
  * NW warps (1024 threads: rmsnorm_kernel's count from K = 1024 on), 8 values per thread per
- * pass; K / 8 is a multiple of 32, so a warp is all in or all out of a pass. */
+ * pass; K / 8 is a multiple of 32, so a warp is all in or all out of a pass. The thread's first
+ * group of x is read right after the wait, beside the norm's own reads, not after its two
+ * reductions (bench/RESULTS.md, "session 10": 2.904 against 2.919 ms per token at 8B `--isq 8`
+ * for this form against 4 values on every thread of the block). */
 #define QX_NORM_WARPS 32
 template <int NW>
 __global__ void __launch_bounds__(NW * 32)
@@ -426,9 +429,12 @@ __global__ void __launch_bounds__(NW * 32)
     w0[k] = (int)threadIdx.x < n8 ? norm_weight_at(nw, nw_f32, (size_t)threadIdx.x * 8 + k) : 0.0f;
   pdl_enter(early); /* x is written by the kernel before; EARLY: cb->qx_early (cuda_pdl.cuh) */
   const bf16 *xr = x + (size_t)blockIdx.x * K;
+  uint4 u0 = {};
+  if ((int)threadIdx.x < n8)
+    u0 = *((const uint4 *)xr + threadIdx.x);
   const float inv = norm_inv<NW>(xr, K, eps, part);
   for (int g = threadIdx.x; g < n8; g += NW * 32) {
-    const uint4 u = *((const uint4 *)xr + g);
+    const uint4 u = g == (int)threadIdx.x ? u0 : *((const uint4 *)xr + g);
     const bf16 *xb = (const bf16 *)&u;
     float v[8];
 #pragma unroll
