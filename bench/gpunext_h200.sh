@@ -72,8 +72,9 @@ if [[ -n ${GPUNEXT_TESTS:-} ]]; then
   done
 elif [[ $shape == 1b ]]; then
   for v in PAGODA_FUSED_NORM=0 PAGODA_ATTN_FOLD=0 PAGODA_FUSED_ROPE=0 PAGODA_GEMV_SPLIT=0 PAGODA_GEMV_PRE_SPLIT=0 \
-    PAGODA_GEMV_REG=0 PAGODA_QX_EARLY=0 PAGODA_ATTN_EARLY=1; do gtest test_cuda_model $v; done
+    PAGODA_GEMV_REG=0 PAGODA_QX_EARLY=0 PAGODA_ATTN_EARLY=1 PAGODA_GEMV_RING=0; do gtest test_cuda_model $v; done
   gtest test_cuda_ops PAGODA_GEMV_SPLIT=0
+  gtest test_cuda_ops PAGODA_GEMV_RING=0
 fi
 tar czf "$out/gpu_logs.tgz" -C /tmp gpulogs 2>/dev/null
 
@@ -193,7 +194,8 @@ elif [[ $shape == 8b ]]; then # GPUNEXT_ISQ_CFGS="on,VAR=value ...,...": the --i
     digests "8b $q b1"
   done
 fi
-# GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"): ncu over a short greedy run per
+# GPUNEXT_NCU="label=ARGS;label=ARGS" (e.g. "bf16=;isq8=--isq 8"; leading VAR=value words of ARGS
+# set that run's environment, e.g. "ring=PAGODA_GEMV_RING=1"): ncu over a short greedy run per
 # entry, CUDA graphs off, and one decode step's kernels summed by name and grid (tools/ncu_step.py:
 # time, DRAM bytes read and GB/s per kernel); GPUNEXT_NCU_METRICS="m1,m2" adds ncu metrics, printed
 # as time-weighted means per row (e.g. sm__warps_active.avg.pct_of_peak_sustained_active for the
@@ -208,7 +210,11 @@ if [[ -n ${GPUNEXT_NCU:-} ]]; then
     [[ -n $NCU ]] || { echo "no ncu"; break; }
     el "ncu $label ($args), graphs off: 12 prompt words, 4 new tokens"
     # shellcheck disable=SC2086
-    PAGODA_CUDA_GRAPHS=0 timeout 150 "$NCU" --clock-control none \
+    nenv=() # leading VAR=value words of ARGS: the environment of that run
+    while [[ $args =~ ^[[:space:]]*([A-Z_][A-Z0-9_]*=[^[:space:]]*)[[:space:]]*(.*)$ ]]; do
+      nenv+=("${BASH_REMATCH[1]}") args=${BASH_REMATCH[2]}
+    done
+    PAGODA_CUDA_GRAPHS=0 timeout 150 env "${nenv[@]}" "$NCU" --clock-control none \
       --metrics "gpu__time_duration.sum,dram__bytes_read.sum${GPUNEXT_NCU_METRICS:+,$GPUNEXT_NCU_METRICS}" \
       --csv --print-units base "$P" run -m "$G" --device cuda --temperature 0 -n 4 --ignore-eos $args \
       -p "one two three four five six seven eight nine ten eleven twelve" >"/tmp/ncu/$label.csv" 2>"/tmp/ncu/$label.err"

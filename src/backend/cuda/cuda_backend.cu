@@ -484,8 +484,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * attention) triggering the next kernel before its own wait. PAGODA_EPI_EARLY: the GEMV
    * epilogues' reads right after their wait. PAGODA_ATTN_PREFETCH=n: decode attention's first n
    * keys' K/V rows prefetched before its wait. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
-   * weight copies with L2's evict-first policy. PAGODA_ROPE_KV_SPLIT: rope_kv_write over several
-   * blocks per token (cuda_backend.h). For measuring them. */
+   * weight copies with L2's evict-first policy (the ring GEMV's too). PAGODA_ROPE_KV_SPLIT:
+   * rope_kv_write over several blocks per token. PAGODA_GEMV_RING, _KB, _LATE, _MIN_K: the ring
+   * GEMV at T = 1 (cuda_gemv.cu; cuda_backend.h). For measuring them. */
   if ((cb->gemv_pre_split = env_flag("PAGODA_GEMV_PRE_SPLIT", 1)) < 0 ||
       (cb->gemv_reg = env_flag("PAGODA_GEMV_REG", CUDA_GEMV_REG)) < 0 ||
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
@@ -494,7 +495,13 @@ static int cuda_init(struct cuda_backend *cb, int device) {
            env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 1 << 30, "a number of keys (0: off)")) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
-      (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0)
+      (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
+      (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||
+      (cb->gemv_ring_late = env_flag("PAGODA_GEMV_RING_LATE", CUDA_GEMV_RING_LATE)) < 0 ||
+      (cb->gemv_ring_min_k = env_int("PAGODA_GEMV_RING_MIN_K", CUDA_GEMV_RING_MIN_K, 0, INT32_MAX,
+                                     "a row length (0: every length)")) < 0 ||
+      (cb->gemv_ring_kb = env_int("PAGODA_GEMV_RING_KB", CUDA_GEMV_RING_KB, 32, 192,
+                                  "a ring size in KiB per block (32..192)")) < 0)
     return -1;
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,

@@ -163,6 +163,15 @@ struct cuda_backend {
   int gemv_pre_l2;           /* 0 (CUDA_GEMV_PRE_L2, the default): the prenorm GEMVs load their first weight
                               * steps into registers, live across the prologue; 1 (PAGODA_GEMV_PRE_L2=1):
                               * they prefetch them into L2 */
+  int gemv_ring;             /* 1 (CUDA_GEMV_RING; PAGODA_GEMV_RING=0|1): bf16 matmul_add, matmul_silu_mul and
+                              * matmul_qkv_rope at T = 1 take the ring GEMV, one block per multiprocessor
+                              * (cuda_gemv.cu, gemv_ring_kernel; the same bits either way) */
+  int gemv_ring_kb;          /* the ring GEMV's weight ring per block, KiB (CUDA_GEMV_RING_KB;
+                              * PAGODA_GEMV_RING_KB, 32..192) */
+  int gemv_ring_min_k;       /* the ring GEMV only for rows of at least this many columns (PAGODA_GEMV_RING_MIN_K;
+                              * CUDA_GEMV_RING_MIN_K) */
+  int gemv_ring_late;        /* CUDA_GEMV_RING_LATE (PAGODA_GEMV_RING_LATE=0|1): the ring GEMV triggers the next
+                              * kernel once each warp's last chunk is in flight (1) or right after its wait (0) */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
@@ -289,6 +298,10 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0
 #define CUDA_ROPE_KV_SPLIT 1
+#define CUDA_GEMV_RING 1
+#define CUDA_GEMV_RING_KB 128
+#define CUDA_GEMV_RING_LATE 1
+#define CUDA_GEMV_RING_MIN_K 0
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

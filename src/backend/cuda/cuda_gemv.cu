@@ -732,6 +732,193 @@ __global__ void __launch_bounds__(NW * 32)
   }
 }
 
+/* ---- The ring GEMV: T = 1, one thread block per multiprocessor streaming its share (cb->gemv_ring) ----
+ * The kernels above give every row (or pair) a warp of its own, a grid of one or more waves that
+ * fills the multiprocessors with small blocks: each one's first weight loads go out only when it
+ * starts, so every kernel boundary drains the memory pipe (6-10 us per kernel at 8B, 166 kernels a
+ * token; bench/RESULTS.md). Here a grid of at most one block per multiprocessor takes contiguous
+ * units (two rows of a matmul_add, a gate/up pair, a RoPE pair of q/k/v: R = 2 rows whose chunks
+ * share each x load), RING_WARPS warps per block, warp w the units w, w + RING_WARPS, ...; each
+ * warp streams its units' weights, chunk by chunk (RING_COLS columns of both rows), through a ring
+ * of C chunks in shared memory by cp.async (lane l copies the 16-byte pieces it will itself
+ * multiply: columns 8 l + 256 j, so no barrier guards a chunk). The whole ring, cb->gemv_ring_kb
+ * KiB per block (128 by default), is requested before pdl_wait (weights only, cuda_pdl.cuh): as a
+ * block of the kernel before exits, this kernel's block takes the multiprocessor with 128 KiB in
+ * flight at once, so the pipe stays full across the boundary. A block takes over half of a
+ * multiprocessor's shared memory on purpose: with 96-112 KiB rings, two consecutive ring kernels'
+ * blocks sat side by side and the 8B step took 5.1 ms against 4.2 (bench/RESULTS.md, session 11).
+ * The sums follow gemv_loop's order (chunks in column order; a segment of gemv_seg_len(K) columns
+ * is whole chunks), so every form gives the same bits as the kernels above. */
+#define RING_WARPS 8
+#define RING_COLS 1024 /* columns per chunk: four warp steps */
+#define RING_SLOT_BYTES (RING_COLS * 2) /* one row's piece of a chunk */
+enum { RING_ADD, RING_SILU, RING_QKV };
+
+struct gemv_ring {
+  const bf16 *W0, *W1; /* ADD: W; SILU: the gate and up matrices (QKV: m.W) */
+  void *out;           /* ADD: the residual stream (N = 2 units); SILU: (F = units) */
+  int units, K, C; /* units (block b takes [b U / G, (b + 1) U / G)); columns; chunks per warp's ring */
+  int evict_first;
+  int late; /* cb->gemv_ring_late: trigger once the warp's last chunk is in flight, not after the wait */
+};
+
+__device__ __forceinline__ void ring_cp16(void *smem, const void *g, uint64_t pol, bool hint) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  if (hint)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "l"(pol) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void ring_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Waits until at most C - 1 of this thread's copy groups are pending (C: the ring's chunks). */
+__device__ __forceinline__ void ring_wait(int C) {
+  switch (C) {
+  case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+  case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+  case 4: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+  case 5: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+  case 6: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+  case 7: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+  default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
+}
+
+/* XS: x in shared memory (the prenorm's normalized copy, or for ADD a plain copy when it takes at
+ * most RING_ADD_XS bytes), else read through the read-only cache. */
+#define RING_ADD_XS 16384
+template <int MODE, bool PRE, bool XS>
+__global__ void __launch_bounds__(RING_WARPS * 32, 1)
+    gemv_ring_kernel(const __grid_constant__ gemv_ring g, const __grid_constant__ gemv_multi m,
+                     const __grid_constant__ gemv_rope rp, const bf16 *x, const __grid_constant__ gemv_pre pre) {
+  constexpr int R = 2; /* ADD: rows 2u, 2u + 1; SILU: gate and up row u; QKV: RoPE pair u */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = g.K, C = g.C;
+  const size_t xs_bytes = XS ? (((size_t)K * 2 + 15) & ~(size_t)15) : 0;
+  uint4 *ring = (uint4 *)((char *)gemv_xs + xs_bytes) + (size_t)warp * C * R * 4 * 32;
+  const int u0 = (int)((long long)blockIdx.x * g.units / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * g.units / gridDim.x);
+  const int cpu = K / RING_COLS; /* chunks per unit */
+  const int nu = u0 + warp < u1 ? (u1 - u0 - warp + RING_WARPS - 1) / RING_WARPS : 0; /* this warp's units */
+  uint64_t pol = 0;
+  if (g.evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  /* the issue side: unit ik of the warp (ik < nu), its chunk ic, into slot is */
+  int ik = 0, ic = 0, is = 0;
+  const bf16 *wr[R];
+  auto rows_of = [&](int k) { /* wr = the R rows of the warp's unit k */
+    const int u = u0 + warp + k * RING_WARPS;
+    if constexpr (MODE == RING_ADD) {
+      wr[0] = g.W0 + (size_t)(2 * u) * K;
+      wr[1] = wr[0] + K;
+    } else if constexpr (MODE == RING_SILU) {
+      wr[0] = g.W0 + (size_t)u * K;
+      wr[1] = g.W1 + (size_t)u * K;
+    } else {
+      const qkv_pair p = qkv_rope_pair(rp, u);
+      const bf16 *W = (const bf16 *)m.W[p.i];
+      wr[0] = W + (size_t)p.r0 * K;
+      wr[1] = W + (size_t)p.r1 * K;
+    }
+  };
+  if (nu > 0)
+    rows_of(0);
+  auto issue = [&]() { /* the next chunk of the stream into the next slot (a group either way) */
+    if (ik < nu) {
+      const int c0 = ic * RING_COLS + lane * 8;
+      uint4 *dst = ring + (size_t)is * R * 4 * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          ring_cp16(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j, pol, g.evict_first);
+      if (++ic == cpu) {
+        ic = 0;
+        if (++ik < nu)
+          rows_of(ik);
+      }
+      is = is + 1 == C ? 0 : is + 1;
+    }
+    ring_commit();
+  };
+  for (int i = 0; i < C; i++)
+    issue(); /* the whole ring, before the wait: weights never change during a step */
+  if constexpr (PRE) { /* the norm weight into L2 too */
+    const int wbytes = K * (pre.w_f32 ? 4 : 2);
+    for (int o = threadIdx.x * 128; o < wbytes; o += RING_WARPS * 32 * 128)
+      prefetch_l2((const char *)pre.w + o);
+  }
+  pdl_wait(); /* x (and the residual) are written by the kernels before */
+  /* g.late (the default): the trigger comes once the warp's last chunk is in flight, not right
+   * after the wait, so the next kernel is launched as this one drains (within 0.3% of the early
+   * trigger at 8B, bench/RESULTS.md; it was written for blocks side by side, where it mattered). */
+  bool trig = !g.late || ik == nu;
+  if (trig)
+    pdl_trigger();
+  const bf16 *xv = x;
+  if constexpr (PRE) {
+    gemv_prenorm<1, RING_WARPS>((bf16 *)gemv_xs, x, pre, K);
+    xv = (const bf16 *)gemv_xs;
+  } else if constexpr (XS) {
+    for (int i = threadIdx.x; i < K / 8; i += RING_WARPS * 32)
+      gemv_xs[i] = __ldg((const uint4 *)x + i);
+    __syncthreads();
+    xv = (const bf16 *)gemv_xs;
+  }
+  const int L = gemv_seg_len(K);
+  float acc[R][1], run[R][1];
+  int slot = 0;
+  for (int qk = 0; qk < nu; qk++) {
+    for (int c = 0; c < cpu; c++) {
+      ring_wait(C); /* this lane's pieces of the chunk have landed */
+      const int col = c * RING_COLS;
+      if (c == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          acc[r][0] = run[r][0] = 0.0f;
+      } else if (col % L == 0) { /* a segment ends: added in segment order, as gemv_loop does */
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          run[r][0] = col == L ? acc[r][0] : run[r][0] + acc[r][0];
+          acc[r][0] = 0.0f;
+        }
+      }
+      const uint4 *src = ring + (size_t)slot * R * 4 * 32 + lane;
+      uint4 w[R][4];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          w[r][j] = src[(r * 4 + j) * 32];
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          gemv_step<1, XS>(w[r][j], xv, K, col + lane * 8 + 256 * j, acc[r]);
+      slot = slot + 1 == C ? 0 : slot + 1;
+      issue(); /* C chunks on, into the slot just read (this lane's own pieces) */
+      if (!trig && ik == nu) {
+        pdl_trigger();
+        trig = true;
+      }
+    }
+    /* the unit's totals, then its epilogue */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      acc[r][0] = warp_total(K <= L ? acc[r][0] : run[r][0] + acc[r][0]);
+    const int u = u0 + warp + qk * RING_WARPS;
+    if constexpr (MODE == RING_ADD) {
+      if (lane < 2) {
+        bf16 *res = (bf16 *)g.out + 2 * u + lane;
+        const float a = lane ? acc[1][0] : acc[0][0];
+        *res = __float2bfloat16(__bfloat162float(__float2bfloat16(a)) + __bfloat162float(*res));
+      }
+    } else if constexpr (MODE == RING_SILU) {
+      if (lane == 0)
+        gemv_silu_store<1>((bf16 *)g.out, u, g.units, acc);
+    } else {
+      qkv_rope_store<1>(m, rp, qkv_rope_pair(rp, u), acc, lane);
+    }
+  }
+}
+
 #define GEMV_SWITCH(T, CASE)                                                                        \
   switch (T) {                                                                                      \
     CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)                                 \
@@ -750,6 +937,47 @@ static int gemv_split(struct cuda_backend *cb, int N, int K) {
   while (s < 4 && (long long)N * s < want && 2 * s <= segs)
     s *= 2;
   return s;
+}
+
+/* The ring GEMV (gemv_ring_kernel) takes T = 1 with rows of whole chunks, when cb->gemv_ring is on. */
+static int gemv_ring_ok(const struct cuda_backend *cb, int T, long long K) {
+  return cb->gemv_ring && T == 1 && K % RING_COLS == 0 && K >= RING_COLS && K >= cb->gemv_ring_min_k;
+}
+
+/* gemv_ring_kernel<MODE, PRE, XS> for launching (XS: PRE, or ADD's x within RING_ADD_XS bytes). */
+template <int MODE, bool PRE>
+static void (*gemv_ring_fn(int K))(gemv_ring, gemv_multi, gemv_rope, const bf16 *, gemv_pre) {
+  if (PRE || (MODE == RING_ADD && (size_t)K * 2 <= RING_ADD_XS))
+    return gemv_ring_kernel<MODE, PRE, true>;
+  return gemv_ring_kernel<MODE, PRE, false>;
+}
+
+/* gemv_ring_kernel<MODE, PRE> over G.units units of G.K columns (G's W0, W1, out, units and K set):
+ * one block per multiprocessor at most, each with a ring of about cb->gemv_ring_kb KiB per block. */
+template <int MODE, bool PRE>
+static cudaError_t gemv_ring_launch(struct cuda_backend *cb, gemv_ring g, const gemv_multi &m, const gemv_rope &rp,
+                                    const bf16 *x, const gemv_pre &pre) {
+  constexpr int R = 2;
+  static unsigned long long opted[2] = {0, 0}; /* [XS] bit d: device d has the shared-memory attribute */
+  auto fn = gemv_ring_fn<MODE, PRE>(g.K);
+  const bool xs = fn == gemv_ring_kernel<MODE, PRE, true>;
+  const int sms = cuda_sm_count(cb);
+  const unsigned blocks = (unsigned)(g.units < sms ? g.units : sms); /* units split evenly over them */
+  int C = cb->gemv_ring_kb * 1024 / (RING_WARPS * R * RING_SLOT_BYTES);
+  g.C = C < 2 ? 2 : C > 8 ? 8 : C;
+  g.evict_first = cb->qg_evict_first;
+  g.late = cb->gemv_ring_late;
+  const size_t smem = (xs ? (((size_t)g.K * 2 + 15) & ~(size_t)15) : 0) + (size_t)RING_WARPS * g.C * R * RING_SLOT_BYTES;
+  const unsigned long long bit = cb->device >= 0 && cb->device < 64 ? 1ull << cb->device : 0;
+  if (!bit || !(__atomic_load_n(&opted[xs], __ATOMIC_ACQUIRE) & bit)) {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess)
+      return e;
+    __atomic_fetch_or(&opted[xs], bit, __ATOMIC_RELEASE);
+  }
+  return cuda_pdl_launch(cb, fn, dim3(blocks), dim3(RING_WARPS * 32), smem, g, m, rp, x, pre);
 }
 
 /* gemv_kernel<T, ADD, S> over N rows of K (S by gemv_split). */
@@ -945,15 +1173,29 @@ int cuda_op_matmul_silu_mul(struct backend *be, void *out, const void *x, const 
   int F = (int)gate->rows, K = (int)gate->cols;
   const bf16 *Wg = (const bf16 *)gate->data, *Wu = (const bf16 *)up->data, *X = (const bf16 *)x;
   cudaError_t err = cudaSuccess;
+  gemv_ring g = {};
+  g.W0 = Wg;
+  g.W1 = Wu;
+  g.out = out;
+  g.units = F;
+  g.K = K;
   if (pre) { /* 1: matmul_n with PRE next (blocks.c), then the caller's rmsnorm */
     gemv_pre p = {};
     int terms = gemv_pre_terms(cb, pre, K, T, &p);
     if (terms <= 0)
       return terms < 0 ? -1 : 1;
+    if (gemv_ring_ok(cb, T, K)) {
+      CUDA_CHECK((gemv_ring_launch<RING_SILU, true>(cb, g, gemv_multi{}, gemv_rope{}, X, p)));
+      return 0;
+    }
     bf16 *o = (bf16 *)out;
     CUDA_CHECK(gemv_pre_shape(cb, [&](auto nw, auto reg) {
       return gemv_silu_pre_launch<decltype(nw)::value, decltype(reg)::value>(cb, o, Wg, Wu, X, F, K, p, T);
     }));
+    return 0;
+  }
+  if (gemv_ring_ok(cb, T, K)) {
+    CUDA_CHECK((gemv_ring_launch<RING_SILU, false>(cb, g, gemv_multi{}, gemv_rope{}, X, gemv_pre{})));
     return 0;
   }
   dim3 grid((unsigned)((F + GEMV_WARPS - 1) / GEMV_WARPS));
@@ -975,6 +1217,15 @@ int cuda_op_matmul_add(struct backend *be, void *resid, const void *x, const str
   /* what matmul would not run on the GEMV, or off */
   if (!cb->fused_norm || be->act_dtype != DTYPE_BF16 || !gemv_fusable(cb, ws, 1, T))
     return 1;
+  if (gemv_ring_ok(cb, T, w->cols) && w->rows % 2 == 0) {
+    gemv_ring g = {};
+    g.W0 = (const bf16 *)w->data;
+    g.out = resid;
+    g.units = (int)(w->rows / 2);
+    g.K = (int)w->cols;
+    CUDA_CHECK((gemv_ring_launch<RING_ADD, false>(cb, g, gemv_multi{}, gemv_rope{}, (const bf16 *)x, gemv_pre{})));
+    return 0;
+  }
   CUDA_CHECK(gemv_launch<true>(cb, resid, 0, (const bf16 *)w->data, (const bf16 *)x, (int)w->rows, (int)w->cols, T));
   return 0;
 }
@@ -1056,6 +1307,14 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
     return rows < 0 ? -1 : 1;
   const unsigned pairs = (unsigned)(rows / 2);
   const bf16 *X = (const bf16 *)x;
+  if (gemv_ring_ok(cb, T, K)) {
+    gemv_ring g = {};
+    g.units = (int)pairs;
+    g.K = K;
+    CUDA_CHECK((pre ? gemv_ring_launch<RING_QKV, true>(cb, g, m, r, X, p)
+                    : gemv_ring_launch<RING_QKV, false>(cb, g, m, r, X, p)));
+    return 0;
+  }
   if (pre) {
     CUDA_CHECK(gemv_pre_shape(cb, [&](auto nw, auto reg) {
       return qkv_rope_pre_launch<decltype(nw)::value, decltype(reg)::value>(cb, pairs, m, r, X, K, p, T);
