@@ -762,14 +762,6 @@ struct gemv_ring {
   int late; /* cb->gemv_ring_late: trigger once the warp's last chunk is in flight, not after the wait */
 };
 
-__device__ __forceinline__ void ring_cp16(void *smem, const void *g, uint64_t pol, bool hint) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  if (hint)
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "l"(pol) : "memory");
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
-}
-__device__ __forceinline__ void ring_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* Waits until at most C - 1 of this thread's copy groups are pending (C: the ring's chunks). */
 __device__ __forceinline__ void ring_wait(int C) {
   switch (C) {
@@ -799,7 +791,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   const int nu = u0 + warp < u1 ? (u1 - u0 - warp + RING_WARPS - 1) / RING_WARPS : 0; /* this warp's units */
   uint64_t pol = 0;
   if (g.evict_first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    pol = qg_evict_first_policy();
   /* the issue side: unit ik of the warp (ik < nu), its chunk ic, into slot is */
   int ik = 0, ic = 0, is = 0;
   const bf16 *wr[R];
@@ -828,7 +820,10 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
       for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
-          ring_cp16(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j, pol, g.evict_first);
+          if (g.evict_first)
+            qg_cp_async16_pol(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j, pol);
+          else
+            qg_cp_async16(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j);
       if (++ic == cpu) {
         ic = 0;
         if (++ik < nu)
@@ -836,7 +831,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
       }
       is = is + 1 == C ? 0 : is + 1;
     }
-    ring_commit();
+    qg_cp_commit();
   };
   for (int i = 0; i < C; i++)
     issue(); /* the whole ring, before the wait: weights never change during a step */
@@ -947,9 +942,12 @@ static int gemv_ring_ok(const struct cuda_backend *cb, int T, long long K) {
 /* gemv_ring_kernel<MODE, PRE, XS> for launching (XS: PRE, or ADD's x within RING_ADD_XS bytes). */
 template <int MODE, bool PRE>
 static void (*gemv_ring_fn(int K))(gemv_ring, gemv_multi, gemv_rope, const bf16 *, gemv_pre) {
-  if (PRE || (MODE == RING_ADD && (size_t)K * 2 <= RING_ADD_XS))
-    return gemv_ring_kernel<MODE, PRE, true>;
-  return gemv_ring_kernel<MODE, PRE, false>;
+  if constexpr (PRE) /* the prologue normalizes into shared memory: always XS */
+    return gemv_ring_kernel<MODE, true, true>;
+  else if (MODE == RING_ADD && (size_t)K * 2 <= RING_ADD_XS)
+    return gemv_ring_kernel<MODE, false, true>;
+  else
+    return gemv_ring_kernel<MODE, false, false>;
 }
 
 /* gemv_ring_kernel<MODE, PRE> over G.units units of G.K columns (G's W0, W1, out, units and K set):

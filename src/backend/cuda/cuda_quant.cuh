@@ -319,4 +319,29 @@ template <int QT> __device__ __forceinline__ void cq_deq8(const uint8_t *row, in
   default: break;                                                                               \
   }
 
+/* 16-byte cp.async copies into shared memory (the staged and integer-dot GEMVs here, the ring
+ * GEMV in cuda_gemv.cu): the plain form, the one with an L2 cache policy (createpolicy), the
+ * group commit and the wait for all but N of this thread's groups. */
+__device__ __forceinline__ void qg_cp_async16(void *smem, const void *gmem) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+/* The same with the L2 cache policy POL (createpolicy; here evict-first: bytes read once per step). */
+__device__ __forceinline__ void qg_cp_async16_pol(void *smem, const void *gmem, uint64_t pol) {
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ void qg_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void qg_cp_wait(void) {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* L2's evict-first policy for qg_cp_async16_pol (weights: read once per step). */
+__device__ __forceinline__ uint64_t qg_evict_first_policy(void) {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
 #endif

@@ -73,21 +73,6 @@ template <int QT> struct qg_chunk {
 #define QI_MIN_BLOCKS(QT, NT)                                                                   \
   ((NT) == 1 && (QT) == CQ_Q8_0 ? (228 * 1024) / (QI_SMEM_BYTES(QT, QG_STAGES) + 1024) : 1)
 
-__device__ __forceinline__ void qg_cp_async16(void *smem, const void *gmem) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-/* The same with the L2 cache policy POL (createpolicy; here evict-first: bytes read once per step). */
-__device__ __forceinline__ void qg_cp_async16_pol(void *smem, const void *gmem, uint64_t pol) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(pol)
-               : "memory");
-}
-__device__ __forceinline__ void qg_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void qg_cp_wait(void) {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <int NT>
 __device__ __forceinline__ void qg_store(void *out, int out_f32, int N, int row, int lane, float *acc) {
 #pragma unroll
@@ -637,7 +622,7 @@ __global__ void __launch_bounds__(QGEMV_WARPS * 32, QI_MIN_BLOCKS(QT, NT))
   uint8_t *buf = qg_smem + warp * (STAGES * CB + QG_SLACK);
   uint64_t pol = 0;
   if (a.evict_first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    pol = qg_evict_first_policy();
   const int nch = (K + QG_CHUNK - 1) / QG_CHUNK;
   /* the chunk stream: chunk ic of row ir (of R) of unit iu is issued into slot is */
   int iu = gw, ir = 0, ic = 0, is = 0;
