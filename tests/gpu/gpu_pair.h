@@ -55,6 +55,21 @@ static inline void pair_close(void) {
 
 /* A uniform value in [-scale, scale) that bf16 represents exactly, so both backends see the
  * same input whatever their activation dtype. */
+/* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
+static inline struct backend *pair_cuda_with_env(const char *var, const char *val) {
+  const char *prev = getenv(var);
+  char *saved = prev ? strdup(prev) : NULL;
+  setenv(var, val, 1);
+  struct backend *be = backend_create(&(struct backend_params){.device = "cuda"});
+  if (saved) {
+    setenv(var, saved, 1);
+    free(saved);
+  } else {
+    unsetenv(var);
+  }
+  return be;
+}
+
 static inline float pair_rnd(float scale) { return bf16_to_f32(f32_to_bf16(test_randf(&pair_rng) * scale)); }
 
 static inline void pair_fill(float *h, size_t n, float scale) {

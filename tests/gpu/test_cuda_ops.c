@@ -1001,30 +1001,15 @@ static void test_matmul_silu_mul(int T, int F, int K, int expect_fused) {
 static struct backend *pre_be[PRE_BES], *pre_off_be;
 static struct backend *reg0_be; /* PAGODA_GEMV_REG=0: the plain GEMV's first steps into L2, not registers */
 
-/* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
-static struct backend *cuda_with_env(const char *var, const char *val) {
-  const char *prev = getenv(var);
-  char *saved = prev ? strdup(prev) : NULL;
-  setenv(var, val, 1);
-  struct backend *be = backend_create(&(struct backend_params){.device = "cuda"});
-  if (saved) {
-    setenv(var, saved, 1);
-    free(saved);
-  } else {
-    unsetenv(var);
-  }
-  return be;
-}
-
 static void pre_open(void) {
   pre_be[0] = pair_be[1];
-  pre_be[1] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "4");
-  pre_be[2] = cuda_with_env("PAGODA_GEMV_PRE_ROWS", "16");
-  pre_be[3] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "2");
-  pre_be[4] = cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
-  pre_be[5] = cuda_with_env("PAGODA_GEMV_PRE_L2", "1");
-  pre_off_be = cuda_with_env("PAGODA_FUSED_NORM", "0");
-  reg0_be = cuda_with_env("PAGODA_GEMV_REG", "0");
+  pre_be[1] = pair_cuda_with_env("PAGODA_GEMV_PRE_ROWS", "4");
+  pre_be[2] = pair_cuda_with_env("PAGODA_GEMV_PRE_ROWS", "16");
+  pre_be[3] = pair_cuda_with_env("PAGODA_GEMV_PRE_LOOP", "2");
+  pre_be[4] = pair_cuda_with_env("PAGODA_GEMV_PRE_LOOP", "4");
+  pre_be[5] = pair_cuda_with_env("PAGODA_GEMV_PRE_L2", "1");
+  pre_off_be = pair_cuda_with_env("PAGODA_FUSED_NORM", "0");
+  reg0_be = pair_cuda_with_env("PAGODA_GEMV_REG", "0");
   if (!reg0_be)
     pair_die("cuda backend with PAGODA_GEMV_REG=0");
   for (int k = 1; k < PRE_BES; k++)
@@ -1037,7 +1022,7 @@ static void pre_open(void) {
       {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
       {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}, {"PAGODA_QG_EVICT_FIRST", "2"}};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
-    struct backend *bad = cuda_with_env(bad_env[k][0], bad_env[k][1]);
+    struct backend *bad = pair_cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
     if (bad)
       bad->ops->destroy(bad);
@@ -1821,8 +1806,8 @@ static void test_qkv_rope_refusals(void) {
  * the refusals. */
 static void test_qkv_rope_grid(void) {
   pre_open();
-  qkv_off_be[0] = cuda_with_env("PAGODA_FUSED_ROPE", "0");
-  qkv_off_be[1] = cuda_with_env("PAGODA_FUSED_OPS", "0");
+  qkv_off_be[0] = pair_cuda_with_env("PAGODA_FUSED_ROPE", "0");
+  qkv_off_be[1] = pair_cuda_with_env("PAGODA_FUSED_OPS", "0");
   if (!qkv_off_be[0] || !qkv_off_be[1])
     pair_die("cuda backend with PAGODA_FUSED_ROPE=0 / PAGODA_FUSED_OPS=0");
   static const struct qkv_case cs[] = {{64, 32, 8, 64, 1, 2048},

@@ -725,6 +725,96 @@ static void test_matmul_add(const struct qcase *qc, int N, int K) {
   free(ref);
 }
 
+/* The backends of test_ring: the per-row integer-dot kernel (PAGODA_QGEMV_RING=0) first, then the
+ * ring in its default shape and in the others its switches give. */
+#define RING_BES 5
+static const char *const ring_env[RING_BES][2] = {{"PAGODA_QGEMV_RING", "0"},
+                                                  {NULL, NULL},
+                                                  {"PAGODA_GEMV_RING_KB", "32"}, /* a 2-slot ring */
+                                                  {"PAGODA_QGEMV_RING_WARPS", "8"},
+                                                  {"PAGODA_QGEMV_RING_CHUNK", "1024"}};
+
+/* The integer-dot ring GEMV (T = 1, one block per multiprocessor quantizing x itself: the default,
+ * cuda_quant_gemv.cu qgemv_ring_kernel) against the per-row integer-dot kernel after the
+ * quantization kernels (BES[0]), byte for byte: matmul_silu_mul without and with a prenorm (f32
+ * and bf16 norm weights) and matmul_add, on every ring shape of ring_env. N gate rows / residual
+ * rows of K values: N = 4000 gives every warp several units back to back; K = 1280 ends in a
+ * partial chunk. (matmul_qkv_rope's ring form is checked byte for byte in test_cuda_ops.) */
+static void test_ring(const struct qcase *qc, int N, int K, struct backend *const bes[RING_BES]) {
+  enum { NB = RING_BES };
+  const float eps = 1e-5f;
+  size_t bytes;
+  uint8_t *wq[2];
+  struct weight w[NB][2], nwf, nwb;
+  for (int m = 0; m < 2; m++)
+    wq[m] = random_blocks(qc, N, K, &bytes);
+  for (int b = 0; b < NB; b++) /* on every backend: each sizes its own x quantization scratch */
+    for (int m = 0; m < 2; m++)
+      if (bes[b]->ops->weight_from_host(bes[b], &w[b][m], wq[m], qc->t, N, K))
+        pair_die("weight_from_host");
+  float *g = malloc(sizeof(float) * K);
+  uint16_t *gb = malloc(2 * (size_t)K);
+  for (int k = 0; k < K; k++) {
+    gb[k] = f32_to_bf16(1.0f + pair_rnd(0.5f));
+    g[k] = bf16_to_f32(gb[k]);
+  }
+  struct backend *be = pair_be[1];
+  nwb = (struct weight){.data = pair_alloc1(1, 2 * (size_t)K), .dtype = DTYPE_BF16, .rows = 1, .cols = K};
+  if (be->ops->weight_from_host(be, &nwf, g, DTYPE_F32, 1, K) || be->ops->upload(be, nwb.data, gb, 2 * (size_t)K))
+    pair_die("norm weight");
+  float *x = malloc(sizeof(float) * K), *r0 = malloc(sizeof(float) * N);
+  pair_fill(x, (size_t)K, 2.0f);
+  pair_fill(r0, (size_t)N, 2.0f);
+  void *dx = pair_alloc1(1, 2 * (size_t)K), *xn = pair_alloc1(1, 2 * (size_t)K), *out[NB];
+  void *scratch = pair_alloc1(1, 2 * (size_t)N);
+  pair_put_act(1, dx, x, (size_t)K);
+  for (int b = 0; b < NB; b++)
+    out[b] = pair_alloc1(1, 2 * (size_t)N);
+  char what[160];
+  for (int form = 0; form < 4; form++) { /* silu_mul, with an f32 / bf16 prenorm; matmul_add */
+    const struct backend_prenorm pre = {.w = form == 1 ? &nwf : &nwb, .eps = eps, .xn = xn};
+    snprintf(what, sizeof what, "%s %s N=%d K=%d T=1", dtype_name(qc->t),
+             form == 0   ? "matmul_silu_mul"
+             : form == 1 ? "matmul_silu_mul prenorm (f32 norm)"
+             : form == 2 ? "matmul_silu_mul prenorm (bf16 norm)"
+                         : "matmul_add",
+             N, K);
+    for (int b = 0; b < NB; b++) {
+      if (form == 3)
+        pair_put_act(1, out[b], r0, (size_t)N);
+      else
+        poison_act(out[b], (size_t)N);
+      int rc = form == 3 ? bes[b]->ops->matmul_add(bes[b], out[b], dx, &w[b][0], scratch, 1)
+                         : bes[b]->ops->matmul_silu_mul(bes[b], out[b], dx, form ? &pre : NULL, &w[b][0], &w[b][1], 1);
+      if (rc < 0 || bes[b]->ops->sync(bes[b]))
+        pair_die(what);
+      CHECK(rc == 0, "%s, backend %d: answered %d", what, b, rc);
+    }
+    for (int b = 1; b < NB; b++) {
+      char w2[200];
+      snprintf(w2, sizeof w2, "%s, ring %s=%s", what, ring_env[b][0] ? ring_env[b][0] : "(default)",
+               ring_env[b][1] ? ring_env[b][1] : "");
+      CHECK(same_bits(out[b], out[0], (size_t)N, w2), "%s: differs from the per-row integer-dot kernel", w2);
+    }
+  }
+  for (int b = 0; b < NB; b++) {
+    for (int m = 0; m < 2; m++)
+      bes[b]->ops->weight_free(bes[b], &w[b][m]);
+    be->ops->free(be, out[b]);
+  }
+  be->ops->weight_free(be, &nwf);
+  be->ops->free(be, nwb.data);
+  be->ops->free(be, dx);
+  be->ops->free(be, xn);
+  be->ops->free(be, scratch);
+  for (int m = 0; m < 2; m++)
+    free(wq[m]);
+  free(g);
+  free(gb);
+  free(x);
+  free(r0);
+}
+
 /* Different types in one matmul_n are not fused: 1, and the caller's separate matmuls. */
 static void test_fused_mixed(void) {
   struct backend *be = pair_be[1];
@@ -824,6 +914,18 @@ int main(void) {
     test_matmul_add(&cases[i], 1000, 1024);
     test_matmul_add(&cases[i], 264, 4096);
   }
+  struct backend *ring_bes[RING_BES];
+  for (int b = 0; b < RING_BES; b++)
+    if (!(ring_bes[b] = ring_env[b][0] ? pair_cuda_with_env(ring_env[b][0], ring_env[b][1]) : pair_be[1]))
+      pair_die(ring_env[b][0]);
+  static const int ring_n[3] = {264, 4000, 264}, ring_k[3] = {1280, 4096, 6144};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int k = 0; k < 3; k++)
+      if (i8_path(cases[i].t, ring_k[k]))
+        test_ring(&cases[i], ring_n[k], ring_k[k], ring_bes);
+  for (int b = 0; b < RING_BES; b++)
+    if (ring_env[b][0])
+      ring_bes[b]->ops->destroy(ring_bes[b]);
   test_fused_mixed();
   test_refused();
   pair_close();

@@ -498,11 +498,18 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
       (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||
       (cb->gemv_ring_late = env_flag("PAGODA_GEMV_RING_LATE", CUDA_GEMV_RING_LATE)) < 0 ||
+      (cb->qgemv_ring = env_flag("PAGODA_QGEMV_RING", CUDA_QGEMV_RING)) < 0 ||
+      (cb->qgemv_ring_warps = env_int("PAGODA_QGEMV_RING_WARPS", CUDA_QGEMV_RING_WARPS, 8, 16, "8 or 16")) < 0 ||
+      (cb->qgemv_ring_cv = env_int("PAGODA_QGEMV_RING_CHUNK", CUDA_QGEMV_RING_CHUNK, 1024, 2048, "1024 or 2048")) < 0 ||
       (cb->gemv_ring_min_k = env_int("PAGODA_GEMV_RING_MIN_K", CUDA_GEMV_RING_MIN_K, 0, INT32_MAX,
                                      "a row length (0: every length)")) < 0 ||
       (cb->gemv_ring_kb = env_int("PAGODA_GEMV_RING_KB", CUDA_GEMV_RING_KB, 32, 192,
                                   "a ring size in KiB per block (32..192)")) < 0)
     return -1;
+  if (cb->qgemv_ring_warps % 8 != 0)
+    return ERR("PAGODA_QGEMV_RING_WARPS=%d: expected 8 or 16", cb->qgemv_ring_warps);
+  if (cb->qgemv_ring_cv % 1024 != 0)
+    return ERR("PAGODA_QGEMV_RING_CHUNK=%d: expected 1024 or 2048", cb->qgemv_ring_cv);
   cb->gemv_pre_split = cb->gemv_pre_split && cb->gemv_split;
   /* The bf16 prologue only for rows of at most N values (PAGODA_GEMV_PRE_MAX_K=N; at 8B, K = 4096,
    * it first measured slower than the separate norm, then faster once the q/k/v split came,
@@ -573,6 +580,18 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
     return NULL;
   }
   return &cb->base;
+}
+
+cudaError_t cuda_smem_opt_in(const struct cuda_backend *cb, const void *fn, unsigned long long *opted) {
+  const unsigned long long bit = cb->device >= 0 && cb->device < 64 ? 1ull << cb->device : 0;
+  if (bit && (__atomic_load_n(opted, __ATOMIC_ACQUIRE) & bit))
+    return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (e == cudaSuccess && bit)
+    __atomic_fetch_or(opted, bit, __ATOMIC_RELEASE);
+  return e;
 }
 
 int cuda_sm_count(struct cuda_backend *cb) {

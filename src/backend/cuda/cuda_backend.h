@@ -172,6 +172,13 @@ struct cuda_backend {
                               * CUDA_GEMV_RING_MIN_K) */
   int gemv_ring_late;        /* CUDA_GEMV_RING_LATE (PAGODA_GEMV_RING_LATE=0|1): the ring GEMV triggers the next
                               * kernel once each warp's last chunk is in flight (1) or right after its wait (0) */
+  int qgemv_ring;            /* 1 (CUDA_QGEMV_RING; PAGODA_QGEMV_RING=0|1): the integer-dot matmul_add,
+                              * matmul_silu_mul and matmul_qkv_rope at T = 1 take the integer-dot ring GEMV, one
+                              * block per multiprocessor quantizing x itself (cuda_quant_gemv.cu,
+                              * qgemv_ring_kernel; ring size and trigger as gemv_ring_kb / _late; same bits) */
+  int qgemv_ring_warps;      /* its warps per block, 8 or 16 (CUDA_QGEMV_RING_WARPS; PAGODA_QGEMV_RING_WARPS) */
+  int qgemv_ring_cv;         /* its values per chunk, 1024 or 2048 (CUDA_QGEMV_RING_CHUNK; PAGODA_QGEMV_RING_CHUNK;
+                              * Q6_K always 2048) */
   int pdl;                   /* programmatic dependent launch (cuda_pdl.cuh): compute capability >= 9.0
                               * and PAGODA_PDL not 0 */
   void *nccl_comm;           /* ncclComm_t of tensor parallelism (cuda_nccl.cu), or NULL */
@@ -197,6 +204,10 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p);
 static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
 /* The device's multiprocessors (cb->n_sms, asked once); -1 with the error set if CUDA fails. */
 int cuda_sm_count(struct cuda_backend *cb);
+/* Lets the kernel FN take up to 220 KiB of dynamic shared memory, with the largest shared-memory
+ * carveout, on cb's device, once per device: OPTED is the kernel's own bit set (bit d: done on
+ * device d; tensor-parallel ranks may race to set it, hence atomics). */
+cudaError_t cuda_smem_opt_in(const struct cuda_backend *cb, const void *fn, unsigned long long *opted);
 
 /* Launchers (cuda_ops.cu, cuda_attention.cu, cuda_sample.cu): each checks its arguments,
  * enqueues its kernels on the backend's stream and returns 0 or -1 with err_last() set. */
@@ -302,6 +313,9 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_RING_KB 128
 #define CUDA_GEMV_RING_LATE 1
 #define CUDA_GEMV_RING_MIN_K 0
+#define CUDA_QGEMV_RING 1
+#define CUDA_QGEMV_RING_WARPS 16
+#define CUDA_QGEMV_RING_CHUNK 2048
 /* The matrices of one matmul_n grid (the bf16 GEMV in cuda_gemv.cu, the integer-dot kernel in
  * cuda_quant_gemv.cu): matrix i owns the grid rows [row0[i], row0[i + 1]) (entries past the
  * last matrix repeat the total); its bias (F32 or BF16, or NULL) is added after the product's

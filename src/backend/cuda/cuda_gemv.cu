@@ -762,19 +762,6 @@ struct gemv_ring {
   int late; /* cb->gemv_ring_late: trigger once the warp's last chunk is in flight, not after the wait */
 };
 
-/* Waits until at most C - 1 of this thread's copy groups are pending (C: the ring's chunks). */
-__device__ __forceinline__ void ring_wait(int C) {
-  switch (C) {
-  case 2: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-  case 3: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-  case 4: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-  case 5: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-  case 6: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-  case 7: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-  default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
-  }
-}
-
 /* XS: x in shared memory (the prenorm's normalized copy, or for ADD a plain copy when it takes at
  * most RING_ADD_XS bytes), else read through the read-only cache. */
 #define RING_ADD_XS 16384
@@ -862,7 +849,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   int slot = 0;
   for (int qk = 0; qk < nu; qk++) {
     for (int c = 0; c < cpu; c++) {
-      ring_wait(C); /* this lane's pieces of the chunk have landed */
+      qg_cp_wait_ring(C); /* this lane's pieces of the chunk have landed */
       const int col = c * RING_COLS;
       if (c == 0) {
 #pragma unroll
@@ -966,15 +953,9 @@ static cudaError_t gemv_ring_launch(struct cuda_backend *cb, gemv_ring g, const 
   g.evict_first = cb->qg_evict_first;
   g.late = cb->gemv_ring_late;
   const size_t smem = (xs ? (((size_t)g.K * 2 + 15) & ~(size_t)15) : 0) + (size_t)RING_WARPS * g.C * R * RING_SLOT_BYTES;
-  const unsigned long long bit = cb->device >= 0 && cb->device < 64 ? 1ull << cb->device : 0;
-  if (!bit || !(__atomic_load_n(&opted[xs], __ATOMIC_ACQUIRE) & bit)) {
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess)
-      return e;
-    __atomic_fetch_or(&opted[xs], bit, __ATOMIC_RELEASE);
-  }
+  const cudaError_t e = cuda_smem_opt_in(cb, (const void *)fn, &opted[xs]);
+  if (e != cudaSuccess)
+    return e;
   return cuda_pdl_launch(cb, fn, dim3(blocks), dim3(RING_WARPS * 32), smem, g, m, rp, x, pre);
 }
 

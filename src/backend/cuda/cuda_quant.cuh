@@ -336,6 +336,18 @@ __device__ __forceinline__ void qg_cp_commit(void) { asm volatile("cp.async.comm
 template <int N> __device__ __forceinline__ void qg_cp_wait(void) {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/* The same for a ring of C (2..8, uniform) chunks: all but C - 1 groups landed (the ring GEMVs). */
+__device__ __forceinline__ void qg_cp_wait_ring(int C) {
+  switch (C) {
+  case 2: qg_cp_wait<1>(); break;
+  case 3: qg_cp_wait<2>(); break;
+  case 4: qg_cp_wait<3>(); break;
+  case 5: qg_cp_wait<4>(); break;
+  case 6: qg_cp_wait<5>(); break;
+  case 7: qg_cp_wait<6>(); break;
+  default: qg_cp_wait<7>(); break;
+  }
+}
 
 /* L2's evict-first policy for qg_cp_async16_pol (weights: read once per step). */
 __device__ __forceinline__ uint64_t qg_evict_first_policy(void) {

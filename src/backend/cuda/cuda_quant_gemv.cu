@@ -355,7 +355,11 @@ size_t cuda_quant_x8_bytes(int T, int64_t K) { return (size_t)T * (size_t)K + (s
 
 /* Quantizes the 8 values V, the group I of 8 (counted over all T rows), into xq / xd: four lanes
  * (I % 4 = lane % 4, the same warp) hold one block of 32 and every lane of the warp calls it. */
-__device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float *v, size_t i) {
+struct qx8 {
+  uint2 q;  /* the group's 8 codes */
+  float2 d; /* its block's (d, d * sum q), the same on the block's four lanes */
+};
+__device__ __forceinline__ qx8 qx_quantize8_calc(const float *v) {
   float am = 0.0f;
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -374,9 +378,13 @@ __device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float
   }
   s += __shfl_xor_sync(0xffffffffu, s, 1);
   s += __shfl_xor_sync(0xffffffffu, s, 2);
-  ((uint2 *)xq)[i] = make_uint2(w[0], w[1]);
+  return qx8{make_uint2(w[0], w[1]), make_float2(d, d * (float)s)};
+}
+__device__ __forceinline__ void qx_quantize8(int8_t *xq, float2 *xd, const float *v, size_t i) {
+  const qx8 r = qx_quantize8_calc(v);
+  ((uint2 *)xq)[i] = r.q;
   if ((i & 3) == 0)
-    xd[i / 4] = make_float2(d, d * (float)s);
+    xd[i / 4] = r.d;
 }
 
 __global__ void qx_quantize_kernel(int8_t *xq, float2 *xd, const bf16 *__restrict__ x, int n8, int early) {
@@ -600,6 +608,12 @@ struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_back
   const int8_t *xq;
   const float2 *xd;
   gemv_rope rope; /* ROPE only */
+  /* the ring kernel (qgemv_ring_kernel) only: */
+  const bf16 *x;         /* the bf16 activations it quantizes itself */
+  const void *norm_w;    /* PRE: the norm weight (K, f32 or bf16) */
+  int norm_w_f32, ring_c, ring_late; /* ring_c: chunks per warp's ring; ring_late: cb->gemv_ring_late */
+  int ring_cv; /* values per ring chunk: 1024 or 2048 (blockDim.x / 32 warps per block: 8 or 16) */
+  float norm_eps;
 };
 
 /* The staged kernel's ring (qgemv_staged_kernel, same requirements) with qi_step: each warp
@@ -848,6 +862,295 @@ static int qi_enabled(void) {
   return on;
 }
 
+/* ---- The integer-dot ring GEMV: T = 1, one block per multiprocessor (cb->qgemv_ring) ----
+ * The integer-dot kernel above gives every row its own warp (a grid of one or more waves of small
+ * blocks) and takes x already quantized by a kernel of its own (qx_quantize_kernel, or
+ * qx_norm_quantize_kernel with a prenorm), so every matmul of a decode step is two kernel
+ * boundaries, each draining the memory pipe: the quantization waits for the GEMV before, and the
+ * GEMV's blocks request their first chunks only as they start. This is the bf16 ring GEMV's
+ * layout (cuda_gemv.cu, gemv_ring_kernel) on quantized weights: a grid of at most one block per
+ * multiprocessor (cb->qgemv_ring_warps warps, 16 by default) takes contiguous units (two rows of
+ * a matmul_add, a gate/up pair, a RoPE pair of q/k/v: R = 2 rows sharing each activation load),
+ * warp w the units w, w + warps, ...; each warp streams its units' chunks (a.ring_cv values of
+ * both rows per slot, 2048 by default) through a ring of a.ring_c slots in shared memory (about
+ * cb->gemv_ring_kb KiB per block), the whole ring requested before pdl_wait (weights only,
+ * cuda_pdl.cuh). After the wait the block quantizes x itself into shared memory, normalized first
+ * with a prenorm: every block repeats qx_quantize8 on the same values (norm_inv replays
+ * rmsnorm_kernel's order on the block's warps, as qx_norm_quantize_kernel does on its 32), so
+ * xq / xd hold bit for bit what the quantization kernels write, and those kernels are gone: one
+ * kernel per matmul, its prologue (x read from L2 with all of a thread's loads in flight, the
+ * norm's strided sums from a shared-memory copy) under the ring's loads. Lane l takes the
+ * 32-value blocks l, l + 32, ... of each row in order, as the integer-dot kernel does, and
+ * reduces by the same shuffles: the same sums, so the same bits. Requires K % 256 == 0
+ * (qi_applies) and, for ADD, an even row count.
+ * Measured on the H200 at 8B batch 1 (bench/RESULTS.md, session 12): 16 warps of 2048-value
+ * chunks beat 8 warps (`--isq 8` 2.87 against 3.05 ms per token; Q4_K_M 2.65 against 3.25) and
+ * 1024-value chunks (2.91 / 2.71); against the per-row kernel `--isq 8` gains under 1% (2.87-2.88
+ * against 2.88-2.89 ms) and Q4_K_M 3-4% (2.60-2.65 against 2.72). Alone under ncu the Q8_0
+ * ring kernels stream at 1.7-3.1 TB/s where the bf16 ring reaches 2.4-4.0: the warps' arithmetic
+ * and shared-memory reads (a 34-byte block per lane: two-way bank conflicts), not the ring,
+ * set the pace. */
+enum { QR_ADD, QR_SILU, QR_QKV };
+
+#define QR_WARPS_MAX 16 /* up to 128 registers a thread */
+#define QR_XG 8 /* groups of 8 values of x per thread loaded at once (all in flight together) */
+#define QR_NWG 4 /* a prenorm's groups per thread whose norm weights are read before the wait */
+
+/* Shared memory of the ring kernel before the rings: xq (K int8), xd (K / 32 float2), and for a
+ * prenorm x itself (K bf16), for norm_inv's strided reads. */
+__host__ __device__ static inline size_t qr_xs_bytes(int K, bool pre) {
+  return (size_t)K + (size_t)(K / 32) * 8 + (pre ? (size_t)K * 2 : 0);
+}
+
+/* qx_quantize8 on the bf16 group U (index G) of x, each value normalized first with PRE, into the
+ * ring kernel's layout: block b's first 16 codes at XQ + 16 b, its last 16 at XQ + K / 2 + 16 b
+ * (so that a warp's 16-byte loads of 32 consecutive blocks are conflict-free), (d, d * sum) at XD[b]. */
+template <bool PRE>
+__device__ __forceinline__ void qr_quantize_group(int8_t *xq, float2 *xd, int K, uint4 u, int g, float inv,
+                                                  const float *w) {
+  const bf16 *xb = (const bf16 *)&u;
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    v[k] = PRE ? __bfloat162float(norm_elem(xb[k], inv, w[k])) : __bfloat162float(xb[k]);
+  const qx8 r = qx_quantize8_calc(v);
+  const int b = g / 4, q = g % 4;
+  *(uint2 *)(xq + (q >> 1) * (K / 2) + b * 16 + (q & 1) * 8) = r.q;
+  if (q == 0)
+    xd[b] = r.d;
+}
+
+template <int QT, int MODE, bool PRE>
+__global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const __grid_constant__ qi_args a) {
+  constexpr int R = 2; /* ADD: rows 2u, 2u + 1; SILU: gate and up row u; QKV: RoPE pair u */
+  const int QR_WARPS = blockDim.x / 32, NT = blockDim.x;
+  extern __shared__ __align__(16) uint8_t qg_smem[];
+  __shared__ float part[32]; /* norm_inv's per-warp sums */
+  const int CV = a.ring_cv, CB = CV / cq_traits<QT>::QK * cq_traits<QT>::BYTES;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = a.K, C = a.ring_c;
+  const size_t rb = a.row_bytes;
+  int8_t *xq = (int8_t *)qg_smem;
+  float2 *xd = (float2 *)(qg_smem + K); /* K % 256 == 0: aligned */
+  uint8_t *ring = qg_smem + qr_xs_bytes(K, PRE) + (size_t)warp * (C * R * CB + QG_SLACK);
+  const int u0 = (int)((long long)blockIdx.x * a.units / gridDim.x);
+  const int u1 = (int)((long long)(blockIdx.x + 1) * a.units / gridDim.x);
+  const int nu = u0 + warp < u1 ? (u1 - u0 - warp + QR_WARPS - 1) / QR_WARPS : 0; /* this warp's units */
+  const int nch = (K + CV - 1) / CV;
+  uint64_t pol = 0;
+  if (a.evict_first)
+    pol = qg_evict_first_policy();
+  /* the issue side: unit ik of the warp (ik < nu), its chunk ic, into slot is */
+  int ik = 0, ic = 0, is = 0;
+  const uint8_t *wr[R];
+  auto rows_of = [&](int k) { /* wr = the R rows of the warp's unit k */
+    const int u = u0 + warp + k * QR_WARPS;
+    if constexpr (MODE == QR_ADD) {
+      wr[0] = (const uint8_t *)a.W[0] + (size_t)(2 * u) * rb;
+      wr[1] = wr[0] + rb;
+    } else if constexpr (MODE == QR_SILU) {
+      wr[0] = (const uint8_t *)a.W[0] + (size_t)u * rb;
+      wr[1] = (const uint8_t *)a.W[1] + (size_t)u * rb;
+    } else {
+      const qkv_pair p = qkv_rope_pair(a.rope, u);
+      wr[0] = (const uint8_t *)a.W[p.i] + (size_t)p.r0 * rb;
+      wr[1] = (const uint8_t *)a.W[p.i] + (size_t)p.r1 * rb;
+    }
+  };
+  if (nu > 0)
+    rows_of(0);
+  auto issue = [&]() { /* the next chunk of the stream into the next slot (a group either way) */
+    if (ik < nu) {
+      const size_t c0 = (size_t)ic * CB;
+      const int nb = (int)(rb - c0 < (size_t)CB ? rb - c0 : (size_t)CB);
+      uint8_t *dst = ring + (size_t)is * R * CB;
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        for (int o = lane * 16; o < nb; o += 512)
+          if (a.evict_first)
+            qg_cp_async16_pol(dst + r * CB + o, wr[r] + c0 + o, pol);
+          else
+            qg_cp_async16(dst + r * CB + o, wr[r] + c0 + o);
+      if (++ic == nch) {
+        ic = 0;
+        if (++ik < nu)
+          rows_of(ik);
+      }
+      is = is + 1 == C ? 0 : is + 1;
+    }
+    qg_cp_commit();
+  };
+  for (int i = 0; i < C; i++)
+    issue(); /* the whole ring, before the wait: weights never change during a step */
+  /* a prenorm's weights for the thread's first QR_NWG groups: constant during a step, so read
+   * before the wait (cuda_pdl.cuh), as qx_norm_quantize_kernel does for its first group */
+  const int ng = K / 8; /* groups of 8 values; a multiple of 32, so a warp is all in or all out */
+  float nw[PRE ? QR_NWG : 1][8];
+  if constexpr (PRE) {
+#pragma unroll
+    for (int j = 0; j < QR_NWG; j++)
+#pragma unroll
+      for (int k = 0; k < 8; k++) {
+        const int g = (int)threadIdx.x + j * NT;
+        nw[j][k] = g < ng ? norm_weight_at(a.norm_w, a.norm_w_f32, (size_t)g * 8 + k) : 0.0f;
+      }
+  }
+  pdl_wait(); /* x (and the residual) are written by the kernels before */
+  bool trig = !a.ring_late || ik == nu; /* as gemv_ring_kernel: by default once the last chunk is in flight */
+  if (trig)
+    pdl_trigger();
+  /* x quantized into shared memory as qx_quantize_kernel / qx_norm_quantize_kernel do: QR_XG
+   * groups per thread loaded at once, then quantized (no prenorm) or stored for the norm */
+  uint4 *xs = (uint4 *)(qg_smem + qr_xs_bytes(K, false)); /* PRE: x (K bf16) */
+  for (int g0 = threadIdx.x; g0 < ng; g0 += QR_XG * NT) {
+    uint4 u[QR_XG];
+#pragma unroll
+    for (int j = 0; j < QR_XG; j++)
+      if (g0 + j * NT < ng)
+        u[j] = __ldg((const uint4 *)a.x + g0 + j * NT);
+#pragma unroll
+    for (int j = 0; j < QR_XG; j++)
+      if (g0 + j * NT < ng) {
+        if constexpr (PRE)
+          xs[g0 + j * NT] = u[j];
+        else
+          qr_quantize_group<false>(xq, xd, K, u[j], g0 + j * NT, 0.0f, nullptr);
+      }
+  }
+  if constexpr (PRE) {
+    __syncthreads();
+    const bf16 *xsb = (const bf16 *)xs; /* rmsnorm_kernel's order, replayed on the block's warps */
+    const float inv = QR_WARPS == 8 ? norm_inv<8>(xsb, K, a.norm_eps, part) : norm_inv<16>(xsb, K, a.norm_eps, part);
+#pragma unroll
+    for (int j = 0; j < QR_NWG; j++)
+      if ((int)threadIdx.x + j * NT < ng)
+        qr_quantize_group<true>(xq, xd, K, xs[threadIdx.x + j * NT], threadIdx.x + j * NT, inv, nw[j]);
+    for (int g = threadIdx.x + QR_NWG * NT; g < ng; g += NT) {
+      float w[8];
+#pragma unroll
+      for (int k = 0; k < 8; k++)
+        w[k] = norm_weight_at(a.norm_w, a.norm_w_f32, (size_t)g * 8 + k);
+      qr_quantize_group<true>(xq, xd, K, xs[g], g, inv, w);
+    }
+  }
+  __syncthreads();
+  float acc[R];
+  int slot = 0;
+  for (int qk = 0; qk < nu; qk++) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      acc[r] = 0.0f;
+    for (int c = 0; c < nch; c++) {
+      qg_cp_wait_ring(C); /* this lane's copies of the chunk have landed */
+      __syncwarp();       /* ... and every lane's */
+      const uint8_t *ch = ring + (size_t)slot * R * CB;
+      const int v0 = c * CV, nv = K - v0 < CV ? K - v0 : CV;
+#pragma unroll
+      for (int s = 0; s < 2; s++) {
+        const int e = s * 1024 + lane * 32;
+        if (e < nv) { /* nv is a multiple of 256: a lane's 32 values are all in or all out */
+          const int b = (v0 + e) / 32;
+          const qi_x xv = {*(const int4 *)(xq + b * 16), *(const int4 *)(xq + K / 2 + b * 16), xd[b]};
+#pragma unroll
+          for (int r = 0; r < R; r++)
+            qi_dot<QT>(qi_weights<QT>(ch + r * CB, e), xv, acc[r]);
+        }
+      }
+      __syncwarp(); /* every lane is done with the slot before it is refilled */
+      slot = slot + 1 == C ? 0 : slot + 1;
+      issue(); /* C chunks on, into the slot just read */
+      if (!trig && ik == nu) {
+        pdl_trigger();
+        trig = true;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      for (int o = 16; o > 0; o >>= 1)
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    const int u = u0 + warp + qk * QR_WARPS;
+    if constexpr (MODE == QR_ADD) { /* as rmsnorm_kernel's residual add (the integer-dot kernel's ADD) */
+      if (lane < 2) {
+        bf16 *rp = (bf16 *)a.out[0] + 2 * u + lane;
+        const float v = lane ? acc[1] : acc[0];
+        *rp = __float2bfloat16(__bfloat162float(__float2bfloat16(v)) + __bfloat162float(*rp));
+      }
+    } else if constexpr (MODE == QR_SILU) { /* as silu_mul_kernel on the bf16 products */
+      if (lane == 0) {
+        const float gv = __bfloat162float(__float2bfloat16(acc[0])), uv = __bfloat162float(__float2bfloat16(acc[1]));
+        ((bf16 *)a.out[0])[u] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * uv);
+      }
+    } else {
+      float pair[2][1] = {{acc[0]}, {acc[1]}};
+      qkv_rope_store<1>(a, a.rope, qkv_rope_pair(a.rope, u), pair, lane);
+    }
+  }
+}
+
+/* The ring kernel's shape for type QT: warps per block (cb->qgemv_ring_warps), values per chunk
+ * (cb->qgemv_ring_cv; 2048 for Q6_K, whose 1024 values take 840 bytes, not whole 16-byte
+ * units), chunks per warp's ring (about cb->gemv_ring_kb KiB per block, rounded, 2..8) and the
+ * dynamic shared memory for rows of K values (PRE: a prenorm). */
+struct qr_shape {
+  int warps, cv, c;
+  size_t smem;
+};
+template <int QT> static qr_shape qr_shape_of(const struct cuda_backend *cb, int K, bool pre) {
+  qr_shape q;
+  q.warps = cb->qgemv_ring_warps;
+  q.cv = QT == CQ_Q6_K ? 2048 : cb->qgemv_ring_cv;
+  const int slot = 2 * (q.cv / cq_traits<QT>::QK * cq_traits<QT>::BYTES);
+  const int C = (cb->gemv_ring_kb * 1024 + q.warps * slot / 2) / (q.warps * slot);
+  q.c = C < 2 ? 2 : C > 8 ? 8 : C;
+  q.smem = qr_xs_bytes(K, pre) + (size_t)q.warps * (q.c * slot + QG_SLACK);
+  return q;
+}
+
+/* Whether the ring kernel takes T rows of K values of type QT (qi_applies holds): cb->qgemv_ring,
+ * T = 1, ADD_ROWS even (matmul_add; -1 for the other forms) and x plus the rings within 220 KiB. */
+static int qr_ok(const struct cuda_backend *cb, int qt, int T, int K, long long add_rows, bool pre) {
+  size_t smem = 0;
+  if (!cb->qgemv_ring || T != 1 || (add_rows >= 0 && add_rows % 2 != 0))
+    return 0;
+  QI_DISPATCH(qt, (smem = qr_shape_of<QT_>(cb, K, pre).smem))
+  return smem > 0 && smem <= 220 * 1024;
+}
+
+template <int QT, int MODE, bool PRE> static cudaError_t qr_launch(struct cuda_backend *cb, qi_args a) {
+  static unsigned long long opted = 0; /* bit d: device d has the shared-memory attribute */
+  const qr_shape q = qr_shape_of<QT>(cb, a.K, PRE);
+  auto fn = qgemv_ring_kernel<QT, MODE, PRE>;
+  a.ring_c = q.c;
+  a.ring_cv = q.cv;
+  a.ring_late = cb->gemv_ring_late;
+  const int sms = cuda_sm_count(cb);
+  const unsigned blocks = (unsigned)(a.units < sms ? a.units : sms); /* units split evenly over them */
+  const cudaError_t e = cuda_smem_opt_in(cb, (const void *)fn, &opted);
+  if (e != cudaSuccess)
+    return e;
+  return cuda_pdl_launch(cb, fn, dim3(blocks), dim3(q.warps * 32), q.smem, a);
+}
+
+/* The ring kernel for A (units, W, out, rope, row_bytes set) on x (bf16, T = 1) with PRE (or NULL). */
+template <int MODE>
+static int qr_run(struct cuda_backend *cb, int qt, qi_args &a, const void *x, const struct backend_prenorm *pre,
+                  int K) {
+  a.x = (const bf16 *)x;
+  a.K = K;
+  a.evict_first = cb->qg_evict_first;
+  if (pre) {
+    a.norm_w = pre->w->data;
+    a.norm_w_f32 = pre->w->dtype == DTYPE_F32;
+    a.norm_eps = pre->eps;
+  }
+  cudaError_t err = cudaErrorInvalidValue;
+  if (pre)
+    QI_DISPATCH(qt, (err = qr_launch<QT_, MODE, MODE != QR_ADD>(cb, a)))
+  else
+    QI_DISPATCH(qt, (err = qr_launch<QT_, MODE, false>(cb, a)))
+  CUDA_CHECK(err);
+  return 0;
+}
+
 /* Whether the integer-dot kernel takes weights of type QT with K columns at WDATA: a staged
  * layout (rows of whole 16-byte units, K a multiple of 256, 16-byte-aligned data) and a
  * scratch large enough for one pass of quantized activations. */
@@ -947,11 +1250,10 @@ static int qi_prenorm_ok(const struct cuda_backend *cb, const struct backend_pre
   return pre->w->dtype == DTYPE_F32 || pre->w->dtype == DTYPE_BF16;
 }
 
-/* A (zeroed here) for the N matrices WS of one quantized type with their BIASES, and x (with PRE)
- * quantized for them at T rows: 0 ready, *ROWS the matrices' total rows; 1 when the integer-dot
- * GEMV does not take them (nothing enqueued); -1 with the error set. For matmul_n and
- * matmul_qkv_rope. */
-static int qi_set_prepare(struct cuda_backend *cb, qi_args *a, int n, void *const outs[], const void *x,
+/* A (zeroed here) for the N matrices WS of one quantized type with their BIASES at T rows: 0
+ * ready, *ROWS the matrices' total rows; 1 when the integer-dot GEMV does not take them (nothing
+ * enqueued); -1 with the error set. x is not quantized yet. For matmul_n and matmul_qkv_rope. */
+static int qi_set_prepare(struct cuda_backend *cb, qi_args *a, int n, void *const outs[],
                           const struct backend_prenorm *pre, const struct weight *const ws[],
                           const struct weight *const biases[], int T, long long *rows) {
   if (cb->base.act_dtype != DTYPE_BF16 || !cuda_quant_fusable(cb, ws, n, T))
@@ -964,7 +1266,7 @@ static int qi_set_prepare(struct cuda_backend *cb, qi_args *a, int n, void *cons
   if (*rows <= 0)
     return *rows < 0 ? -1 : 1;
   a->row_bytes = cuda_quant_row_bytes(cuda_quant_type(ws[0]->dtype), ws[0]->cols);
-  return qx_quantize(cb, a, x, pre, T, (int)ws[0]->cols) != 0 ? -1 : 0;
+  return 0;
 }
 
 int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const void *x, const struct backend_prenorm *pre,
@@ -972,9 +1274,11 @@ int cuda_quant_matmul_n(struct backend *be, int n, void *const outs[], const voi
   struct cuda_backend *cb = cuda_be(be);
   qi_args a;
   long long rows = 0;
-  int rc = qi_set_prepare(cb, &a, n, outs, x, pre, ws, biases, T, &rows);
+  int rc = qi_set_prepare(cb, &a, n, outs, pre, ws, biases, T, &rows);
   if (rc != 0)
     return rc;
+  if (qx_quantize(cb, &a, x, pre, T, (int)ws[0]->cols) != 0)
+    return -1;
   a.units = (int)rows;
   return qi_run(cb, cuda_quant_type(ws[0]->dtype), a, QI_ROWS, T);
 }
@@ -998,6 +1302,8 @@ int cuda_quant_matmul_silu_mul(struct backend *be, void *out, const void *x, con
   a.units = (int)gate->rows;
   int qt = cuda_quant_type(gate->dtype);
   a.row_bytes = cuda_quant_row_bytes(qt, gate->cols);
+  if (qr_ok(cb, qt, T, (int)gate->cols, -1, pre != NULL))
+    return qr_run<QR_SILU>(cb, qt, a, x, pre, (int)gate->cols);
   if (qx_quantize(cb, &a, x, pre, T, (int)gate->cols) != 0)
     return -1;
   return qi_run(cb, qt, a, QI_GATE_UP, T);
@@ -1009,12 +1315,17 @@ int cuda_quant_matmul_qkv_rope(struct backend *be, void *const outs[3], const vo
   struct cuda_backend *cb = cuda_be(be);
   qi_args a;
   long long rows = 0;
-  int rc = qi_set_prepare(cb, &a, 3, outs, x, pre, ws, biases, T, &rows);
+  int rc = qi_set_prepare(cb, &a, 3, outs, pre, ws, biases, T, &rows);
   if (rc != 0)
     return rc;
   a.units = (int)(rows / 2); /* r->pq + 2 * r->pk pairs */
   a.rope = *r;
-  return qi_run(cb, cuda_quant_type(ws[0]->dtype), a, QI_QKV_ROPE, T);
+  const int qt = cuda_quant_type(ws[0]->dtype), K = (int)ws[0]->cols;
+  if (qr_ok(cb, qt, T, K, -1, pre != NULL))
+    return qr_run<QR_QKV>(cb, qt, a, x, pre, K);
+  if (qx_quantize(cb, &a, x, pre, T, K) != 0)
+    return -1;
+  return qi_run(cb, qt, a, QI_QKV_ROPE, T);
 }
 
 int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const struct weight *w, int T) {
@@ -1023,6 +1334,17 @@ int cuda_quant_matmul_add(struct backend *be, void *resid, const void *x, const 
   if (be->act_dtype != DTYPE_BF16 || !cb->fused_norm || w->rows > INT32_MAX - QGEMV_WARPS ||
       !cuda_quant_fusable(cb, ws, 1, T))
     return 1;
+  const int qt = cuda_quant_type(w->dtype), K = (int)w->cols;
+  if (qr_ok(cb, qt, T, K, w->rows, false)) {
+    qi_args a;
+    memset(&a, 0, sizeof a);
+    a.W[0] = w->data;
+    a.out[0] = resid;
+    a.N[0] = (int)w->rows;
+    a.units = (int)(w->rows / 2);
+    a.row_bytes = cuda_quant_row_bytes(qt, w->cols);
+    return qr_run<QR_ADD>(cb, qt, a, x, NULL, K);
+  }
   return qi_gemv_pass(cb, cuda_quant_type(w->dtype), resid, x, w, T, 0, 1) != 0 ? -1 : 0;
 }
 
