@@ -25,7 +25,9 @@
  * TB/s, bound by the arithmetic of their scales and mins (bench/RESULTS.md).
  * Those two kernels keep the activations bf16. The default for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and
  * Q6_K on the staged layout is a third, the integer-dot kernel further down (int8 activations,
- * __dp4a), which also runs the fused matmul_n and matmul_silu_mul on quantized weights.
+ * __dp4a), which also runs the fused matmul_n and matmul_silu_mul on quantized weights; at T = 1
+ * its ring form (qgemv_ring_kernel, one block per multiprocessor) runs matmul_add, matmul_silu_mul
+ * and matmul_qkv_rope and quantizes x itself.
  * Measured and rejected (bench/RESULTS.md, "CUDA quantized matmul"): two weight rows per warp
  * sharing each activation load was 10-50% slower at every shape, T <= 8.
  *
