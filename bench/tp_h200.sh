@@ -6,6 +6,7 @@
 # and 64 parallel x (512 in, 128 out), --tp 2 also with PAGODA_ASYNC_STEPS=0, PAGODA_CUDA_GRAPHS=0,
 # PAGODA_TP_CUSTOM_AR=0 (NCCL, so no graphs) and the last with the first (the state before this
 # work), and the logits of the 1B and 8B shapes at --tp 2 against --tp 1.
+# TP_QUICK=1 stops after the four --tp 1 / --tp 2 runs, plus batch 1 with PAGODA_GEMV_RING=0.
 # Every GPU command runs under `timeout`; logs go to /tmp/tp_logs (the caller tars them into $OUT).
 # Stage first (here): tools/device_bundle.sh && tools/device_stage.sh /work/main/.gpu-tpgraph bench;
 # there: cd .gpu-tpgraph && bash bench/tp_h200.sh
@@ -55,6 +56,12 @@ pb tp2_b1 --tp 2 --num-prompts 1
 pb tp1_p64 --tp 1 --num-prompts 64
 pb tp2_p64 --tp 2 --num-prompts 64
 unset PAGODA_STEP_TIMING
+if [[ -n ${TP_QUICK:-} ]]; then # TP_QUICK=1: after the four runs above, only batch 1 with the ring GEMVs off
+  PAGODA_GEMV_RING=0 pb tp1_b1_noring --tp 1 --num-prompts 1
+  PAGODA_GEMV_RING=0 pb tp2_b1_noring --tp 2 --num-prompts 1
+  el "done (TP_QUICK)"
+  exit 0
+fi
 PAGODA_ASYNC_STEPS=0 pb tp2_b1_sync --tp 2 --num-prompts 1
 PAGODA_ASYNC_STEPS=0 pb tp2_p64_sync --tp 2 --num-prompts 64
 PAGODA_TP_CUSTOM_AR=0 PAGODA_ASYNC_STEPS=0 pb tp2_b1_before --tp 2 --num-prompts 1

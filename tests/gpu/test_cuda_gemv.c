@@ -55,6 +55,46 @@ static void check(int T, int N, int K, int out_f32, int with_bias) {
   free(bv);
 }
 
+/* At T = 1 a plain bf16 matmul of an even row count and K a multiple of 1024 takes the ring GEMV's
+ * RING_STORE form (cuda_gemv.cu: the output head, tensor parallelism's o and down): byte for byte
+ * what the per-row kernel gives (a backend made with PAGODA_GEMV_RING=0), both output dtypes, x in
+ * shared memory (K <= 8192) or read through the read-only cache (K > 8192). */
+static void check_ring_store(int N, int K, int out_f32) {
+  struct backend *be[2] = {pair_be[1], pair_cuda_with_env("PAGODA_GEMV_RING", "0")};
+  if (!be[1])
+    pair_die("cuda backend with PAGODA_GEMV_RING=0");
+  float *x = malloc(sizeof(float) * (size_t)K), *wv = malloc(sizeof(float) * (size_t)N * K);
+  pair_fill(x, (size_t)K, 1.0f);
+  pair_fill(wv, (size_t)N * K, 0.1f);
+  void *dx = pair_alloc1(1, 2 * (size_t)K);
+  pair_put_act(1, dx, x, (size_t)K);
+  const size_t bytes = (size_t)N * (out_f32 ? 4 : 2);
+  uint8_t *got[2];
+  for (int i = 0; i < 2; i++) {
+    struct weight w;
+    void *out = pair_alloc1(1, bytes);
+    got[i] = malloc(bytes);
+    memset(got[i], 0xff, bytes); /* NaN: an element left unwritten fails */
+    if (be[i]->ops->weight_from_host(be[i], &w, wv, DTYPE_F32, N, K) || be[i]->ops->upload(be[i], out, got[i], bytes) ||
+        be[i]->ops->matmul(be[i], out, dx, &w, NULL, 1, out_f32) || be[i]->ops->sync(be[i]) ||
+        be[i]->ops->download(be[i], got[i], out, bytes))
+      pair_die("ring store matmul");
+    be[i]->ops->weight_free(be[i], &w);
+    pair_be[1]->ops->free(pair_be[1], out);
+  }
+  size_t first = 0;
+  while (first < bytes && got[0][first] == got[1][first])
+    first++;
+  CHECK(first == bytes, "ring store N%d K%d %s: differs from the per-row GEMV at byte %zu", N, K,
+        out_f32 ? "f32-out" : "bf16-out", first);
+  be[1]->ops->destroy(be[1]);
+  pair_be[1]->ops->free(pair_be[1], dx);
+  free(got[0]);
+  free(got[1]);
+  free(x);
+  free(wv);
+}
+
 /* A CUDA backend made with PAGODA_PDL=0 (the variable restored after), for the chains below. */
 static struct backend *cuda_pdl_off(void) {
   const char *prev = getenv("PAGODA_PDL");
@@ -238,6 +278,10 @@ int main(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       check(T, shapes[s][0], shapes[s][1], (T + (int)s) % 2, T % 3 == 0);
   check(1, 128256 / 16, 2048, 1, 0); /* an lm_head-like slab */
+  check_ring_store(8016, 2048, 1);
+  check_ring_store(4096, 2048, 0);
+  check_ring_store(2000, 14336, 0);
+  check_ring_store(264, 9216, 1);
   check_pdl_chain(2048, 8);
   check_pdl_chain(4096, 6);
   check_pdl_fused_chain(2048, 1, 8);

@@ -498,6 +498,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
       (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||
       (cb->gemv_ring_late = env_flag("PAGODA_GEMV_RING_LATE", CUDA_GEMV_RING_LATE)) < 0 ||
+      (cb->gemv_ring_store = env_flag("PAGODA_GEMV_RING_STORE", CUDA_GEMV_RING_STORE)) < 0 ||
       (cb->qgemv_ring = env_flag("PAGODA_QGEMV_RING", CUDA_QGEMV_RING)) < 0 ||
       (cb->qgemv_ring_warps = env_int("PAGODA_QGEMV_RING_WARPS", CUDA_QGEMV_RING_WARPS, 8, 16, "8 or 16")) < 0 ||
       (cb->qgemv_ring_cv = env_int("PAGODA_QGEMV_RING_CHUNK", CUDA_QGEMV_RING_CHUNK, 1024, 2048, "1024 or 2048")) < 0 ||

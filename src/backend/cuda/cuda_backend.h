@@ -172,6 +172,9 @@ struct cuda_backend {
                               * CUDA_GEMV_RING_MIN_K) */
   int gemv_ring_late;        /* CUDA_GEMV_RING_LATE (PAGODA_GEMV_RING_LATE=0|1): the ring GEMV triggers the next
                               * kernel once each warp's last chunk is in flight (1) or right after its wait (0) */
+  int gemv_ring_store;       /* 1 (CUDA_GEMV_RING_STORE; PAGODA_GEMV_RING_STORE=0|1): with gemv_ring, the plain bf16
+                              * matmul at T = 1 (the output head; o and down under tensor parallelism) takes the
+                              * ring GEMV too (RING_STORE; the same bits) */
   int qgemv_ring;            /* 1 (CUDA_QGEMV_RING; PAGODA_QGEMV_RING=0|1): the integer-dot matmul_add,
                               * matmul_silu_mul and matmul_qkv_rope at T = 1 take the integer-dot ring GEMV, one
                               * block per multiprocessor quantizing x itself (cuda_quant_gemv.cu,
@@ -313,6 +316,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_RING_KB 128
 #define CUDA_GEMV_RING_LATE 1
 #define CUDA_GEMV_RING_MIN_K 0
+#define CUDA_GEMV_RING_STORE 1
 #define CUDA_QGEMV_RING 1
 #define CUDA_QGEMV_RING_WARPS 16
 #define CUDA_QGEMV_RING_CHUNK 2048

@@ -737,8 +737,9 @@ __global__ void __launch_bounds__(NW * 32)
  * fills the multiprocessors with small blocks: each one's first weight loads go out only when it
  * starts, so every kernel boundary drains the memory pipe (6-10 us per kernel at 8B, 166 kernels a
  * token; bench/RESULTS.md). Here a grid of at most one block per multiprocessor takes contiguous
- * units (two rows of a matmul_add, a gate/up pair, a RoPE pair of q/k/v: R = 2 rows whose chunks
- * share each x load), RING_WARPS warps per block, warp w the units w, w + RING_WARPS, ...; each
+ * units (two rows of a matmul_add or of a plain matmul, RING_STORE: the output head, tensor
+ * parallelism's o and down; a gate/up pair; a RoPE pair of q/k/v: R = 2 rows whose chunks share
+ * each x load), RING_WARPS warps per block, warp w the units w, w + RING_WARPS, ...; each
  * warp streams its units' weights, chunk by chunk (RING_COLS columns of both rows), through a ring
  * of C chunks in shared memory by cp.async (lane l copies the 16-byte pieces it will itself
  * multiply: columns 8 l + 256 j, so no barrier guards a chunk). The whole ring, cb->gemv_ring_kb
@@ -752,11 +753,12 @@ __global__ void __launch_bounds__(NW * 32)
 #define RING_WARPS 8
 #define RING_COLS 1024 /* columns per chunk: four warp steps */
 #define RING_SLOT_BYTES (RING_COLS * 2) /* one row's piece of a chunk */
-enum { RING_ADD, RING_SILU, RING_QKV };
+enum { RING_ADD, RING_SILU, RING_QKV, RING_STORE };
 
 struct gemv_ring {
   const bf16 *W0, *W1; /* ADD: W; SILU: the gate and up matrices (QKV: m.W) */
-  void *out;           /* ADD: the residual stream (N = 2 units); SILU: (F = units) */
+  void *out;           /* ADD: the residual stream (N = 2 units); SILU: (F = units); STORE: (N = 2 units) */
+  int out_f32;         /* STORE: f32 out, else bf16 */
   int units, K, C; /* units (block b takes [b U / G, (b + 1) U / G)); columns; chunks per warp's ring */
   int evict_first;
   int late; /* cb->gemv_ring_late: trigger once the warp's last chunk is in flight, not after the wait */
@@ -769,7 +771,7 @@ template <int MODE, bool PRE, bool XS>
 __global__ void __launch_bounds__(RING_WARPS * 32, 1)
     gemv_ring_kernel(const __grid_constant__ gemv_ring g, const __grid_constant__ gemv_multi m,
                      const __grid_constant__ gemv_rope rp, const bf16 *x, const __grid_constant__ gemv_pre pre) {
-  constexpr int R = 2; /* ADD: rows 2u, 2u + 1; SILU: gate and up row u; QKV: RoPE pair u */
+  constexpr int R = 2; /* ADD, STORE: rows 2u, 2u + 1; SILU: gate and up row u; QKV: RoPE pair u */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = g.K, C = g.C;
   const size_t xs_bytes = XS ? (((size_t)K * 2 + 15) & ~(size_t)15) : 0;
   uint4 *ring = (uint4 *)((char *)gemv_xs + xs_bytes) + (size_t)warp * C * R * 4 * 32;
@@ -784,7 +786,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   const bf16 *wr[R];
   auto rows_of = [&](int k) { /* wr = the R rows of the warp's unit k */
     const int u = u0 + warp + k * RING_WARPS;
-    if constexpr (MODE == RING_ADD) {
+    if constexpr (MODE == RING_ADD || MODE == RING_STORE) {
       wr[0] = g.W0 + (size_t)(2 * u) * K;
       wr[1] = wr[0] + K;
     } else if constexpr (MODE == RING_SILU) {
@@ -892,6 +894,14 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
         const float a = lane ? acc[1][0] : acc[0][0];
         *res = __float2bfloat16(__bfloat162float(__float2bfloat16(a)) + __bfloat162float(*res));
       }
+    } else if constexpr (MODE == RING_STORE) { /* as gemv_kernel stores */
+      if (lane < 2) {
+        const float a = lane ? acc[1][0] : acc[0][0];
+        if (g.out_f32)
+          ((float *)g.out)[2 * u + lane] = a;
+        else
+          ((bf16 *)g.out)[2 * u + lane] = __float2bfloat16(a);
+      }
     } else if constexpr (MODE == RING_SILU) {
       if (lane == 0)
         gemv_silu_store<1>((bf16 *)g.out, u, g.units, acc);
@@ -926,12 +936,12 @@ static int gemv_ring_ok(const struct cuda_backend *cb, int T, long long K) {
   return cb->gemv_ring && T == 1 && K % RING_COLS == 0 && K >= RING_COLS && K >= cb->gemv_ring_min_k;
 }
 
-/* gemv_ring_kernel<MODE, PRE, XS> for launching (XS: PRE, or ADD's x within RING_ADD_XS bytes). */
+/* gemv_ring_kernel<MODE, PRE, XS> for launching (XS: PRE, or ADD's / STORE's x within RING_ADD_XS bytes). */
 template <int MODE, bool PRE>
 static void (*gemv_ring_fn(int K))(gemv_ring, gemv_multi, gemv_rope, const bf16 *, gemv_pre) {
   if constexpr (PRE) /* the prologue normalizes into shared memory: always XS */
     return gemv_ring_kernel<MODE, true, true>;
-  else if (MODE == RING_ADD && (size_t)K * 2 <= RING_ADD_XS)
+  else if ((MODE == RING_ADD || MODE == RING_STORE) && (size_t)K * 2 <= RING_ADD_XS)
     return gemv_ring_kernel<MODE, false, true>;
   else
     return gemv_ring_kernel<MODE, false, false>;
@@ -985,6 +995,16 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
   if (T < 1 || T > CUDA_GEMV_MAX_T || K % 8 || w->dtype != DTYPE_BF16)
     return ERR("cuda gemv: T %d (1..%d), K %d (a multiple of 8), dtype %s (bf16)", T, CUDA_GEMV_MAX_T, K,
                dtype_name(w->dtype));
+  if (cb->gemv_ring_store && gemv_ring_ok(cb, T, K) && N % 2 == 0) {
+    gemv_ring g = {};
+    g.W0 = (const bf16 *)w->data;
+    g.out = out;
+    g.out_f32 = out_f32;
+    g.units = N / 2;
+    g.K = K;
+    CUDA_CHECK((gemv_ring_launch<RING_STORE, false>(cb, g, gemv_multi{}, gemv_rope{}, (const bf16 *)x, gemv_pre{})));
+    return 0;
+  }
   CUDA_CHECK(gemv_launch<false>(cb, out, out_f32, (const bf16 *)w->data, (const bf16 *)x, N, K, T));
   return 0;
 }
