@@ -781,8 +781,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   uint64_t pol = 0;
   if (g.evict_first)
     pol = qg_evict_first_policy();
-  /* the issue side: unit ik of the warp (ik < nu), its chunk ic, into slot is */
-  int ik = 0, ic = 0, is = 0;
+  qg_ring_cursor cur = {0, 0, 0}; /* the issue side */
   const bf16 *wr[R];
   auto rows_of = [&](int k) { /* wr = the R rows of the warp's unit k */
     const int u = u0 + warp + k * RING_WARPS;
@@ -802,23 +801,16 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   if (nu > 0)
     rows_of(0);
   auto issue = [&]() { /* the next chunk of the stream into the next slot (a group either way) */
-    if (ik < nu) {
-      const int c0 = ic * RING_COLS + lane * 8;
-      uint4 *dst = ring + (size_t)is * R * 4 * 32 + lane;
+    if (cur.ik < nu) {
+      const int c0 = cur.ic * RING_COLS + lane * 8;
+      uint4 *dst = ring + (size_t)cur.is * R * 4 * 32 + lane;
 #pragma unroll
       for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
-          if (g.evict_first)
-            qg_cp_async16_pol(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j, pol);
-          else
-            qg_cp_async16(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j);
-      if (++ic == cpu) {
-        ic = 0;
-        if (++ik < nu)
-          rows_of(ik);
-      }
-      is = is + 1 == C ? 0 : is + 1;
+          qg_cp_async16_hint(dst + (r * 4 + j) * 32, wr[r] + c0 + 256 * j, g.evict_first, pol);
+      if (cur.next(cpu, nu, C))
+        rows_of(cur.ik);
     }
     qg_cp_commit();
   };
@@ -833,7 +825,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   /* g.late (the default): the trigger comes once the warp's last chunk is in flight, not right
    * after the wait, so the next kernel is launched as this one drains (within 0.3% of the early
    * trigger at 8B, bench/RESULTS.md; it was written for blocks side by side, where it mattered). */
-  bool trig = !g.late || ik == nu;
+  bool trig = !g.late || cur.ik == nu;
   if (trig)
     pdl_trigger();
   const bf16 *xv = x;
@@ -878,7 +870,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
           gemv_step<1, XS>(w[r][j], xv, K, col + lane * 8 + 256 * j, acc[r]);
       slot = slot + 1 == C ? 0 : slot + 1;
       issue(); /* C chunks on, into the slot just read (this lane's own pieces) */
-      if (!trig && ik == nu) {
+      if (!trig && cur.ik == nu) {
         pdl_trigger();
         trig = true;
       }

@@ -349,6 +349,30 @@ __device__ __forceinline__ void qg_cp_wait_ring(int C) {
   }
 }
 
+/* qg_cp_async16_pol with POL when EVICT_FIRST, else the plain form. */
+__device__ __forceinline__ void qg_cp_async16_hint(void *smem, const void *gmem, int evict_first, uint64_t pol) {
+  if (evict_first)
+    qg_cp_async16_pol(smem, gmem, pol);
+  else
+    qg_cp_async16(smem, gmem);
+}
+
+/* The issue side of a ring GEMV's stream (cuda_gemv.cu, cuda_quant_gemv.cu): the warp's unit ik
+ * (of nu), its chunk ic (of nch), into slot is (of C). next() moves on one chunk and says whether a
+ * new unit starts, whose rows the caller then looks up. */
+struct qg_ring_cursor {
+  int ik, ic, is;
+  __device__ __forceinline__ bool next(int nch, int nu, int C) {
+    bool unit = false;
+    if (++ic == nch) {
+      ic = 0;
+      unit = ++ik < nu;
+    }
+    is = is + 1 == C ? 0 : is + 1;
+    return unit;
+  }
+};
+
 /* L2's evict-first policy for qg_cp_async16_pol (weights: read once per step). */
 __device__ __forceinline__ uint64_t qg_evict_first_policy(void) {
   uint64_t pol;

@@ -941,8 +941,7 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
   uint64_t pol = 0;
   if (a.evict_first)
     pol = qg_evict_first_policy();
-  /* the issue side: unit ik of the warp (ik < nu), its chunk ic, into slot is */
-  int ik = 0, ic = 0, is = 0;
+  qg_ring_cursor cur = {0, 0, 0}; /* the issue side */
   const uint8_t *wr[R];
   auto rows_of = [&](int k) { /* wr = the R rows of the warp's unit k */
     const int u = u0 + warp + k * QR_WARPS;
@@ -961,23 +960,16 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
   if (nu > 0)
     rows_of(0);
   auto issue = [&]() { /* the next chunk of the stream into the next slot (a group either way) */
-    if (ik < nu) {
-      const size_t c0 = (size_t)ic * CB;
+    if (cur.ik < nu) {
+      const size_t c0 = (size_t)cur.ic * CB;
       const int nb = (int)(rb - c0 < (size_t)CB ? rb - c0 : (size_t)CB);
-      uint8_t *dst = ring + (size_t)is * R * CB;
+      uint8_t *dst = ring + (size_t)cur.is * R * CB;
 #pragma unroll
       for (int r = 0; r < R; r++)
         for (int o = lane * 16; o < nb; o += 512)
-          if (a.evict_first)
-            qg_cp_async16_pol(dst + r * CB + o, wr[r] + c0 + o, pol);
-          else
-            qg_cp_async16(dst + r * CB + o, wr[r] + c0 + o);
-      if (++ic == nch) {
-        ic = 0;
-        if (++ik < nu)
-          rows_of(ik);
-      }
-      is = is + 1 == C ? 0 : is + 1;
+          qg_cp_async16_hint(dst + r * CB + o, wr[r] + c0 + o, a.evict_first, pol);
+      if (cur.next(nch, nu, C))
+        rows_of(cur.ik);
     }
     qg_cp_commit();
   };
@@ -997,7 +989,7 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
       }
   }
   pdl_wait(); /* x (and the residual) are written by the kernels before */
-  bool trig = !a.ring_late || ik == nu; /* as gemv_ring_kernel: by default once the last chunk is in flight */
+  bool trig = !a.ring_late || cur.ik == nu; /* as gemv_ring_kernel: by default once the last chunk is in flight */
   if (trig)
     pdl_trigger();
   /* x quantized into shared memory as qx_quantize_kernel / qx_norm_quantize_kernel do: QR_XG
@@ -1060,7 +1052,7 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
       __syncwarp(); /* every lane is done with the slot before it is refilled */
       slot = slot + 1 == C ? 0 : slot + 1;
       issue(); /* C chunks on, into the slot just read */
-      if (!trig && ik == nu) {
+      if (!trig && cur.ik == nu) {
         pdl_trigger();
         trig = true;
       }
