@@ -53,8 +53,6 @@ static inline void pair_close(void) {
       pair_be[i]->ops->destroy(pair_be[i]);
 }
 
-/* A uniform value in [-scale, scale) that bf16 represents exactly, so both backends see the
- * same input whatever their activation dtype. */
 /* A CUDA backend created with VAR=VAL (VAR restored after), or NULL with err_last() set. */
 static inline struct backend *pair_cuda_with_env(const char *var, const char *val) {
   const char *prev = getenv(var);
@@ -70,6 +68,8 @@ static inline struct backend *pair_cuda_with_env(const char *var, const char *va
   return be;
 }
 
+/* A uniform value in [-scale, scale) that bf16 represents exactly, so both backends see the
+ * same input whatever their activation dtype. */
 static inline float pair_rnd(float scale) { return bf16_to_f32(f32_to_bf16(test_randf(&pair_rng) * scale)); }
 
 static inline void pair_fill(float *h, size_t n, float scale) {

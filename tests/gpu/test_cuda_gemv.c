@@ -97,16 +97,7 @@ static void check_ring_store(int N, int K, int out_f32) {
 
 /* A CUDA backend made with PAGODA_PDL=0 (the variable restored after), for the chains below. */
 static struct backend *cuda_pdl_off(void) {
-  const char *prev = getenv("PAGODA_PDL");
-  char *saved = prev ? strdup(prev) : NULL;
-  setenv("PAGODA_PDL", "0", 1);
-  struct backend *be = backend_create(&(struct backend_params){.device = "cuda"});
-  if (saved) {
-    setenv("PAGODA_PDL", saved, 1);
-    free(saved);
-  } else {
-    unsetenv("PAGODA_PDL");
-  }
+  struct backend *be = pair_cuda_with_env("PAGODA_PDL", "0");
   if (!be)
     pair_die("a second cuda backend (PAGODA_PDL=0)");
   return be;

@@ -1020,7 +1020,9 @@ static void pre_open(void) {
   static const char *bad_env[][2] = {
       {"PAGODA_GEMV_PRE_ROWS", "5"}, {"PAGODA_GEMV_PRE_LOOP", "3"}, {"PAGODA_GEMV_PRE_L2", "yes"},
       {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
-      {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}, {"PAGODA_QG_EVICT_FIRST", "2"}};
+      {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}, {"PAGODA_QG_EVICT_FIRST", "2"},
+      {"PAGODA_GEMV_RING_STORE", "2"},  {"PAGODA_QGEMV_RING", "on"},  {"PAGODA_QGEMV_RING_WARPS", "12"},
+      {"PAGODA_QGEMV_RING_CHUNK", "1536"}};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = pair_cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
@@ -1840,10 +1842,10 @@ static void test_qkv_rope_grid(void) {
     for (int pre = 0; pre < 2; pre++, cases++)
       test_matmul_qkv_rope(&big[m], m ? 5 : 1, 16, m, pre, pre, 1);
   /* two blocks in all (read at each launch): every warp takes many pairs, the ring running from
-   * one pair's rows into the next's */
+   * one pair's rows into the next's (T > 1: the per-row kernel; T = 1 takes the ring GEMV) */
   setenv("PAGODA_QGEMV_BLOCKS", "2", 1);
   for (int c = 0; c < 2; c++, cases++)
-    test_matmul_qkv_rope(c ? &big[1] : &q8cs[3], c ? 1 : 3, 16, c, 1, 1, 1);
+    test_matmul_qkv_rope(c ? &big[1] : &q8cs[3], c ? 2 : 3, 16, c, 1, 1, 1);
   unsetenv("PAGODA_QGEMV_BLOCKS");
   test_qkv_rope_refusals();
   printf("  matmul_qkv_rope: %d cases + the refusals\n", cases + 1);

@@ -727,19 +727,21 @@ static void test_matmul_add(const struct qcase *qc, int N, int K) {
 
 /* The backends of test_ring: the per-row integer-dot kernel (PAGODA_QGEMV_RING=0) first, then the
  * ring in its default shape and in the others its switches give. */
-#define RING_BES 5
+#define RING_BES 6
 static const char *const ring_env[RING_BES][2] = {{"PAGODA_QGEMV_RING", "0"},
                                                   {NULL, NULL},
-                                                  {"PAGODA_GEMV_RING_KB", "32"}, /* a 2-slot ring */
+                                                  {"PAGODA_GEMV_RING_KB", "32"}, /* 2-slot rings */
                                                   {"PAGODA_QGEMV_RING_WARPS", "8"},
-                                                  {"PAGODA_QGEMV_RING_CHUNK", "1024"}};
+                                                  {"PAGODA_QGEMV_RING_CHUNK", "1024"},
+                                                  /* with PAGODA_QGEMV_RING_CHUNK=1024: 8-slot rings (Q4_0, Q4_K) */
+                                                  {"PAGODA_QGEMV_RING_WARPS", "8"}};
 
 /* The integer-dot ring GEMV (T = 1, one block per multiprocessor quantizing x itself: the default,
  * cuda_quant_gemv.cu qgemv_ring_kernel) against the per-row integer-dot kernel after the
  * quantization kernels (BES[0]), byte for byte: matmul_silu_mul without and with a prenorm (f32
  * and bf16 norm weights) and matmul_add, on every ring shape of ring_env. N gate rows / residual
- * rows of K values: N = 4000 gives every warp several units back to back; K = 1280 ends in a
- * partial chunk. (matmul_qkv_rope's ring form is checked byte for byte in test_cuda_ops.) */
+ * rows of K values: N = 32000 gives every warp of 132 multiprocessors several units back to back
+ * (at 16 warps: 15 gate/up pairs, 7-8 row pairs); K = 1280 ends in a partial chunk. (matmul_qkv_rope's ring form is checked byte for byte in test_cuda_ops.) */
 static void test_ring(const struct qcase *qc, int N, int K, struct backend *const bes[RING_BES]) {
   enum { NB = RING_BES };
   const float eps = 1e-5f;
@@ -915,12 +917,22 @@ int main(void) {
     test_matmul_add(&cases[i], 264, 4096);
   }
   struct backend *ring_bes[RING_BES];
-  for (int b = 0; b < RING_BES; b++)
+  for (int b = 0; b < RING_BES; b++) {
+    const char *chunk = getenv("PAGODA_QGEMV_RING_CHUNK");
+    char *saved = chunk ? strdup(chunk) : NULL;
+    if (b == RING_BES - 1)
+      setenv("PAGODA_QGEMV_RING_CHUNK", "1024", 1);
     if (!(ring_bes[b] = ring_env[b][0] ? pair_cuda_with_env(ring_env[b][0], ring_env[b][1]) : pair_be[1]))
       pair_die(ring_env[b][0]);
-  static const int ring_n[3] = {264, 4000, 264}, ring_k[3] = {1280, 4096, 6144};
+    if (saved)
+      setenv("PAGODA_QGEMV_RING_CHUNK", saved, 1);
+    else
+      unsetenv("PAGODA_QGEMV_RING_CHUNK");
+    free(saved);
+  }
+  static const int ring_n[4] = {264, 32000, 4000, 264}, ring_k[4] = {1280, 1280, 4096, 6144};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
       if (i8_path(cases[i].t, ring_k[k]))
         test_ring(&cases[i], ring_n[k], ring_k[k], ring_bes);
   for (int b = 0; b < RING_BES; b++)

@@ -447,6 +447,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     return ERR("--device cuda: %s has compute capability %d.%d; pagoda's CUDA backend needs 8.0 or "
                "newer (bf16)", prop.name, prop.major, prop.minor);
   snprintf(cb->name, sizeof cb->name, "%s", prop.name);
+  cb->smem_optin = prop.sharedMemPerBlockOptin < CUDA_SMEM_OPTIN_MAX ? (int)prop.sharedMemPerBlockOptin
+                                                                      : CUDA_SMEM_OPTIN_MAX;
   CUDA_CHECK(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cb->blas));
   CUBLAS_CHECK(cublasSetStream(cb->blas, cb->stream));
@@ -587,7 +589,7 @@ cudaError_t cuda_smem_opt_in(const struct cuda_backend *cb, const void *fn, unsi
   const unsigned long long bit = cb->device >= 0 && cb->device < 64 ? 1ull << cb->device : 0;
   if (bit && (__atomic_load_n(opted, __ATOMIC_ACQUIRE) & bit))
     return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, cb->smem_optin);
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (e == cudaSuccess && bit)

@@ -116,6 +116,7 @@ struct cuda_backend {
   int attn_reserve_seqs, attn_reserve_ctx;
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
   int n_sms;                 /* multiprocessors (0 until first asked) */
+  int smem_optin;            /* the most dynamic shared memory a block may opt in to, bytes (set at init) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write (and through
                               * fused_norm / fused_rope the prenorm forms, matmul_add, matmul_qkv_rope) answer 1 */
@@ -207,8 +208,9 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p);
 static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
 /* The device's multiprocessors (cb->n_sms, asked once); -1 with the error set if CUDA fails. */
 int cuda_sm_count(struct cuda_backend *cb);
-/* Lets the kernel FN take up to 220 KiB of dynamic shared memory, with the largest shared-memory
- * carveout, on cb's device, once per device: OPTED is the kernel's own bit set (bit d: done on
+/* Lets the kernel FN take up to CUDA_SMEM_OPTIN_MAX (220 KiB) of dynamic shared memory, or the
+ * device's cb->smem_optin where that is less, with the largest shared-memory carveout, on cb's
+ * device, once per device: OPTED is the kernel's own bit set (bit d: done on
  * device d; tensor-parallel ranks may race to set it, hence atomics). */
 cudaError_t cuda_smem_opt_in(const struct cuda_backend *cb, const void *fn, unsigned long long *opted);
 
@@ -317,6 +319,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_RING_LATE 1
 #define CUDA_GEMV_RING_MIN_K 0
 #define CUDA_GEMV_RING_STORE 1
+#define CUDA_SMEM_OPTIN_MAX (220 * 1024)
 #define CUDA_QGEMV_RING 1
 #define CUDA_QGEMV_RING_WARPS 16
 #define CUDA_QGEMV_RING_CHUNK 2048

@@ -923,9 +923,11 @@ static int gemv_split(struct cuda_backend *cb, int N, int K) {
   return s;
 }
 
-/* The ring GEMV (gemv_ring_kernel) takes T = 1 with rows of whole chunks, when cb->gemv_ring is on. */
+/* The ring GEMV (gemv_ring_kernel) takes T = 1 with rows of whole chunks, when cb->gemv_ring is on
+ * and the device lets a block have its shared memory (at most x, 2 K bytes, and the ring). */
 static int gemv_ring_ok(const struct cuda_backend *cb, int T, long long K) {
-  return cb->gemv_ring && T == 1 && K % RING_COLS == 0 && K >= RING_COLS && K >= cb->gemv_ring_min_k;
+  return cb->gemv_ring && T == 1 && K % RING_COLS == 0 && K >= RING_COLS && K >= cb->gemv_ring_min_k &&
+         K * 2 + 16 + (long long)(cb->gemv_ring_kb > 64 ? cb->gemv_ring_kb : 64) * 1024 <= cb->smem_optin;
 }
 
 /* gemv_ring_kernel<MODE, PRE, XS> for launching (XS: PRE, or ADD's / STORE's x within RING_ADD_XS bytes). */

@@ -614,7 +614,7 @@ struct qi_args : cuda_matmul_set { /* W, out, bias, bias_f32, N, row0: cuda_back
   const bf16 *x;         /* the bf16 activations it quantizes itself */
   const void *norm_w;    /* PRE: the norm weight (K, f32 or bf16) */
   int norm_w_f32, ring_c, ring_late; /* ring_c: chunks per warp's ring; ring_late: cb->gemv_ring_late */
-  int ring_cv; /* values per ring chunk: 1024 or 2048 (blockDim.x / 32 warps per block: 8 or 16) */
+  int ring_cv; /* values per ring chunk: 1024 or 2048 (the warps per block are blockDim.x / 32) */
   float norm_eps;
 };
 
@@ -1082,7 +1082,8 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
 
 /* The ring kernel's shape for type QT: warps per block (cb->qgemv_ring_warps), values per chunk
  * (cb->qgemv_ring_cv; 2048 for Q6_K, whose 1024 values take 840 bytes, not whole 16-byte
- * units), chunks per warp's ring (about cb->gemv_ring_kb KiB per block, rounded, 2..8) and the
+ * units), chunks per warp's ring (about cb->gemv_ring_kb KiB per block, rounded, but 2..8 chunks,
+ * so more than that for small sizes: 32 KiB gives 136 KiB of Q8_0 at 16 warps) and the
  * dynamic shared memory for rows of K values (PRE: a prenorm). */
 struct qr_shape {
   int warps, cv, c;
@@ -1099,14 +1100,15 @@ template <int QT> static qr_shape qr_shape_of(const struct cuda_backend *cb, int
   return q;
 }
 
-/* Whether the ring kernel takes T rows of K values of type QT (qi_applies holds): cb->qgemv_ring,
- * T = 1, ADD_ROWS even (matmul_add; -1 for the other forms) and x plus the rings within 220 KiB. */
+/* Whether the ring kernel takes T rows of K values of type QT (the caller has checked qi_applies:
+ * K % 256 == 0, whole 16-byte rows, aligned weights): cb->qgemv_ring, T = 1, ADD_ROWS even
+ * (matmul_add; -1 for the other forms) and x plus the rings within cb->smem_optin. */
 static int qr_ok(const struct cuda_backend *cb, int qt, int T, int K, long long add_rows, bool pre) {
   size_t smem = 0;
   if (!cb->qgemv_ring || T != 1 || (add_rows >= 0 && add_rows % 2 != 0))
     return 0;
   QI_DISPATCH(qt, (smem = qr_shape_of<QT_>(cb, K, pre).smem))
-  return smem > 0 && smem <= 220 * 1024;
+  return smem > 0 && smem <= (size_t)cb->smem_optin;
 }
 
 template <int QT, int MODE, bool PRE> static cudaError_t qr_launch(struct cuda_backend *cb, qi_args a) {
@@ -1117,6 +1119,8 @@ template <int QT, int MODE, bool PRE> static cudaError_t qr_launch(struct cuda_b
   a.ring_cv = q.cv;
   a.ring_late = cb->gemv_ring_late;
   const int sms = cuda_sm_count(cb);
+  if (sms < 1)
+    return cudaErrorInvalidDevice;
   const unsigned blocks = (unsigned)(a.units < sms ? a.units : sms); /* units split evenly over them */
   const cudaError_t e = cuda_smem_opt_in(cb, (const void *)fn, &opted);
   if (e != cudaSuccess)
