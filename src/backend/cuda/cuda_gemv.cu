@@ -775,9 +775,9 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K = g.K, C = g.C;
   const size_t xs_bytes = XS ? (((size_t)K * 2 + 15) & ~(size_t)15) : 0;
   uint4 *ring = (uint4 *)((char *)gemv_xs + xs_bytes) + (size_t)warp * C * R * 4 * 32;
-  const int u0 = (int)((long long)blockIdx.x * g.units / gridDim.x), u1 = (int)((long long)(blockIdx.x + 1) * g.units / gridDim.x);
-  const int cpu = K / RING_COLS; /* chunks per unit */
-  const int nu = u0 + warp < u1 ? (u1 - u0 - warp + RING_WARPS - 1) / RING_WARPS : 0; /* this warp's units */
+  const qg_ring_share sh = qg_ring_share_of(g.units, RING_WARPS, warp);
+  const int u0 = sh.u0, nu = sh.nu; /* this warp's units: u0 + warp, u0 + warp + RING_WARPS, ... */
+  const int cpu = K / RING_COLS;    /* chunks per unit */
   uint64_t pol = 0;
   if (g.evict_first)
     pol = qg_evict_first_policy();

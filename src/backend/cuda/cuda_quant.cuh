@@ -357,6 +357,17 @@ __device__ __forceinline__ void qg_cp_async16_hint(void *smem, const void *gmem,
     qg_cp_async16(smem, gmem);
 }
 
+/* Block blockIdx.x's share of a ring GEMV's UNITS, split evenly over the grid, starting at u0, and
+ * how many of them warp WARP of WARPS takes (u0 + warp, u0 + warp + warps, ...). */
+struct qg_ring_share {
+  int u0, nu;
+};
+__device__ __forceinline__ qg_ring_share qg_ring_share_of(int units, int warps, int warp) {
+  const int u0 = (int)((long long)blockIdx.x * units / gridDim.x);
+  const int u1 = (int)((long long)(blockIdx.x + 1) * units / gridDim.x);
+  return qg_ring_share{u0, u0 + warp < u1 ? (u1 - u0 - warp + warps - 1) / warps : 0};
+}
+
 /* The issue side of a ring GEMV's stream (cuda_gemv.cu, cuda_quant_gemv.cu): the warp's unit ik
  * (of nu), its chunk ic (of nch), into slot is (of C). next() moves on one chunk and says whether a
  * new unit starts, whose rows the caller then looks up. */

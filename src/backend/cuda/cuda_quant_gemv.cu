@@ -934,9 +934,8 @@ __global__ void __launch_bounds__(QR_WARPS_MAX * 32, 1) qgemv_ring_kernel(const 
   int8_t *xq = (int8_t *)qg_smem;
   float2 *xd = (float2 *)(qg_smem + K); /* K % 256 == 0: aligned */
   uint8_t *ring = qg_smem + qr_xs_bytes(K, PRE) + (size_t)warp * (C * R * CB + QG_SLACK);
-  const int u0 = (int)((long long)blockIdx.x * a.units / gridDim.x);
-  const int u1 = (int)((long long)(blockIdx.x + 1) * a.units / gridDim.x);
-  const int nu = u0 + warp < u1 ? (u1 - u0 - warp + QR_WARPS - 1) / QR_WARPS : 0; /* this warp's units */
+  const qg_ring_share sh = qg_ring_share_of(a.units, QR_WARPS, warp);
+  const int u0 = sh.u0, nu = sh.nu; /* this warp's units: u0 + warp, u0 + warp + QR_WARPS, ... */
   const int nch = (K + CV - 1) / CV;
   uint64_t pol = 0;
   if (a.evict_first)
