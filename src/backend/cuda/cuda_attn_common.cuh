@@ -152,6 +152,7 @@ struct attn_args {
   int pdl_early; /* the decode kernels trigger the next kernel before their wait (cb->attn_early, cuda_pdl.cuh) */
   int prefetch;  /* > 0: attn_decode_mma_kernel looks up its keys and prefetches the K/V rows of the first
                   * PREFETCH keys of its partition into L2 before its wait (cb->attn_prefetch) */
+  int exit_early; /* with PREFETCH: a block with no keys to read exits before its wait (cb->attn_exit_early) */
 };
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a

@@ -42,10 +42,12 @@
 
 #define DEC_WARPS 4
 #define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
-/* Aim for this many thread blocks per SM before splitting stops, bf16 and e4m3 cache: measured on
- * the H200 at 64 x 4096 (bench/RESULTS.md), fewer partitions than this cost an idle tail, more
- * cost the reduction's traffic. */
-#define DEC_CTAS_PER_SM_BF16 6
+/* Aim for this many thread blocks per SM before splitting stops, bf16 and e4m3 cache. bf16: 2, the
+ * tensor-core kernel's residency at head_dim 128 (194 registers), so the split is one wave; 6 (three
+ * waves of shorter partitions) ran the 8B shape's step 0.5-1.0% slower at batch 1 x 640 keys, 17%
+ * slower at batch 1 x 16K keys and 6% slower at 64 x (512, 128) (bench/RESULTS.md, session 13).
+ * e4m3: 8, measured at 64 x 4096 against 6, 12, 16, 24 and 32 (its pipelined kernel). */
+#define DEC_CTAS_PER_SM_BF16 2
 #define DEC_CTAS_PER_SM_F8 8
 #define DEC_F8_STAGES 3 /* cp.async stages of the e4m3 tensor-core kernel (head_dim 64, 128) */
 
@@ -352,6 +354,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     if (tk.q_len > 0 && p < nparts)
       dec_prefetch_kv<BS, HD, E>(a, b, kvh, tk.first + p * plen,
                                  min(tk.first + p * plen + min(plen, a.prefetch), tk.ctx));
+    /* A block with nothing to read leaves before the wait (partition 0 always waits: cuda_pdl.cuh
+     * rule 2), so the unused partitions of a grid sized by a loose bound (a CUDA graph's
+     * max_model_len: 99 per KV head at batch 1 on the H200, of which a 640-key context uses 10)
+     * free their slots while the kernel before still runs, and the next kernel's blocks find the
+     * multiprocessors as soon as the working partitions have waited (cb->attn_exit_early). */
+    if (a.exit_early && p > 0 && (tk.q_len <= 0 || p >= nparts))
+      return;
     pdl_enter(a.pdl_early);
   }
   if (tk.q_len <= 0)

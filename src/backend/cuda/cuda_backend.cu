@@ -485,7 +485,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * PAGODA_QX_EARLY, PAGODA_ATTN_EARLY: the x quantization of the integer-dot GEMV (decode
    * attention) triggering the next kernel before its own wait. PAGODA_EPI_EARLY: the GEMV
    * epilogues' reads right after their wait. PAGODA_ATTN_PREFETCH=n: decode attention's first n
-   * keys' K/V rows prefetched before its wait. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
+   * keys' K/V rows prefetched before its wait, PAGODA_ATTN_EXIT_EARLY its blocks without keys leaving
+   * before it. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
    * weight copies with L2's evict-first policy (the ring GEMV's too). PAGODA_ROPE_KV_SPLIT:
    * rope_kv_write over several blocks per token. PAGODA_GEMV_RING, _KB, _LATE, _MIN_K: the ring
    * GEMV at T = 1 (cuda_gemv.cu; cuda_backend.h). For measuring them. */
@@ -496,6 +497,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->attn_prefetch =
            env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 1 << 30, "a number of keys (0: off)")) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
+      (cb->attn_exit_early = env_flag("PAGODA_ATTN_EXIT_EARLY", CUDA_ATTN_EXIT_EARLY)) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
       (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
       (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||

@@ -151,6 +151,9 @@ struct cuda_backend {
                               * cuda_attn_decode.cu, dec_prefetch_kv; the same bits either way). 64 =
                               * every warp's first step: whole partitions would overflow L2 at large
                               * batches */
+  int attn_exit_early;       /* 1 (CUDA_ATTN_EXIT_EARLY; PAGODA_ATTN_EXIT_EARLY=0|1): with attn_prefetch, a decode
+                              * attention block whose partition has no keys exits before its wait, not after
+                              * (cuda_attn_decode.cu; the same bits either way) */
   int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
                               * (the o projection; not with the separate split-K reduce) launch before its
                               * own wait (cuda_pdl.cuh, pdl_enter) */
@@ -310,6 +313,7 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_GEMV_REG 1
 #define CUDA_EPI_EARLY 1
 #define CUDA_ATTN_PREFETCH 64
+#define CUDA_ATTN_EXIT_EARLY 1
 #define CUDA_QG_EVICT_FIRST 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0
