@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
                                  min(tk.first + p * plen + min(plen, a.prefetch), tk.ctx));
     /* A block with nothing to read leaves before the wait (partition 0 always waits: cuda_pdl.cuh
      * rule 2), so the unused partitions of a grid sized by a loose bound (a CUDA graph's
-     * max_model_len: 99 per KV head at batch 1 on the H200, of which a 640-key context uses 10)
+     * max_model_len: 33 per KV head at batch 1 on the H200, of which a 640-key context uses 10)
      * free their slots while the kernel before still runs, and the next kernel's blocks find the
      * multiprocessors as soon as the working partitions have waited (cb->attn_exit_early). */
     if (a.exit_early && p > 0 && (tk.q_len <= 0 || p >= nparts))
