@@ -43,9 +43,10 @@
 #define DEC_WARPS 4
 #define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
 /* Aim for this many thread blocks per SM before splitting stops, bf16 and e4m3 cache. bf16: 2, the
- * tensor-core kernel's residency at head_dim 128 (194 registers), so the split is one wave; 6 (three
- * waves of shorter partitions) ran the 8B shape's step 0.5-1.0% slower at batch 1 x 640 keys, 17%
- * slower at batch 1 x 16K keys and 6% slower at 64 x (512, 128) (bench/RESULTS.md, session 13).
+ * tensor-core kernel's residency at head_dim 128 (194 registers), so the split is one wave; with 6
+ * (three waves of shorter partitions) the 8B shape's step took 0.1-1.0% longer at batch 1 x 640
+ * keys, 20% longer at batch 1 x 16K keys and 6-7% longer at 64 x (512, 128) (bench/RESULTS.md,
+ * session 13).
  * e4m3: 8, measured at 64 x 4096 against 6, 12, 16, 24 and 32 (its pipelined kernel). */
 #define DEC_CTAS_PER_SM_BF16 2
 #define DEC_CTAS_PER_SM_F8 8
