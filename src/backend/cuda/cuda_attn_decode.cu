@@ -42,15 +42,25 @@
 
 #define DEC_WARPS 4
 #define DEC_MIN_PART 64      /* keys: partitions shorter than this are not worth a reduction */
-/* Aim for this many thread blocks per SM before splitting stops, bf16 and e4m3 cache. bf16: 2, the
+/* Aim for this many thread blocks per SM before splitting stops (dec_ctas_per_sm). bf16: 2, the
  * tensor-core kernel's residency at head_dim 128 (194 registers), so the split is one wave; with 6
  * (three waves of shorter partitions) the 8B shape's step took 0.1-1.0% longer at batch 1 x 640
  * keys, 20% longer at batch 1 x 16K keys and 6-7% longer at 64 x (512, 128) (bench/RESULTS.md,
  * session 13).
- * e4m3: 8, measured at 64 x 4096 against 6, 12, 16, 24 and 32 (its pipelined kernel). */
+ * e4m3 at head_dim 128: 2 as well, the residency of its 5-stage pipeline (80 KiB of shared memory
+ * per block): at 64 x 4096 it took 0.146-0.148 ms at block 16 against 0.157-0.161 for 3 stages at
+ * 8 per SM (3 resident blocks, partitions in 3.9 waves), and 4 per SM (two partitions) was slower
+ * (bench/RESULTS.md, session 14). Other e4m3 head_dims: 8, measured at 64 x 4096 against 6, 12,
+ * 16, 24 and 32 for the 3-stage kernel. */
 #define DEC_CTAS_PER_SM_BF16 2
 #define DEC_CTAS_PER_SM_F8 8
-#define DEC_F8_STAGES 3 /* cp.async stages of the e4m3 tensor-core kernel (head_dim 64, 128) */
+#define DEC_CTAS_PER_SM_F8_HD128 2
+/* cp.async stages of the e4m3 tensor-core kernel: 5 at head_dim 128 (4 warp steps in flight; with
+ * the partitions aimed at 2 per SM, at 64 x 4096, block 16: 3 stages 0.174 ms (3 blocks resident,
+ * so 1.3 waves), 5 stages 0.146-0.148, 6 0.151-0.152, 7 0.148-0.149; at 8 per SM 3 and 4 stages
+ * 0.157-0.159, 5 stages 0.164-0.166; bench/RESULTS.md, session 14); 3 at head_dim 64 (not
+ * measured otherwise) */
+__host__ __device__ static constexpr int dec_f8_stages(int hd) { return hd == 128 ? 5 : 3; }
 
 /* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
  * partitions, rounded up to the granule a.part_len (a whole number of warp steps, at least
@@ -325,17 +335,20 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   constexpr int NT = L::PAIRS; /* PV n-tiles */
   constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
   /* e4m3 at head_dim 64 and 128 (full 16-byte pieces only): the K/V pieces of each warp step are
-   * copied by cp.async into this thread's own slots of DEC_F8_STAGES shared-memory stages, so
-   * DEC_F8_STAGES - 1 steps are in flight while one is computed (an e4m3 key is half the bytes of
-   * a bf16 one for the same work, so the register-fed loads left too few bytes in flight). Each
-   * thread reads back only what it copied: cp.async.wait_group, no barrier. */
+   * copied by cp.async into this thread's own slots of NS = dec_f8_stages(HD) shared-memory stages
+   * (dynamic shared memory: dec_smem_bytes), so NS - 1 steps are in flight while one is computed
+   * (an e4m3 key is half the bytes of a bf16 one for the same work, so the register-fed loads left
+   * too few bytes in flight). Each thread reads back only what it copied: cp.async.wait_group, no
+   * barrier. */
   constexpr bool PIPE = F8 && L::TE == 0 && !LATE_V;
-  constexpr int NS = DEC_F8_STAGES;
+  constexpr int NS = dec_f8_stages(HD);
   constexpr int NPC = 4 * L::NPT; /* pieces per thread and step: K and V of 2 keys */
-  constexpr int STAGE_BYTES = PIPE ? NS * NPC * DEC_WARPS * 32 * 16 : 0;
   constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
-  /* the warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
-  __shared__ __align__(16) unsigned char sm_raw[STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES];
+  /* PIPE: the stages in dynamic shared memory (dec_smem_bytes), else the merge in static; the
+   * warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
+  __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : MERGE_BYTES];
+  extern __shared__ __align__(16) unsigned char sm_dyn[];
+  unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static;
   float(*sm_o)[8][HD] = (float(*)[8][HD])sm_raw;
   float(*sm_m)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4);
   float(*sm_l)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4 + DEC_WARPS * 8 * 4);
@@ -533,6 +546,16 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     dec_fold<HD>(a, b, kvh, G, tok, nparts, (float *)sm_raw);
 }
 
+/* Dynamic shared memory of attn_decode_mma_kernel<BS, HD, KV> (its e4m3 pipeline's stages, at
+ * least the warps' merge; 0: none, the kernel's static array) */
+template <int HD, class KV>
+static constexpr int dec_smem_bytes() {
+  typedef attn_rows<HD, typename KV::elem> L;
+  constexpr int stages = dec_f8_stages(HD) * 4 * L::NPT * DEC_WARPS * 32 * 16;
+  constexpr int merge = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
+  return sizeof(typename KV::elem) == 1 && L::TE == 0 && HD <= 128 ? (stages > merge ? stages : merge) : 0;
+}
+
 /* Combines the partitions of sequences split in more than one when the kernels above do not
  * (no fold): one block per (sequence, head), one thread per output dim. */
 __global__ void attn_decode_reduce_kernel(const attn_args a) {
@@ -567,6 +590,19 @@ static int dec_use_mma(void) {
   return v;
 }
 
+/* attn_decode_mma_kernel<BS, HD, KV> with its dynamic shared memory (opted in once per device) */
+template <int BS, int HD, class KV>
+static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, const attn_args &a) {
+  static unsigned long long opted = 0;
+  constexpr int smem = dec_smem_bytes<HD, KV>();
+  if (smem > 0) {
+    const cudaError_t e = cuda_smem_opt_in(cb, (const void *)attn_decode_mma_kernel<BS, HD, KV>, &opted);
+    if (e != cudaSuccess)
+      return e;
+  }
+  return cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, HD, KV>, grid, dim3(DEC_WARPS * 32), (size_t)smem, a);
+}
+
 /* Keys per warp step of the instantiation for (HD, G, f8). */
 static int dec_tile(int hd, int G, int f8) {
   return dec_use_mma() ? 16 : dec_u(G, f8) * (32 / (hd / dec_n(G, f8)));
@@ -581,19 +617,19 @@ static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
 
 /* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
  * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
-static int dec_ctas_per_sm(int f8) { /* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
+static int dec_ctas_per_sm(int f8, int hd) { /* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
   static int v = -1;
   if (v < 0) {
     const char *e = getenv("PAGODA_ATTN_DECODE_CTAS");
     int x = e ? atoi(e) : 0;
     v = x >= 1 && x <= 64 ? x : 0;
   }
-  return v ? v : f8 ? DEC_CTAS_PER_SM_F8 : DEC_CTAS_PER_SM_BF16;
+  return v ? v : !f8 ? DEC_CTAS_PER_SM_BF16 : hd == 128 && dec_use_mma() ? DEC_CTAS_PER_SM_F8_HD128 : DEC_CTAS_PER_SM_F8;
 }
 
-static int dec_parts(int sms, int B, int kvh, int max_keys, int tile, int f8) {
+static int dec_parts(int sms, int B, int kvh, int max_keys, int tile, int f8, int hd) {
   int64_t work = (int64_t)B * kvh;
-  int64_t want = ((int64_t)sms * dec_ctas_per_sm(f8) + work - 1) / work;
+  int64_t want = ((int64_t)sms * dec_ctas_per_sm(f8, hd) + work - 1) / work;
   int min_part = DEC_MIN_PART > DEC_WARPS * tile ? DEC_MIN_PART : DEC_WARPS * tile;
   int64_t most = (max_keys + min_part - 1) / min_part;
   if (want > most)
@@ -678,7 +714,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
     if (memcmp(key, cb->attn_sized_for, sizeof key) != 0) {
       size_t need = 0;
       for (int s = 1; s <= rs; s++) {
-        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile, f8));
+        size_t by = dec_scratch_bytes(s, a->n_heads, a->hd, dec_parts(sms, s, a->n_kv, 0x3fffffff, tile, f8, a->hd));
         need = by > need ? by : need;
       }
       if ((int64_t)rs * a->n_kv > 0x7fffffff / (int)sizeof(int))
@@ -691,7 +727,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if (max_query_len != 1 || max_seq_len <= 0)
     return 1; /* not a decode batch: the prefill kernels */
   int max_keys = a->window > 0 && a->window < max_seq_len ? a->window : max_seq_len;
-  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile, f8);
+  int P = dec_parts(sms, a->B, a->n_kv, max_keys, tile, f8, a->hd);
   while (P > 1 && dec_scratch_bytes(a->B, a->n_heads, a->hd, P) > cb->attn_scratch_bytes - cb->attn_cnt_bytes)
     P--; /* capturing with too small a scratch: fewer, longer partitions */
   int step = DEC_WARPS * tile; /* the granule: whole warp steps, at least DEC_MIN_PART keys */
@@ -707,13 +743,12 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if ((int64_t)a->B * a->n_kv > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
-  const dim3 thr(DEC_WARPS * 32);
 #define DEC_MMA(BS, KV)                                                                            \
-  (a->hd == 64    ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 64, KV>, grid, thr, 0, *a)       \
-   : a->hd == 80  ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 80, KV>, grid, thr, 0, *a)       \
-   : a->hd == 96  ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 96, KV>, grid, thr, 0, *a)       \
-   : a->hd == 128 ? cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 128, KV>, grid, thr, 0, *a)      \
-                  : cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, 256, KV>, grid, thr, 0, *a))
+  (a->hd == 64    ? dec_mma_launch<BS, 64, KV>(cb, grid, *a)                                       \
+   : a->hd == 80  ? dec_mma_launch<BS, 80, KV>(cb, grid, *a)                                       \
+   : a->hd == 96  ? dec_mma_launch<BS, 96, KV>(cb, grid, *a)                                       \
+   : a->hd == 128 ? dec_mma_launch<BS, 128, KV>(cb, grid, *a)                                      \
+                  : dec_mma_launch<BS, 256, KV>(cb, grid, *a))
 #define DEC_BS(BS)                                                                                 \
   (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
        : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(cb, *a, G, grid) : dec_launch<BS, kv_bf16, kv_bf16, 0>(cb, *a, G, grid)))
