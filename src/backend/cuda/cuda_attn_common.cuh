@@ -131,7 +131,11 @@ struct kv_f8 {
   }
 };
 
-/* Everything a paged-attention kernel reads, passed by value. */
+/* Everything a paged-attention kernel reads, passed by value. INVARIANT: at most 128 bytes
+ * (static_assert below). A larger by-value kernel parameter makes nvcc address it through a
+ * generic pointer, and the kernels compile differently: at 152 bytes the wgmma prefill ran 16%
+ * slower and the e4m3 decode kernel about 4% (bench/RESULTS.md, session 14). Pointers first, so
+ * no padding; the split-K partial outputs follow part_ml (attn_part_acc). */
 struct attn_args {
   bf16 *out;                   /* (T, n_heads, hd) */
   const bf16 *q;               /* (T, n_heads, hd) */
@@ -139,21 +143,30 @@ struct attn_args {
   const int32_t *query_start;  /* (B+1) */
   const int32_t *seq_lens;     /* (B) */
   const int32_t *block_tables; /* (B, max_blocks) */
+  /* split-context decode (cuda_attn_decode.cu) */
+  float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum), then the (B, n_heads, n_parts, hd)
+                    * unnormalized partial outputs (attn_part_acc) */
+  int *part_cnt;   /* (B, n_kv) partitions done, 0 between launches; NULL: the separate reduce kernel */
   int T, B, max_blocks, n_heads, n_kv, hd;
   float scale, softcap;
   int window;
   float k_scale, v_scale; /* f8e4m3 cache: per-layer dequantization scales */
-  /* split-context decode (cuda_attn_decode.cu) */
-  float *part_acc; /* (B, n_heads, n_parts, hd) unnormalized partial outputs */
-  float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum) */
   int n_parts;  /* the grid's partitions per (sequence, KV head) */
   int part_len; /* the granule of a partition's length (keys); see dec_part_len */
-  int *part_cnt; /* (B, n_kv) partitions done, 0 between launches; NULL: the separate reduce kernel */
-  int pdl_early; /* the decode kernels trigger the next kernel before their wait (cb->attn_early, cuda_pdl.cuh) */
-  int prefetch;  /* > 0: attn_decode_mma_kernel looks up its keys and prefetches the K/V rows of the first
-                  * PREFETCH keys of its partition into L2 before its wait (cb->attn_prefetch) */
-  int exit_early; /* with PREFETCH: a block with no keys to read exits before its wait (cb->attn_exit_early) */
+  unsigned short prefetch; /* > 0: attn_decode_mma_kernel looks up its keys and prefetches the K/V rows of
+                            * the first PREFETCH keys of its partition into L2 before its wait
+                            * (cb->attn_prefetch, at most 65535) */
+  unsigned char pdl_early;  /* the decode kernels trigger the next kernel before their wait (cb->attn_early,
+                             * cuda_pdl.cuh) */
+  unsigned char exit_early; /* with PREFETCH: a block with no keys to read exits before its wait
+                             * (cb->attn_exit_early) */
 };
+static_assert(sizeof(attn_args) <= 128, "attn_args must stay within 128 bytes (see above)");
+
+/* The split-K partial outputs: (B, n_heads, n_parts, hd) floats after the (max, sum) pairs. */
+__host__ __device__ __forceinline__ float *attn_part_acc(const attn_args &a) {
+  return (float *)(a.part_ml + (size_t)a.B * a.n_heads * a.n_parts);
+}
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a
  * bf16 cache, f16 for e4m3 (e4m3 -> f16 is exact). Fragment layouts as the PTX ISA gives them:

@@ -95,7 +95,7 @@ __device__ __forceinline__ bf16 dec_comb_dim(const attn_args &a, size_t p0, int 
     float2 ml = __ldcg(a.part_ml + p0 + p);
     float f = __expf(ml.x - mm);
     ls = __fmaf_rn(ml.y, f, ls);
-    as = __fmaf_rn(__ldcg(a.part_acc + (p0 + p) * a.hd + d), f, as);
+    as = __fmaf_rn(__ldcg(attn_part_acc(a) + (p0 + p) * a.hd + d), f, as);
   }
   return __float2bfloat16(as / ls);
 }
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
       a.out[((size_t)t * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
     } else {
       size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
-      a.part_acc[pi * HD + d] = as;
+      attn_part_acc(a)[pi * HD + d] = as;
       if (d == 0)
         a.part_ml[pi] = make_float2(mm, ls);
     }
@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
       a.out[((size_t)tok * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
     } else {
       size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
-      a.part_acc[pi * HD + d] = as;
+      attn_part_acc(a)[pi * HD + d] = as;
       if (d == 0)
         a.part_ml[pi] = make_float2(mm, ls);
     }
@@ -736,10 +736,9 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   a->n_parts = P;
   a->pdl_early = a->pdl_early && (P == 1 || fold); /* with the separate reduce, the early trigger would release it */
   a->part_len = (DEC_MIN_PART + step - 1) / step * step;
-  size_t nml = (size_t)a->B * a->n_heads * P;
   a->part_cnt = fold ? (int *)cb->attn_scratch : NULL;
   a->part_ml = (float2 *)((char *)cb->attn_scratch + cb->attn_cnt_bytes);
-  a->part_acc = (float *)((char *)a->part_ml + nml * sizeof(float2));
+  /* attn_part_acc: the partial outputs follow the B * n_heads * P (max, sum) pairs */
   if ((int64_t)a->B * a->n_kv > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);

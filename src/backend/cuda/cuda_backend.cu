@@ -495,7 +495,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->qx_early = env_flag("PAGODA_QX_EARLY", CUDA_QX_EARLY)) < 0 ||
       (cb->epi_early = env_flag("PAGODA_EPI_EARLY", CUDA_EPI_EARLY)) < 0 ||
       (cb->attn_prefetch =
-           env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 1 << 30, "a number of keys (0: off)")) < 0 ||
+           env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 65535, "a number of keys, at most 65535 (0: off)")) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
       (cb->attn_exit_early = env_flag("PAGODA_ATTN_EXIT_EARLY", CUDA_ATTN_EXIT_EARLY)) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
