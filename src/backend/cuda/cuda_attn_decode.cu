@@ -617,14 +617,17 @@ static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
 
 /* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
  * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
-static int dec_ctas_per_sm(int f8, int hd) { /* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
+/* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
+static int dec_ctas_per_sm(int f8, int hd) {
   static int v = -1;
   if (v < 0) {
     const char *e = getenv("PAGODA_ATTN_DECODE_CTAS");
     int x = e ? atoi(e) : 0;
     v = x >= 1 && x <= 64 ? x : 0;
   }
-  return v ? v : !f8 ? DEC_CTAS_PER_SM_BF16 : hd == 128 && dec_use_mma() ? DEC_CTAS_PER_SM_F8_HD128 : DEC_CTAS_PER_SM_F8;
+  if (v)
+    return v;
+  return !f8 ? DEC_CTAS_PER_SM_BF16 : hd == 128 && dec_use_mma() ? DEC_CTAS_PER_SM_F8_HD128 : DEC_CTAS_PER_SM_F8;
 }
 
 static int dec_parts(int sms, int B, int kvh, int max_keys, int tile, int f8, int hd) {

@@ -92,9 +92,11 @@ __device__ __forceinline__ void wg_mma_pv(float d[64], const uint32_t a[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/* What the kernel reads of attn_args, passed on its own: with the whole of attn_args (152 bytes
- * since the decode kernels' fields were added) nvcc compiled this kernel differently and it ran
- * 16% slower (1.88 against 1.62 ms at 4 x 4096, bench/RESULTS.md, session 14). */
+/* What the kernel reads of attn_args, passed on its own. When attn_args had grown to 152 bytes
+ * (9fcb9b7 to 7bd426c), nvcc addressed it through a generic pointer (a by-value parameter over
+ * 128 bytes) and this kernel ran 16% slower (1.88 against 1.62 ms at 4 x 4096; bench/RESULTS.md,
+ * session 14). attn_args is held within 128 bytes now; this struct keeps the kernel off that
+ * boundary whatever the decode kernels add. */
 struct wg_args {
   bf16 *out;
   const bf16 *q;

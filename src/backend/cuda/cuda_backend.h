@@ -145,7 +145,7 @@ struct cuda_backend {
                               * right after its wait, not after the reduction: matmul_add its residual
                               * (cuda_gemv.cu, gemv_res_load), matmul_qkv_rope its biases, angles and
                               * slots (cuda_qkv_rope.cuh, qkv_rope_load); the same bits either way */
-  int attn_prefetch;         /* CUDA_ATTN_PREFETCH (PAGODA_ATTN_PREFETCH=n, 0 off): the tensor-core decode
+  int attn_prefetch;         /* CUDA_ATTN_PREFETCH (PAGODA_ATTN_PREFETCH=n <= 65535, 0 off): the decode
                               * attention kernel looks up its keys and prefetches the K/V rows of its
                               * partition's first n keys into L2 before its wait (cuda_pdl.cuh rule 3;
                               * cuda_attn_decode.cu, dec_prefetch_kv; the same bits either way). 64 =
