@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
    * warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
   __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : MERGE_BYTES];
   extern __shared__ __align__(16) unsigned char sm_dyn[];
-  unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static;
+  unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static; /* dec_smem_bytes sizes sm_dyn */
   float(*sm_o)[8][HD] = (float(*)[8][HD])sm_raw;
   float(*sm_m)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4);
   float(*sm_l)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4 + DEC_WARPS * 8 * 4);
@@ -547,7 +547,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 }
 
 /* Dynamic shared memory of attn_decode_mma_kernel<BS, HD, KV> (its e4m3 pipeline's stages, at
- * least the warps' merge; 0: none, the kernel's static array) */
+ * least the warps' merge, where the kernel's PIPE holds; 0: none, the kernel's static array) */
 template <int HD, class KV>
 static constexpr int dec_smem_bytes() {
   typedef attn_rows<HD, typename KV::elem> L;
@@ -615,9 +615,8 @@ static size_t dec_scratch_bytes(int B, int H, int hd, int P) {
 }
 
 
-/* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
- * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
-/* the constants above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring) */
+/* Thread blocks per SM the split aims at for a cache of that type and head_dim: the constants
+ * above, or PAGODA_ATTN_DECODE_CTAS (1..64, for measuring). */
 static int dec_ctas_per_sm(int f8, int hd) {
   static int v = -1;
   if (v < 0) {
@@ -630,6 +629,8 @@ static int dec_ctas_per_sm(int f8, int hd) {
   return !f8 ? DEC_CTAS_PER_SM_BF16 : hd == 128 && dec_use_mma() ? DEC_CTAS_PER_SM_F8_HD128 : DEC_CTAS_PER_SM_F8;
 }
 
+/* Partitions for B sequences x KVH heads over at most MAX_KEYS keys each: enough thread blocks
+ * for dec_ctas_per_sm() per SM, none shorter than DEC_MIN_PART keys (nor one warp step per warp). */
 static int dec_parts(int sms, int B, int kvh, int max_keys, int tile, int f8, int hd) {
   int64_t work = (int64_t)B * kvh;
   int64_t want = ((int64_t)sms * dec_ctas_per_sm(f8, hd) + work - 1) / work;
