@@ -62,6 +62,21 @@
  * measured otherwise) */
 __host__ __device__ static constexpr int dec_f8_stages(int hd) { return hd == 128 ? 5 : 3; }
 
+/* The shared memory of attn_decode_mma_kernel<BS, HD, KV> for E = KV::elem, for the kernel and its
+ * launch: PIPE (e4m3 with whole 16-byte pieces, head_dim <= 128) copies each thread's K/V pieces
+ * of a warp step (NPC slots of 16 bytes) into NS stages of dynamic shared memory (SMEM bytes, at
+ * least the warps' merge, which reuses them); otherwise the merge is a static array (SMEM 0). */
+template <int HD, class E>
+struct dec_shm {
+  typedef attn_rows<HD, E> L;
+  static constexpr bool PIPE = sizeof(E) == 1 && L::TE == 0 && HD <= 128;
+  static constexpr int NS = dec_f8_stages(HD);
+  static constexpr int NPC = 4 * L::NPT; /* pieces per thread and step: K and V of 2 keys */
+  static constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
+  static constexpr int STAGE_BYTES = NS * NPC * DEC_WARPS * 32 * 16;
+  static constexpr int SMEM = PIPE ? (STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES) : 0;
+};
+
 /* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
  * partitions, rounded up to the granule a.part_len (a whole number of warp steps, at least
  * DEC_MIN_PART keys). Worked out on the device from the sequence's own length, so a launch sized
@@ -336,19 +351,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
   /* e4m3 at head_dim 64 and 128 (full 16-byte pieces only): the K/V pieces of each warp step are
    * copied by cp.async into this thread's own slots of NS = dec_f8_stages(HD) shared-memory stages
-   * (dynamic shared memory: dec_smem_bytes), so NS - 1 steps are in flight while one is computed
+   * (dynamic shared memory: dec_shm), so NS - 1 steps are in flight while one is computed
    * (an e4m3 key is half the bytes of a bf16 one for the same work, so the register-fed loads left
    * too few bytes in flight). Each thread reads back only what it copied: cp.async.wait_group, no
    * barrier. */
-  constexpr bool PIPE = F8 && L::TE == 0 && !LATE_V;
-  constexpr int NS = dec_f8_stages(HD);
-  constexpr int NPC = 4 * L::NPT; /* pieces per thread and step: K and V of 2 keys */
-  constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
-  /* PIPE: the stages in dynamic shared memory (dec_smem_bytes), else the merge in static; the
+  typedef dec_shm<HD, E> SH;
+  constexpr bool PIPE = SH::PIPE;
+  constexpr int NS = SH::NS, NPC = SH::NPC;
+  /* PIPE: the stages in dynamic shared memory (SH::SMEM bytes), else the merge in static; the
    * warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
-  __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : MERGE_BYTES];
+  __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : SH::MERGE_BYTES];
   extern __shared__ __align__(16) unsigned char sm_dyn[];
-  unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static; /* dec_smem_bytes sizes sm_dyn */
+  unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static;
   float(*sm_o)[8][HD] = (float(*)[8][HD])sm_raw;
   float(*sm_m)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4);
   float(*sm_l)[8] = (float(*)[8])(sm_raw + DEC_WARPS * 8 * HD * 4 + DEC_WARPS * 8 * 4);
@@ -546,16 +560,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     dec_fold<HD>(a, b, kvh, G, tok, nparts, (float *)sm_raw);
 }
 
-/* Dynamic shared memory of attn_decode_mma_kernel<BS, HD, KV> (its e4m3 pipeline's stages, at
- * least the warps' merge, where the kernel's PIPE holds; 0: none, the kernel's static array) */
-template <int HD, class KV>
-static constexpr int dec_smem_bytes() {
-  typedef attn_rows<HD, typename KV::elem> L;
-  constexpr int stages = dec_f8_stages(HD) * 4 * L::NPT * DEC_WARPS * 32 * 16;
-  constexpr int merge = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
-  return sizeof(typename KV::elem) == 1 && L::TE == 0 && HD <= 128 ? (stages > merge ? stages : merge) : 0;
-}
-
 /* Combines the partitions of sequences split in more than one when the kernels above do not
  * (no fold): one block per (sequence, head), one thread per output dim. */
 __global__ void attn_decode_reduce_kernel(const attn_args a) {
@@ -594,7 +598,7 @@ static int dec_use_mma(void) {
 template <int BS, int HD, class KV>
 static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, const attn_args &a) {
   static unsigned long long opted = 0;
-  constexpr int smem = dec_smem_bytes<HD, KV>();
+  constexpr int smem = dec_shm<HD, typename KV::elem>::SMEM;
   if (smem > 0) {
     const cudaError_t e = cuda_smem_opt_in(cb, (const void *)attn_decode_mma_kernel<BS, HD, KV>, &opted);
     if (e != cudaSuccess)
