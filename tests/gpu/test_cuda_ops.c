@@ -1022,7 +1022,8 @@ static void pre_open(void) {
       {"PAGODA_GEMV_REG", "2"},        {"PAGODA_QX_EARLY", "on"},   {"PAGODA_ATTN_EARLY", "x"},
       {"PAGODA_GEMV_PRE_SPLIT", "off"}, {"PAGODA_ROPE_KV_SPLIT", "2"}, {"PAGODA_QG_EVICT_FIRST", "2"},
       {"PAGODA_GEMV_RING_STORE", "2"},  {"PAGODA_QGEMV_RING", "on"},  {"PAGODA_QGEMV_RING_WARPS", "12"},
-      {"PAGODA_QGEMV_RING_CHUNK", "1536"}, {"PAGODA_ATTN_EXIT_EARLY", "2"}};
+      {"PAGODA_QGEMV_RING_CHUNK", "1536"}, {"PAGODA_ATTN_EXIT_EARLY", "2"},
+      {"PAGODA_ATTN_PREFETCH", "65536"} /* the kernels hold it in 16 bits */};
   for (int k = 0; k < (int)(sizeof bad_env / sizeof bad_env[0]); k++) { /* an unknown value is an error naming the variable */
     struct backend *bad = pair_cuda_with_env(bad_env[k][0], bad_env[k][1]);
     CHECK(bad == NULL, "%s=%s was accepted", bad_env[k][0], bad_env[k][1]);
