@@ -61,10 +61,6 @@
  * 0.157-0.159, 5 stages 0.164-0.166; bench/RESULTS.md, session 14); 3 at head_dim 64 (not
  * measured otherwise) */
 __host__ __device__ static constexpr int dec_f8_stages(int hd) { return hd == 128 ? 5 : 3; }
-/* Consecutive warp steps (16 keys each, a power of 2) a warp of the e4m3 pipeline takes before the
- * next warp's keys: see attn_decode_mma_kernel. */
-#define DEC_F8_CHUNK 4
-__host__ __device__ static constexpr int dec_log2(int x) { return x > 1 ? 1 + dec_log2(x / 2) : 0; }
 
 /* The shared memory of attn_decode_mma_kernel<BS, HD, KV> for E = KV::elem, for the kernel and its
  * launch: PIPE (e4m3 with whole 16-byte pieces, head_dim <= 128) copies each thread's K/V pieces
@@ -467,43 +463,20 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     for (int i = 0; i < NT; i++)
       attn_mma(o[i], pa0, pa2, attn_trans(v0[i]), attn_trans(v1[i]), MT());
   };
+  const int jw = k0 + warp * 16; /* this warp's first key; its steps are DEC_WARPS * 16 keys apart */
   if constexpr (PIPE) {
-    /* The warps take the partition's keys in chunks of SC = 2^LSC steps (DEC_F8_CHUNK, 4: 64
-     * consecutive keys, whole blocks of 8, 16 or 32 when k0 is aligned; fewer when the partition
-     * is shorter than DEC_WARPS chunks, so that every warp still has keys), chunk c of warp w at
-     * keys k0 + (c * DEC_WARPS + w) * 16 * SC: each warp streams runs of consecutive rows, not
-     * every fourth 16-key tile. At 64 x 4096, blocks 8 / 16 / 32, in one call: one-step chunks
-     * 0.151-0.152 / 0.141-0.142 / 0.151-0.152 ms, 4-step chunks 0.143 / 0.140-0.141 / 0.140-0.141
-     * (2 and 8 steps: between); this code, with the fallback for short partitions, 0.151-0.152 /
-     * 0.150-0.151 / 0.148-0.150 on another machine (bench/RESULTS.md, session 15). KEY0(ST): the
-     * first of the 16 keys of this warp's step ST, increasing with ST. */
-    const int lsc = k1 - k0 >= DEC_WARPS * 16 * DEC_F8_CHUNK ? dec_log2(DEC_F8_CHUNK)
-                    : k1 - k0 >= DEC_WARPS * 32                ? 1
-                                                               : 0;
-    auto key0 = [&](int st) {
-      return k0 + ((((st >> lsc) * DEC_WARPS + warp) << lsc) + (st & ((1 << lsc) - 1))) * 16;
-    };
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_raw) + threadIdx.x * 16u;
     /* copies step S's pieces into stage S % NS (none past the warp's keys), then closes a group;
      * piece q of a stage sits at q * DEC_WARPS * 32 slots: a warp's LDS.128 reads 512 bytes in a row */
     auto issue = [&](int st) {
-      const int j0 = key0(st);
+      const int j0 = jw + st * DEC_WARPS * 16;
       if (j0 < k1) {
         const uint32_t dst = sbase + (uint32_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16);
-        /* Half 1's block-table lookup is made to wait for half 0's (its index adds min(block of
-         * half 0, 0), which is 0: block ids are not negative), so each step's copies go out after
-         * two round trips. With both lookups in flight at once (ptxas hoists an independent load),
-         * or with the block ids held across the warp's lanes and no lookup here at all, the kernel
-         * took 0.155-0.160 ms at 64 x 4096 at every block size, against 0.144-0.148 this way
-         * (bench/RESULTS.md, session 15): measured, not explained. */
-        int prev = 0;
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
           const int j = j0 + hf * 8 + g;
           const bool valid = j < k1;
-          const int blk = valid ? __ldg(bt + j / BS + min(prev, 0)) : 0;
-          prev = blk;
-          const size_t r = valid ? (size_t)blk * block_stride + head_off + (size_t)(j % BS) * HD : 0;
+          const size_t r = valid ? (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD : 0;
 #pragma unroll
           for (int i = 0; i < L::NPT; i++) {
             const uint32_t qk = (uint32_t)(hf * L::NPT + i), qv = qk + 2 * L::NPT;
@@ -516,11 +489,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
       }
       asm volatile("cp.async.commit_group;\n" ::);
     };
-    int nsteps = 0; /* steps ST with key0(ST) < k1: per position r in a chunk, the chunks reaching k1 */
-    for (int r = 0; r < 1 << lsc; r++) {
-      const int rel = k1 - key0(r);
-      nsteps += rel > 0 ? (rel + (DEC_WARPS * 16 << lsc) - 1) / (DEC_WARPS * 16 << lsc) : 0;
-    }
+    const int nsteps = jw < k1 ? (k1 - jw + DEC_WARPS * 16 - 1) / (DEC_WARPS * 16) : 0;
 #pragma unroll
     for (int st = 0; st < NS - 1; st++)
       issue(st);
@@ -537,13 +506,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
           vr[hf][i] = src[(2 * L::NPT + hf * L::NPT + i) * DEC_WARPS * 32];
         }
       issue(st + NS - 1); /* into the stage of step st - 1, read by this thread one step ago */
-      step(key0(st), kr, vr, row);
+      step(jw + st * DEC_WARPS * 16, kr, vr, row);
     }
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads(); /* every warp is done with the stages before sm_o reuses them */
   } else {
-    /* warp w's steps: keys k0 + w * 16 + s * DEC_WARPS * 16 (warp-uniform bounds) */
-    for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) {
+    for (int j0 = jw; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
       uint4 kr[2][L::NPT], vr[2][L::NPT];
       size_t row[2];
       L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
