@@ -61,6 +61,11 @@
  * 0.157-0.159, 5 stages 0.164-0.166; bench/RESULTS.md, session 14); 3 at head_dim 64 (not
  * measured otherwise) */
 __host__ __device__ static constexpr int dec_f8_stages(int hd) { return hd == 128 ? 5 : 3; }
+/* Consecutive 16-key steps (a power of 2) each warp of the e4m3 pipeline takes before the next
+ * warp's keys, in partitions long enough to give every warp that many: see
+ * attn_decode_mma_kernel. */
+#define DEC_F8_CHUNK 4
+__host__ __device__ static constexpr int dec_log2(int x) { return x > 1 ? 1 + dec_log2(x / 2) : 0; }
 
 /* The shared memory of attn_decode_mma_kernel<BS, HD, KV> for E = KV::elem, for the kernel and its
  * launch: PIPE (e4m3 with whole 16-byte pieces, head_dim <= 128) copies each thread's K/V pieces
@@ -463,55 +468,92 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     for (int i = 0; i < NT; i++)
       attn_mma(o[i], pa0, pa2, attn_trans(v0[i]), attn_trans(v1[i]), MT());
   };
-  const int jw = k0 + warp * 16; /* this warp's first key; its steps are DEC_WARPS * 16 keys apart */
   if constexpr (PIPE) {
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_raw) + threadIdx.x * 16u;
-    /* copies step S's pieces into stage S % NS (none past the warp's keys), then closes a group;
-     * piece q of a stage sits at q * DEC_WARPS * 32 slots: a warp's LDS.128 reads 512 bytes in a row */
-    auto issue = [&](int st) {
-      const int j0 = jw + st * DEC_WARPS * 16;
-      if (j0 < k1) {
-        const uint32_t dst = sbase + (uint32_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16);
+    /* The pipeline for a warp walking its keys in chunks of SC steps (SCC: an integral_constant):
+     * chunk c of warp w is the steps at keys k0 + ((c * DEC_WARPS + w) * SC + 0 .. SC - 1) * 16, so
+     * with SC = DEC_F8_CHUNK (4) each warp streams 64 consecutive keys (whole blocks of 8, 16 or
+     * 32 when k0 is aligned) before the next warp's 64; SC = 1 is every fourth 16-key step, for
+     * partitions too short to give each warp a chunk. KEY0(ST): the first of the 16 keys of this
+     * warp's step ST, increasing with ST. */
+    auto pipe = [&](auto scc) {
+      constexpr int SC = decltype(scc)::value;
+      const int lsc = dec_log2(SC);
+      auto key0 = [&](int st) {
+        return k0 + ((((st >> lsc) * DEC_WARPS + warp) << lsc) + (st & ((1 << lsc) - 1))) * 16;
+      };
+      /* copies step ST's pieces into stage ST % NS (none past the warp's keys), then closes a
+       * group; piece q of a stage sits at q * DEC_WARPS * 32 slots: a warp's LDS.128 reads 512
+       * bytes in a row. Half 1's block-table lookup waits for half 0's (its index adds min(block
+       * of half 0, 0), which is 0: block ids are not negative), so a step's copies go out after
+       * two round trips: with both lookups in flight at once (ptxas hoists an independent load),
+       * or with the block ids held across the warp's lanes and no lookup here, the kernel was
+       * slower at every block size (bench/RESULTS.md, session 15: measured, not explained). */
+      auto issue = [&](int st) {
+        const int j0 = key0(st);
+        if (j0 < k1) {
+          const uint32_t dst = sbase + (uint32_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16);
+          int prev = 0;
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          const int j = j0 + hf * 8 + g;
-          const bool valid = j < k1;
-          const size_t r = valid ? (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD : 0;
+          for (int hf = 0; hf < 2; hf++) {
+            const int j = j0 + hf * 8 + g;
+            const bool valid = j < k1;
+            const int blk = valid ? __ldg(bt + j / BS + min(prev, 0)) : 0;
+            prev = blk;
+            const size_t r = valid ? (size_t)blk * block_stride + head_off + (size_t)(j % BS) * HD : 0;
 #pragma unroll
-          for (int i = 0; i < L::NPT; i++) {
-            const uint32_t qk = (uint32_t)(hf * L::NPT + i), qv = qk + 2 * L::NPT;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qk * DEC_WARPS * 32 * 16),
-                         "l"(kc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qv * DEC_WARPS * 32 * 16),
-                         "l"(vc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
+            for (int i = 0; i < L::NPT; i++) {
+              const uint32_t qk = (uint32_t)(hf * L::NPT + i), qv = qk + 2 * L::NPT;
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qk * DEC_WARPS * 32 * 16),
+                           "l"(kc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
+              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + qv * DEC_WARPS * 32 * 16),
+                           "l"(vc + r + L::dim0(i, t)), "r"(valid ? 16 : 0));
+            }
           }
         }
-      }
-      asm volatile("cp.async.commit_group;\n" ::);
-    };
-    const int nsteps = jw < k1 ? (k1 - jw + DEC_WARPS * 16 - 1) / (DEC_WARPS * 16) : 0;
-#pragma unroll
-    for (int st = 0; st < NS - 1; st++)
-      issue(st);
-    for (int st = 0; st < nsteps; st++) {
-      asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
-      uint4 kr[2][L::NPT], vr[2][L::NPT];
-      const size_t row[2] = {0, 0};
-      const uint4 *src = (const uint4 *)(sm_raw + (size_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16)) + threadIdx.x;
-#pragma unroll
-      for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-        for (int i = 0; i < L::NPT; i++) {
-          kr[hf][i] = src[(hf * L::NPT + i) * DEC_WARPS * 32];
-          vr[hf][i] = src[(2 * L::NPT + hf * L::NPT + i) * DEC_WARPS * 32];
+        asm volatile("cp.async.commit_group;\n" ::);
+      };
+      int nsteps = 0; /* steps ST with key0(ST) < k1 */
+      if (SC == 1) {
+        const int jw = k0 + warp * 16;
+        nsteps = jw < k1 ? (k1 - jw + DEC_WARPS * 16 - 1) / (DEC_WARPS * 16) : 0;
+      } else { /* per position r in a chunk, the chunks reaching k1 */
+        for (int r = 0; r < 1 << lsc; r++) {
+          const int rel = k1 - key0(r);
+          nsteps += rel > 0 ? (rel + (DEC_WARPS * 16 << lsc) - 1) / (DEC_WARPS * 16 << lsc) : 0;
         }
-      issue(st + NS - 1); /* into the stage of step st - 1, read by this thread one step ago */
-      step(jw + st * DEC_WARPS * 16, kr, vr, row);
-    }
+      }
+#pragma unroll
+      for (int st = 0; st < NS - 1; st++)
+        issue(st);
+      for (int st = 0; st < nsteps; st++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
+        uint4 kr[2][L::NPT], vr[2][L::NPT];
+        const size_t row[2] = {0, 0};
+        const uint4 *src = (const uint4 *)(sm_raw + (size_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16)) + threadIdx.x;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+          for (int i = 0; i < L::NPT; i++) {
+            kr[hf][i] = src[(hf * L::NPT + i) * DEC_WARPS * 32];
+            vr[hf][i] = src[(2 * L::NPT + hf * L::NPT + i) * DEC_WARPS * 32];
+          }
+        issue(st + NS - 1); /* into the stage of step st - 1, read by this thread one step ago */
+        step(key0(st), kr, vr, row);
+      }
+    };
+    /* 4-step chunks where every warp gets at least one: at 64 x 4096, blocks 8 / 16 / 32, in one
+     * call, 0.145-0.148 / 0.143-0.144 / 0.143-0.145 ms against 0.152-0.153 / 0.142-0.143 / 0.149
+     * with one-step chunks only (bench/RESULTS.md, session 15) */
+    if (k1 - k0 >= DEC_WARPS * 16 * DEC_F8_CHUNK)
+      pipe(std::integral_constant<int, DEC_F8_CHUNK>());
+    else
+      pipe(std::integral_constant<int, 1>());
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads(); /* every warp is done with the stages before sm_o reuses them */
   } else {
-    for (int j0 = jw; j0 < k1; j0 += DEC_WARPS * 16) { /* warp-uniform bounds */
+    /* warp w's steps: keys k0 + w * 16 + s * DEC_WARPS * 16 (warp-uniform bounds) */
+    for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) {
       uint4 kr[2][L::NPT], vr[2][L::NPT];
       size_t row[2];
       L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
