@@ -513,15 +513,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
         }
         asm volatile("cp.async.commit_group;\n" ::);
       };
-      int nsteps = 0; /* steps ST with key0(ST) < k1 */
-      if (SC == 1) {
-        const int jw = k0 + warp * 16;
-        nsteps = jw < k1 ? (k1 - jw + DEC_WARPS * 16 - 1) / (DEC_WARPS * 16) : 0;
-      } else { /* per position r in a chunk, the chunks reaching k1 */
-        for (int r = 0; r < 1 << lsc; r++) {
-          const int rel = k1 - key0(r);
-          nsteps += rel > 0 ? (rel + (DEC_WARPS * 16 << lsc) - 1) / (DEC_WARPS * 16 << lsc) : 0;
-        }
+      int nsteps = 0; /* steps ST with key0(ST) < k1: per position r in a chunk, the chunks reaching k1 */
+      for (int r = 0; r < SC; r++) {
+        const int rel = k1 - key0(r);
+        nsteps += rel > 0 ? (rel + (DEC_WARPS * 16 << lsc) - 1) / (DEC_WARPS * 16 << lsc) : 0;
       }
 #pragma unroll
       for (int st = 0; st < NS - 1; st++)
