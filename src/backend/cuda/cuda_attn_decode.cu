@@ -18,16 +18,19 @@
  * sequences than there are counters, by attn_decode_reduce_kernel, a second launch. The output
  * is the same bits either way.
  *
- * The fold ("threadfence reduction"): every partition block writes its partials, fences them
- * (__threadfence) and counts itself on its (sequence, KV head) counter (one atomicAdd); the
- * block that draws nparts - 1 is the last, fences again, reads the others' partials through L2
- * (__ldcg: never the non-coherent path, which may hold stale lines), combines the G heads'
- * partitions in order p = 0 .. nparts - 1 and writes the output. INVARIANT: the counters (the
- * first attn_cnt_n ints of the scratch) are 0 between launches: zeroed (cudaMemsetAsync) when
- * the scratch is (re)allocated, outside any capture, and reset to 0 by the last block of each
- * (sequence, KV head) that counted (every partition of a split sequence counts, exactly once;
- * partitions past its end and unsplit sequences never touch it), so the next launch and every
- * CUDA-graph replay start from 0.
+ * The fold (a semaphore, as CUTLASS's split-K "serial reduction" counts its tiles): every partition
+ * block writes its partials, meets at a barrier, and its thread 0 counts the block on its (sequence,
+ * KV head) counter with one atomic add of acq_rel order at GPU scope (it releases the block's
+ * partials, which the barrier ordered before it; no per-thread fence.sc, which took 0.2% of the 8B
+ * step, bench/RESULTS.md, session 16); the block that draws nparts - 1 is the last (its add also
+ * acquires the others' partials, which its threads read after a second barrier), reads the
+ * others' partials through L2 (__ldcg: never the non-coherent path, which may hold stale lines),
+ * combines the G heads' partitions in order p = 0 .. nparts - 1 and writes the output.
+ * INVARIANT: the counters (the first attn_cnt_n ints of the scratch) are 0 between launches:
+ * zeroed (cudaMemsetAsync) when the scratch is (re)allocated, outside any capture, and reset to 0
+ * by the last block of each (sequence, KV head) that counted (every partition of a split sequence
+ * counts, exactly once; partitions past its end and unsplit sequences never touch it), so the
+ * next launch and every CUDA-graph replay start from 0.
  *
  * CUDA-graph safety: the launch shape depends only on num_seqs and the host bound max_seq_len
  * (which may be loose), never on device data; the real context comes from seq_lens, and
@@ -130,11 +133,14 @@ template <int HD>
 __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int G, int tok, int nparts, float *sm) {
   float *s_mm = sm;                           /* [G <= 8]: each head's largest partition max */
   volatile int *s_last = (volatile int *)(sm + 8); /* this block is the last */
-  __threadfence(); /* this thread's partials reach the GPU before the count says they are there */
-  __syncthreads(); /* ... and every thread is done with SM's earlier contents */
+  __syncthreads(); /* every thread's partials are written, and every thread is done with SM */
   if (threadIdx.x == 0) {
     int *cnt = a.part_cnt + (size_t)b * a.n_kv + kvh;
-    const int last = atomicAdd(cnt, 1) == nparts - 1;
+    int prev;
+    /* acq_rel at GPU scope: releases this block's partials (ordered before it by the barrier) and,
+     * in the last block, acquires the others' (its other threads read them after the barrier below) */
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(cnt) : "memory");
+    const int last = prev == nparts - 1;
     if (last)
       atomicExch(cnt, 0); /* every partition has counted: 0 again for the next launch / replay */
     *s_last = last;
@@ -142,7 +148,6 @@ __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int
   __syncthreads();
   if (!*s_last)
     return;
-  __threadfence(); /* the other blocks' partials, fenced before their counts, are read after ours */
   if ((int)threadIdx.x < G)
     s_mm[threadIdx.x] = dec_comb_max(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.n_parts, nparts);
   __syncthreads();

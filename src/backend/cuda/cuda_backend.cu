@@ -509,7 +509,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->gemv_ring_min_k = env_int("PAGODA_GEMV_RING_MIN_K", CUDA_GEMV_RING_MIN_K, 0, INT32_MAX,
                                      "a row length (0: every length)")) < 0 ||
       (cb->gemv_ring_kb = env_int("PAGODA_GEMV_RING_KB", CUDA_GEMV_RING_KB, 32, 192,
-                                  "a ring size in KiB per block (32..192)")) < 0)
+                                  "a ring size in KiB per block (32..192)")) < 0 ||
+      (cb->gemv_ring_pre_ahead = env_int("PAGODA_GEMV_RING_PRE_AHEAD", CUDA_GEMV_RING_PRE_AHEAD, 0, 8,
+                                         "chunks per warp before the wait (1..8; 0: half the ring)")) < 0)
     return -1;
   if (cb->qgemv_ring_warps % 8 != 0)
     return ERR("PAGODA_QGEMV_RING_WARPS=%d: expected 8 or 16", cb->qgemv_ring_warps);

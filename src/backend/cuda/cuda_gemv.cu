@@ -762,6 +762,7 @@ struct gemv_ring {
   int units, K, C; /* units (block b takes [b U / G, (b + 1) U / G)); columns; chunks per warp's ring */
   int evict_first;
   int late; /* cb->gemv_ring_late: trigger once the warp's last chunk is in flight, not after the wait */
+  int ahead; /* chunks per warp requested before the wait (C, or fewer with the prenorm: cb->gemv_ring_pre_ahead) */
 };
 
 /* XS: x in shared memory (the prenorm's normalized copy, or for ADD a plain copy when it takes at
@@ -814,8 +815,8 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
     }
     qg_cp_commit();
   };
-  for (int i = 0; i < C; i++)
-    issue(); /* the whole ring, before the wait: weights never change during a step */
+  for (int i = 0; i < g.ahead; i++)
+    issue(); /* the ring (or with PRE its first g.ahead chunks) before the wait: weights never change during a step */
   if constexpr (PRE) { /* the norm weight into L2 too */
     const int wbytes = K * (pre.w_f32 ? 4 : 2);
     for (int o = threadIdx.x * 128; o < wbytes; o += RING_WARPS * 32 * 128)
@@ -837,6 +838,16 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
       gemv_xs[i] = __ldg((const uint4 *)x + i);
     __syncthreads();
     xv = (const bf16 *)gemv_xs;
+  }
+  /* PRE: the rest of the ring once x is in. A prologue's loads queue behind the chunks its SM has
+   * in flight: with the whole ring requested before the wait, gate/up's prologue took 5.5 us of
+   * its 56 (a per-block timeline, bench/RESULTS.md, session 16); with half, the step is 0.4-0.6%
+   * faster at 8B. */
+  for (int i = g.ahead; i < C; i++)
+    issue();
+  if (!trig && cur.ik == nu) {
+    pdl_trigger();
+    trig = true;
   }
   const int L = gemv_seg_len(K);
   float acc[R][1], run[R][1];
@@ -956,6 +967,8 @@ static cudaError_t gemv_ring_launch(struct cuda_backend *cb, gemv_ring g, const 
   g.C = C < 2 ? 2 : C > 8 ? 8 : C;
   g.evict_first = cb->qg_evict_first;
   g.late = cb->gemv_ring_late;
+  g.ahead = !PRE ? g.C : cb->gemv_ring_pre_ahead > 0 ? (cb->gemv_ring_pre_ahead < g.C ? cb->gemv_ring_pre_ahead : g.C)
+                                                     : g.C / 2;
   const size_t smem = (xs ? (((size_t)g.K * 2 + 15) & ~(size_t)15) : 0) + (size_t)RING_WARPS * g.C * R * RING_SLOT_BYTES;
   const cudaError_t e = cuda_smem_opt_in(cb, (const void *)fn, &opted[xs]);
   if (e != cudaSuccess)
