@@ -841,7 +841,7 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   }
   /* PRE: the rest of the ring once x is in. A prologue's loads queue behind the chunks its SM has
    * in flight: with the whole ring requested before the wait, gate/up's prologue took 5.5 us of
-   * its 56 (a per-block timeline, bench/RESULTS.md, session 16); with half, the step is 0.4-0.6%
+   * its 56 (a per-block timeline, bench/RESULTS.md, session 16); with half, the step is 0.3-0.6%
    * faster at 8B. */
   for (int i = g.ahead; i < C; i++)
     issue();
