@@ -393,6 +393,11 @@ struct backend_caps {
   int graphs;             /* 1: decode steps may be replayed as captured graphs (ops->graph_run); the
                            * engine then pads decode batches to graph sizes (model_forward_graph),
                            * whether replay is on or off, so both give the same tokens */
+  int graph_short_ctx;    /* > 0: a decode graph whose sequences all have at most this many tokens is
+                           * captured apart (its own key), with this as its max_seq_len: a bound the
+                           * backend launches differently under (CUDA: decode attention combines
+                           * through thread block clusters, cuda_attn_decode.cu); 0: one graph per
+                           * batch size, bounded by the model length */
   int async_steps;        /* 1: the engine may launch step N + 1 before it reads step N's ids: on
                            * a device backend through sample_async / sample_wait / resolve_ids; on
                            * a host backend (synchronous ops) the engine samples at launch and

@@ -181,7 +181,11 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
   batch.num_tokens = t;
   batch.num_seqs = Bp;
   batch.num_logits = nl;
-  batch.max_seq_len = e->max_model_len; /* graph-stable bounds */
+  /* graph-stable bounds: the model length, or the backend's short context when every sequence fits
+   * it (a graph of its own: backend_caps.graph_short_ctx) */
+  const int short_ctx = e->be->caps.graph_short_ctx;
+  batch.max_seq_len =
+      short_ctx > 0 && max_len <= short_ctx && short_ctx < e->max_model_len ? short_ctx : e->max_model_len;
   batch.max_query_len = 1;
   return model_forward_graph(e->model, &batch, e->dev_logits ? NULL : e->logits);
 }

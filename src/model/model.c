@@ -1037,7 +1037,9 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
       return ERR("graph batch of %d tokens, %d sequences, %d logits rows, %d blocks per sequence: a padded "
                  "decode batch has one of each per sequence and %d blocks", b.num_tokens, b.num_seqs,
                  b.num_logits, b.max_blocks_per_seq, m->max_blocks_per_seq);
-    if (op->graph_run(be, b.num_seqs, forward_ops, &ctx))
+    /* the key: the padded batch size, and whether the bound is the short context (its own graph) */
+    const int short_ctx = be->caps.graph_short_ctx;
+    if (op->graph_run(be, b.num_seqs * 2 + (short_ctx > 0 && b.max_seq_len <= short_ctx), forward_ops, &ctx))
       return -1;
     m->n_hidden_rows = b.num_logits;
     if (m->vocab_parallel) { /* the slices to rank 0, then Gemma 2's softcap on the whole vocabulary */

@@ -353,7 +353,8 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
   a.v_scale = f8 ? kv->v_scale : 1.0f;
   a.pdl_early = (unsigned char)cuda_be(be)->attn_early;
   a.prefetch = (unsigned short)cuda_be(be)->attn_prefetch; /* at most 65535 (cuda_init) */
-  a.exit_early = (unsigned char)cuda_be(be)->attn_exit_early;
+  a.early = (unsigned char)((cuda_be(be)->attn_exit_early ? ATTN_EXIT_EARLY : 0) |
+                             (cuda_be(be)->attn_kv_early ? ATTN_KV_EARLY : 0));
   if (f8 && !(a.k_scale > 0.0f && a.v_scale > 0.0f))
     return ERR("cuda attention: f8e4m3 KV scales %g / %g must be > 0", (double)a.k_scale, (double)a.v_scale);
   int rc = cuda_attention_decode(be, &a, kv->block_size, f8, b->max_query_len, b->max_seq_len);

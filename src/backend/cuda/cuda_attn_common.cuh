@@ -158,9 +158,12 @@ struct attn_args {
                             * (cb->attn_prefetch, at most 65535) */
   unsigned char pdl_early;  /* the decode kernels trigger the next kernel before their wait (cb->attn_early,
                              * cuda_pdl.cuh) */
-  unsigned char exit_early; /* with PREFETCH: a block with no keys to read exits before its wait
-                             * (cb->attn_exit_early) */
+  unsigned char early; /* with PREFETCH, ATTN_EXIT_EARLY: a block with no keys to read exits before its
+                        * wait (cb->attn_exit_early); ATTN_KV_EARLY: attn_decode_mma_kernel loads its
+                        * warps' first step of K/V before its wait (cb->attn_kv_early) */
 };
+#define ATTN_EXIT_EARLY 1
+#define ATTN_KV_EARLY 2
 static_assert(sizeof(attn_args) <= 128, "attn_args must stay within 128 bytes (see above)");
 
 /* The split-K partial outputs: (B, n_heads, n_parts, hd) floats after the (max, sum) pairs. */

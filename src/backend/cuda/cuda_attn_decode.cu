@@ -11,12 +11,14 @@
  * online softmax (max, sum, its N output dims per head) updated once per U keys. The groups
  * and the DEC_WARPS warps are merged at the end (butterfly, then shared memory). A sequence whose
  * keys fit one partition writes its output directly; otherwise each partition writes its
- * unnormalized output and (max, sum) to the split-K scratch, and the partitions are combined
- * (dec_comb_max / dec_comb_dim, one arithmetic for both ways) either by the last partition
- * block of the (sequence, KV head) to finish (the fold, dec_fold: the default) or, with
- * PAGODA_ATTN_FOLD=0 (cb->attn_fold, read at create) or when a captured batch has more
- * sequences than there are counters, by attn_decode_reduce_kernel, a second launch. The output
- * is the same bits either way.
+ * unnormalized output and (max, sum), and the partitions are combined (dec_comb_max /
+ * dec_comb_dim, one arithmetic for every way) by the partition blocks themselves through
+ * distributed shared memory when the kernel runs in thread block clusters and the sequence has at
+ * most a cluster's partitions (the cluster fold, dec_cfold, below: the default on compute
+ * capability 9.0), else from the split-K scratch either by the last partition block of the
+ * (sequence, KV head) to finish (the fold, dec_fold) or, with PAGODA_ATTN_FOLD=0 (cb->attn_fold,
+ * read at create; no clusters then) or when a captured batch has more sequences than there are
+ * counters, by attn_decode_reduce_kernel, a second launch. The output is the same bits every way.
  *
  * The fold (a semaphore, as CUTLASS's split-K "serial reduction" counts its tiles): every partition
  * block writes its partials, meets at a barrier, and its thread 0 counts the block on its (sequence,
@@ -81,8 +83,9 @@ struct dec_shm {
   static constexpr int NS = dec_f8_stages(HD);
   static constexpr int NPC = 4 * L::NPT; /* pieces per thread and step: K and V of 2 keys */
   static constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
+  static constexpr int CLU_BYTES = 8 * HD * 4 + 8 * 8; /* the cluster fold's partials, after the merge */
   static constexpr int STAGE_BYTES = NS * NPC * DEC_WARPS * 32 * 16;
-  static constexpr int SMEM = PIPE ? (STAGE_BYTES > MERGE_BYTES ? STAGE_BYTES : MERGE_BYTES) : 0;
+  static constexpr int SMEM = PIPE ? (STAGE_BYTES > MERGE_BYTES + CLU_BYTES ? STAGE_BYTES : MERGE_BYTES + CLU_BYTES) : 0;
 };
 
 /* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
@@ -103,24 +106,41 @@ __device__ __forceinline__ int dec_part_len(const attn_args &a, int nkeys) {
  * Loads through L2 (__ldcg): in the fold the partials were written by other blocks of the same
  * grid. Unrolled so that several partitions' loads are in flight at once (the order of the sums
  * stays p = 0, 1, ...). */
-__device__ __forceinline__ float dec_comb_max(const attn_args &a, size_t p0, int nparts) {
+template <class ML>
+__device__ __forceinline__ float dec_comb_max(ML ml, int nparts) {
   float mm = -INFINITY;
 #pragma unroll 4
   for (int p = 0; p < nparts; p++)
-    mm = fmaxf(mm, __ldcg(a.part_ml + p0 + p).x);
+    mm = fmaxf(mm, ml(p).x);
   return mm;
 }
 
-__device__ __forceinline__ bf16 dec_comb_dim(const attn_args &a, size_t p0, int nparts, float mm, int d) {
+template <class ML, class ACC>
+__device__ __forceinline__ bf16 dec_comb_dim(ML ml, ACC acc, int nparts, float mm) {
   float ls = 0.0f, as = 0.0f;
 #pragma unroll 4
   for (int p = 0; p < nparts; p++) {
-    float2 ml = __ldcg(a.part_ml + p0 + p);
-    float f = __expf(ml.x - mm);
-    ls = __fmaf_rn(ml.y, f, ls);
-    as = __fmaf_rn(__ldcg(attn_part_acc(a) + (p0 + p) * a.hd + d), f, as);
+    float2 m = ml(p);
+    float f = __expf(m.x - mm);
+    ls = __fmaf_rn(m.y, f, ls);
+    as = __fmaf_rn(acc(p), f, as);
   }
   return __float2bfloat16(as / ls);
+}
+
+/* The loaders of the split-K scratch: head partials from P0, output dim D. */
+struct dec_ml_global {
+  const float2 *ml;
+  __device__ __forceinline__ float2 operator()(int p) const { return __ldcg(ml + p); }
+};
+struct dec_acc_global {
+  const float *acc;
+  int hd;
+  __device__ __forceinline__ float operator()(int p) const { return __ldcg(acc + (size_t)p * hd); }
+};
+__device__ __forceinline__ dec_ml_global dec_ml_of(const attn_args &a, size_t p0) { return {a.part_ml + p0}; }
+__device__ __forceinline__ dec_acc_global dec_acc_of(const attn_args &a, size_t p0, int d) {
+  return {attn_part_acc(a) + p0 * a.hd + d, a.hd};
 }
 
 /* The fold (see the top of the file): called by every thread of partition block (b, kvh) of a
@@ -149,13 +169,75 @@ __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int
   if (!*s_last)
     return;
   if ((int)threadIdx.x < G)
-    s_mm[threadIdx.x] = dec_comb_max(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.n_parts, nparts);
+    s_mm[threadIdx.x] = dec_comb_max(dec_ml_of(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.n_parts), nparts);
   __syncthreads();
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
     const int g = i / HD, d = i % HD, h = kvh * G + g;
-    a.out[((size_t)tok * a.n_heads + h) * HD + d] =
-        dec_comb_dim(a, ((size_t)b * a.n_heads + h) * a.n_parts, nparts, s_mm[g], d);
+    const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
+    a.out[((size_t)tok * a.n_heads + h) * HD + d] = dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, s_mm[g]);
   }
+}
+
+/* ---- The cluster fold (cb->attn_cluster, PAGODA_ATTN_CLUSTER; on by default from compute
+ * capability 9.0): when the grid's P partitions fit one thread block cluster (P <= attn_cluster,
+ * 16) and the grid one block per SM (B * n_kv * P <= the SMs: batch 1 of the 8B shape), the kernel
+ * is launched in clusters of (1, P, 1), so the partitions of a (sequence, KV head) are co-scheduled
+ * in one GPC. Each partition keeps its partials in its block's shared memory; after a cluster
+ * barrier partition p combines the outputs i = p, p + nparts, ... of the G heads, reading every
+ * partition's partials through distributed shared memory with dec_comb_max / dec_comb_dim (the
+ * same arithmetic: the same bits as the fold and the reduce), and a second barrier keeps every
+ * block's shared memory alive until the others are done reading it. No global round trip: with
+ * the fold, the counter and the last block's L2 reads (queued behind o's weight copies) left about
+ * 11 us of a layer of the 8B step from q/k/v's end to o's wait; with the cluster the step is
+ * 2.5-2.8% faster (bench/RESULTS.md, session 17). A block that has exited counts as arrived at a
+ * cluster barrier (PTX ISA, exit), so the partitions past a sequence's end may leave whenever they
+ * like. A CUDA graph is captured for the model length, where P is 33 at batch 1 on the H200: the
+ * engine captures decode graphs of contexts up to cuda_attn_graph_short_ctx (16 x 64 keys) apart,
+ * with that bound (backend_caps.graph_short_ctx), so those steps take the cluster and longer ones
+ * keep the fold. Clusters over more partitions than that, padded, or over more than one block per
+ * SM were slower: 1 x 6000 keys +4%, 4 x 2048 keys +2% (session 17). ---- */
+__device__ __forceinline__ int dec_cluster_ctas(void) {
+  unsigned n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return (int)n;
+}
+__device__ __forceinline__ void dec_cluster_sync(void) {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t dec_mapa(uint32_t addr, int rank) {
+  uint32_t r;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+struct dec_ml_dsmem {
+  uint32_t addr; /* this block's shared address of the head's (max, sum); partition q is cluster rank q */
+  __device__ __forceinline__ float2 operator()(int q) const {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(dec_mapa(addr, q)));
+    return v;
+  }
+};
+struct dec_acc_dsmem {
+  uint32_t addr;
+  __device__ __forceinline__ float operator()(int q) const {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dec_mapa(addr, q)));
+    return v;
+  }
+};
+/* PACC [G][HD] and PML [G]: this block's partials in its shared memory, written by every thread
+ * before the call (block-uniform call, every working partition of the cluster calls it). */
+template <int HD>
+__device__ __forceinline__ void dec_cfold(const attn_args &a, int kvh, int G, int tok, int nparts, int p,
+                                          const float *pacc, const float2 *pml) {
+  dec_cluster_sync(); /* every partition's partials are in its shared memory */
+  const uint32_t sacc = (uint32_t)__cvta_generic_to_shared(pacc), sml = (uint32_t)__cvta_generic_to_shared(pml);
+  for (int i = p + nparts * (int)threadIdx.x; i < G * HD; i += nparts * (int)blockDim.x) {
+    const dec_ml_dsmem ml{sml + (uint32_t)(i / HD) * 8u};
+    const float mm = dec_comb_max(ml, nparts);
+    a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] = dec_comb_dim(ml, dec_acc_dsmem{sacc + (uint32_t)i * 4u}, nparts, mm);
+  }
+  dec_cluster_sync(); /* no block leaves while another may still read its shared memory */
 }
 
 template <int BS, int HD, int G, class KV, int U>
@@ -370,7 +452,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   constexpr int NS = SH::NS, NPC = SH::NPC;
   /* PIPE: the stages in dynamic shared memory (SH::SMEM bytes), else the merge in static; the
    * warps' merge (sm_o, sm_m, sm_l) reuses the stages once every warp is done with them */
-  __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : SH::MERGE_BYTES];
+  __shared__ __align__(16) unsigned char sm_static[PIPE ? 16 : SH::MERGE_BYTES + SH::CLU_BYTES];
   extern __shared__ __align__(16) unsigned char sm_dyn[];
   unsigned char *const sm_raw = PIPE ? sm_dyn : sm_static;
   float(*sm_o)[8][HD] = (float(*)[8][HD])sm_raw;
@@ -380,6 +462,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   const int b = blockIdx.x / a.n_kv, kvh = blockIdx.x % a.n_kv, p = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int G = a.n_heads / a.n_kv;
+  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
+  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
+  const size_t head_off = (size_t)kvh * BS * HD;
+  const size_t block_stride = (size_t)a.n_kv * BS * HD;
+  /* ATTN_KV_EARLY (register-fed K/V only): the warp's first step of K/V in registers before the
+   * wait (cuda_pdl.cuh rule 3), but for this step's keys (the q/k/v kernel writes them), loaded after */
+  uint4 pkr[2][L::NPT], pvr[2][L::NPT];
+  bool pre = false;
   /* PREFETCH: the batch metadata and the K/V rows before the wait (cuda_pdl.cuh, rule 3) */
   if (!a.prefetch)
     pdl_enter(a.pdl_early); /* cuda_pdl.cuh */
@@ -397,8 +487,19 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
      * max_model_len: 33 per KV head at batch 1 on the H200, of which a 640-key context uses 10)
      * free their slots while the kernel before still runs, and the next kernel's blocks find the
      * multiprocessors as soon as the working partitions have waited (cb->attn_exit_early). */
-    if (a.exit_early && p > 0 && (tk.q_len <= 0 || p >= nparts))
+    if ((a.early & ATTN_EXIT_EARLY) && p > 0 && (tk.q_len <= 0 || p >= nparts))
       return;
+    if constexpr (!PIPE && !LATE_V) {
+      if ((a.early & ATTN_KV_EARLY) && tk.q_len > 0 && p < nparts) {
+        const int k0 = tk.first + p * plen, k1 = min(k0 + plen, tk.ctx), j0 = k0 + warp * 16;
+        if (j0 < k1) {
+          size_t row[2];
+          L::template load_kv16<BS, true>(pkr, pvr, row, kc, vc, bt, block_stride, head_off, j0,
+                                          min(k1, tk.ctx - tk.q_len), g, t);
+          pre = true;
+        }
+      }
+    }
     pdl_enter(a.pdl_early);
   }
   if (tk.q_len <= 0)
@@ -423,10 +524,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const float sscale = a.scale * (F8 ? a.k_scale : 1.0f);
-  const E *kc = (const E *)a.kc, *vc = (const E *)a.vc;
-  const int32_t *bt = a.block_tables + (size_t)b * a.max_blocks;
-  const size_t head_off = (size_t)kvh * BS * HD;
-  const size_t block_stride = (size_t)a.n_kv * BS * HD;
 
   /* one warp step: the 16 keys j0 .. j0 + 15 (K and V pieces in KR, VR; LATE_V: V loaded here from ROW) */
   auto step = [&](int j0, const uint4 (&kr)[2][L::NPT], uint4 (&vr)[2][L::NPT], const size_t (&row)[2]) {
@@ -553,7 +650,26 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     __syncthreads(); /* every warp is done with the stages before sm_o reuses them */
   } else {
     /* warp w's steps: keys k0 + w * 16 + s * DEC_WARPS * 16 (warp-uniform bounds) */
-    for (int j0 = k0 + warp * 16; j0 < k1; j0 += DEC_WARPS * 16) {
+    int j0 = k0 + warp * 16;
+    if (pre) { /* the first step, loaded before the wait: now this step's keys (if any are in it) */
+      const size_t row[2] = {0, 0};
+      const int knew = tk.ctx - tk.q_len;
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        const int j = j0 + hf * 8 + g;
+        if (j >= knew && j < k1) {
+          const size_t r = (size_t)__ldg(bt + j / BS) * block_stride + head_off + (size_t)(j % BS) * HD;
+#pragma unroll
+          for (int i = 0; i < L::NPT; i++) {
+            pkr[hf][i] = L::load(kc + r, i, t);
+            pvr[hf][i] = L::load(vc + r, i, t);
+          }
+        }
+      }
+      step(j0, pkr, pvr, row);
+      j0 += DEC_WARPS * 16;
+    }
+    for (; j0 < k1; j0 += DEC_WARPS * 16) {
       uint4 kr[2][L::NPT], vr[2][L::NPT];
       size_t row[2];
       L::template load_kv16<BS, !LATE_V>(kr, vr, row, kc, vc, bt, block_stride, head_off, j0, k1, g, t);
@@ -574,6 +690,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   }
   __syncthreads();
   const float vs = F8 ? a.v_scale : 1.0f;
+  const bool clu = nparts > 1 && nparts <= dec_cluster_ctas(); /* the cluster fold (block-uniform; 1 without clusters) */
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
     int gg = i / HD, d = i % HD;
     float mm = -INFINITY;
@@ -591,6 +708,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
     int h = kvh * G + gg;
     if (nparts == 1) {
       a.out[((size_t)tok * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
+    } else if (clu) {
+      ((float *)(sm_raw + SH::MERGE_BYTES))[i] = as;
+      if (d == 0)
+        ((float2 *)(sm_raw + SH::MERGE_BYTES + 8 * HD * 4))[gg] = make_float2(mm, ls);
     } else {
       size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
       attn_part_acc(a)[pi * HD + d] = as;
@@ -598,7 +719,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
         a.part_ml[pi] = make_float2(mm, ls);
     }
   }
-  if (nparts > 1 && a.part_cnt)
+  if (clu)
+    dec_cfold<HD>(a, kvh, G, tok, nparts, p, (const float *)(sm_raw + SH::MERGE_BYTES),
+                  (const float2 *)(sm_raw + SH::MERGE_BYTES + 8 * HD * 4));
+  else if (nparts > 1 && a.part_cnt)
     dec_fold<HD>(a, b, kvh, G, tok, nparts, (float *)sm_raw);
 }
 
@@ -615,9 +739,9 @@ __global__ void attn_decode_reduce_kernel(const attn_args a) {
   if (tk.q_len <= 0 || nparts <= 1)
     return; /* written by the main kernel */
   const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
-  const float mm = dec_comb_max(a, p0, nparts);
+  const float mm = dec_comb_max(dec_ml_of(a, p0), nparts);
   for (int d = threadIdx.x; d < a.hd; d += blockDim.x)
-    a.out[((size_t)t * a.n_heads + h) * a.hd + d] = dec_comb_dim(a, p0, nparts, mm, d);
+    a.out[((size_t)t * a.n_heads + h) * a.hd + d] = dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, mm);
 }
 
 /* Keys each lane group loads before using them (U): as many as the registers allow without
@@ -638,15 +762,48 @@ static int dec_use_mma(void) {
 
 /* attn_decode_mma_kernel<BS, HD, KV> with its dynamic shared memory (opted in once per device) */
 template <int BS, int HD, class KV>
-static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, const attn_args &a) {
-  static unsigned long long opted = 0;
+/* CLUSTER > 1: in clusters of GRID.y = the partitions (at most cb->attn_cluster, whose size is checked) */
+static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, const attn_args &a, int cluster) {
+  static unsigned long long opted = 0, checked = 0, clusters_ok = 0; /* bit d: device d */
   constexpr int smem = dec_shm<HD, typename KV::elem>::SMEM;
+  const void *fn = (const void *)attn_decode_mma_kernel<BS, HD, KV>;
   if (smem > 0) {
-    const cudaError_t e = cuda_smem_opt_in(cb, (const void *)attn_decode_mma_kernel<BS, HD, KV>, &opted);
+    const cudaError_t e = cuda_smem_opt_in(cb, fn, &opted);
     if (e != cudaSuccess)
       return e;
   }
+  if (cluster > 1) {
+    /* once per device: clusters of cb->attn_cluster blocks (the largest launched) must fit the device
+     * (above 8 they are non-portable, opted into); if none can be resident the kernel runs without */
+    const unsigned long long bit = cb->device >= 0 && cb->device < 64 ? 1ull << cb->device : 0;
+    if (!(__atomic_load_n(&checked, __ATOMIC_ACQUIRE) & bit)) {
+      cudaLaunchAttribute at;
+      at.id = cudaLaunchAttributeClusterDimension;
+      at.val.clusterDim.x = 1, at.val.clusterDim.y = (unsigned)cb->attn_cluster, at.val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(1, (unsigned)cb->attn_cluster);
+      cfg.blockDim = dim3(DEC_WARPS * 32);
+      cfg.dynamicSmemBytes = (size_t)smem;
+      cfg.attrs = &at;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if ((cb->attn_cluster <= 8 || cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+          cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n > 0)
+        __atomic_fetch_or(&clusters_ok, bit, __ATOMIC_RELEASE);
+      (void)cudaGetLastError(); /* a refused size is not an error: no cluster */
+      __atomic_fetch_or(&checked, bit, __ATOMIC_RELEASE);
+    }
+    if (__atomic_load_n(&clusters_ok, __ATOMIC_ACQUIRE) & bit) /* the grid's P partitions, one cluster */
+      return cuda_pdl_launch_cluster(cb, attn_decode_mma_kernel<BS, HD, KV>, grid, dim3(DEC_WARPS * 32),
+                                     (size_t)smem, (int)grid.y, a);
+  }
   return cuda_pdl_launch(cb, attn_decode_mma_kernel<BS, HD, KV>, grid, dim3(DEC_WARPS * 32), (size_t)smem, a);
+}
+
+int cuda_attn_graph_short_ctx(const struct cuda_backend *cb) {
+  /* the mma kernel's partitions are at least DEC_MIN_PART keys (a multiple of its 64-key warp
+   * steps), so a context of attn_cluster * DEC_MIN_PART keys splits in at most attn_cluster */
+  return cb->attn_cluster > 1 && dec_use_mma() ? cb->attn_cluster * DEC_MIN_PART : 0;
 }
 
 /* Keys per warp step of the instantiation for (HD, G, f8). */
@@ -792,12 +949,16 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   if ((int64_t)a->B * a->n_kv > 0x7fffffff)
     return ERR("cuda attention: batch too large (%d sequences)", a->B);
   dim3 grid((unsigned)(a->B * a->n_kv), (unsigned)P);
+  /* The cluster fold (with the fold on, mma kernel): when the grid's P partitions fit one cluster,
+   * so every sequence's do, and the grid fits one block per SM (beside a running GEMV block; with
+   * clusters over more blocks than that, 4 x 2048 keys took 2% longer, bench/RESULTS.md, session 17) */
+  const int cluster = fold && mma && P <= cb->attn_cluster && (int64_t)a->B * a->n_kv * P <= sms ? P : 0;
 #define DEC_MMA(BS, KV)                                                                            \
-  (a->hd == 64    ? dec_mma_launch<BS, 64, KV>(cb, grid, *a)                                       \
-   : a->hd == 80  ? dec_mma_launch<BS, 80, KV>(cb, grid, *a)                                       \
-   : a->hd == 96  ? dec_mma_launch<BS, 96, KV>(cb, grid, *a)                                       \
-   : a->hd == 128 ? dec_mma_launch<BS, 128, KV>(cb, grid, *a)                                      \
-                  : dec_mma_launch<BS, 256, KV>(cb, grid, *a))
+  (a->hd == 64    ? dec_mma_launch<BS, 64, KV>(cb, grid, *a, cluster)                              \
+   : a->hd == 80  ? dec_mma_launch<BS, 80, KV>(cb, grid, *a, cluster)                              \
+   : a->hd == 96  ? dec_mma_launch<BS, 96, KV>(cb, grid, *a, cluster)                              \
+   : a->hd == 128 ? dec_mma_launch<BS, 128, KV>(cb, grid, *a, cluster)                             \
+                  : dec_mma_launch<BS, 256, KV>(cb, grid, *a, cluster))
 #define DEC_BS(BS)                                                                                 \
   (mma ? (f8 ? DEC_MMA(BS, kv_f8) : DEC_MMA(BS, kv_bf16))                                          \
        : (f8 ? dec_launch<BS, kv_f8, kv_f8h, 1>(cb, *a, G, grid) : dec_launch<BS, kv_bf16, kv_bf16, 0>(cb, *a, G, grid)))

@@ -486,7 +486,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * attention) triggering the next kernel before its own wait. PAGODA_EPI_EARLY: the GEMV
    * epilogues' reads right after their wait. PAGODA_ATTN_PREFETCH=n: decode attention's first n
    * keys' K/V rows prefetched before its wait, PAGODA_ATTN_EXIT_EARLY its blocks without keys leaving
-   * before it. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
+   * before it, PAGODA_ATTN_KV_EARLY its first keys' K/V loaded before it, PAGODA_ATTN_CLUSTER its
+   * partitions combined through distributed shared memory. PAGODA_QG_EVICT_FIRST: the integer-dot GEMV's
    * weight copies with L2's evict-first policy (the ring GEMV's too). PAGODA_ROPE_KV_SPLIT:
    * rope_kv_write over several blocks per token. PAGODA_GEMV_RING, _KB, _LATE, _MIN_K: the ring
    * GEMV at T = 1 (cuda_gemv.cu; cuda_backend.h). For measuring them. */
@@ -498,6 +499,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
            env_int("PAGODA_ATTN_PREFETCH", CUDA_ATTN_PREFETCH, 0, 65535, "a number of keys, at most 65535 (0: off)")) < 0 ||
       (cb->attn_early = env_flag("PAGODA_ATTN_EARLY", CUDA_ATTN_EARLY)) < 0 ||
       (cb->attn_exit_early = env_flag("PAGODA_ATTN_EXIT_EARLY", CUDA_ATTN_EXIT_EARLY)) < 0 ||
+      (cb->attn_kv_early = env_flag("PAGODA_ATTN_KV_EARLY", CUDA_ATTN_KV_EARLY)) < 0 ||
+      (cb->attn_cluster = env_int("PAGODA_ATTN_CLUSTER", CUDA_ATTN_CLUSTER, 0, 16,
+                                  "blocks per cluster, 2..16 (0: off)")) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
       (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
       (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||
@@ -542,6 +546,10 @@ static int cuda_init(struct cuda_backend *cb, int device) {
    * (for measuring it and for bisecting: the outputs are the same either way). */
   const char *pdl = getenv("PAGODA_PDL");
   cb->pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+  if (cb->attn_cluster == 1)
+    return ERR("PAGODA_ATTN_CLUSTER=1: expected 2..16 blocks per cluster (0: off)");
+  if (prop.major < 9)
+    cb->attn_cluster = 0; /* thread block clusters: compute capability 9.0 and newer */
   /* Decode attention's split-K reduction folded into its last partition block (cuda_attn_decode.cu);
    * PAGODA_ATTN_FOLD=0 keeps the separate reduce kernel (same bits; for measuring and bisecting). */
   const char *fold = getenv("PAGODA_ATTN_FOLD");
@@ -586,6 +594,7 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
     cuda_destroy(&cb->base);
     return NULL;
   }
+  cb->base.caps.graph_short_ctx = cuda_attn_graph_short_ctx(cb); /* after cuda_init: attn_cluster */
   return &cb->base;
 }
 

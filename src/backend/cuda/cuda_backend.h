@@ -154,6 +154,15 @@ struct cuda_backend {
   int attn_exit_early;       /* 1 (CUDA_ATTN_EXIT_EARLY; PAGODA_ATTN_EXIT_EARLY=0|1): with attn_prefetch, a decode
                               * attention block whose partition has no keys exits before its wait, not after
                               * (cuda_attn_decode.cu; the same bits either way) */
+  int attn_kv_early;         /* 1 (CUDA_ATTN_KV_EARLY; PAGODA_ATTN_KV_EARLY=0|1): with attn_prefetch, the decode
+                              * attention kernel (bf16 operands, head_dim <= 128) loads each warp's first 16 keys'
+                              * K/V rows into registers before its wait, all but this step's keys, which it loads
+                              * after (cuda_pdl.cuh rule 3; the same bits either way) */
+  int attn_cluster;          /* CUDA_ATTN_CLUSTER (PAGODA_ATTN_CLUSTER=0 or 2..16): the decode attention kernel's
+                              * partition blocks of a (sequence, KV head) form thread block clusters of this many,
+                              * and a sequence split in at most that many partitions is combined through
+                              * distributed shared memory (cuda_attn_decode.cu, dec_cfold; the same bits); 0 off,
+                              * and off below compute capability 9.0 */
   int attn_early;            /* PAGODA_ATTN_EARLY=1 (CUDA_ATTN_EARLY: 0): decode attention lets the next kernel
                               * (the o projection; not with the separate split-K reduce) launch before its
                               * own wait (cuda_pdl.cuh, pdl_enter) */
@@ -239,6 +248,9 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
  * the allocation happens on the next attention call outside a CUDA-graph capture (the
  * profiling step), so a captured step never allocates. Bounds only grow. */
 extern "C" int cuda_attention_reserve(struct backend *be, int max_seqs, int max_ctx);
+/* The context bound under which decode attention combines every sequence's partitions in one
+ * thread block cluster (backend_caps.graph_short_ctx; 0 without clusters). */
+int cuda_attn_graph_short_ctx(const struct cuda_backend *cb);
 int cuda_op_sample(struct backend *be, int32_t *tokens, const float *logits, int n, int vocab,
                    const struct backend_sample_params *params);
 /* Gemma 2 / Mixtral ops (cuda_moe_act.cu). */
@@ -317,6 +329,8 @@ int cuda_gemv_bf16(struct backend *be, void *out, const void *x, const struct we
 #define CUDA_EPI_EARLY 1
 #define CUDA_ATTN_PREFETCH 64
 #define CUDA_ATTN_EXIT_EARLY 1
+#define CUDA_ATTN_KV_EARLY 1
+#define CUDA_ATTN_CLUSTER 16
 #define CUDA_QG_EVICT_FIRST 1
 #define CUDA_QX_EARLY 1
 #define CUDA_ATTN_EARLY 0

@@ -106,4 +106,26 @@ static inline cudaError_t cuda_pdl_launch(const struct cuda_backend *cb, void (*
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
+/* cuda_pdl_launch in thread block clusters of (1, CLUSTER_Y, 1) blocks (GRID.y a multiple of CLUSTER_Y;
+ * compute capability 9.0; sizes above 8 need the kernel's non-portable cluster size attribute). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuda_pdl_launch_cluster(const struct cuda_backend *cb, void (*kernel)(KArgs...), dim3 grid,
+                                                  dim3 block, size_t smem, int cluster_y, Args &&...args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = (unsigned)cluster_y;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = cb->stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = cb->pdl ? 2 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 #endif
