@@ -1,5 +1,5 @@
 /* cuda_graph.cu - CUDA graphs for decode steps (ops->graph_run): one graph per key (the padded
- * batch size), captured lazily on the key's second step, replayed from the third on.
+ * batch size and its context bound, model.c), captured lazily on the key's second step, replayed from the third on.
  *
  * Lazily rather than at start-up: only the sizes a workload reaches are captured (a server at
  * low load never pays for the 256-row graph), and the first step of a size runs the ops directly,
