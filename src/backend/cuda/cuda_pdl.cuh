@@ -89,43 +89,38 @@ __device__ __forceinline__ void pdl_enter(int early) {
 }
 
 /* KERNEL<<<GRID, BLOCK, SMEM, cb->stream>>>(ARGS...), with the programmatic-serialization
- * attribute when cb->pdl is on. Returns the launch's error (check it with CUDA_CHECK). */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t cuda_pdl_launch(const struct cuda_backend *cb, void (*kernel)(KArgs...), dim3 grid,
-                                          dim3 block, size_t smem, Args &&...args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = cb->stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = cb->pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-/* cuda_pdl_launch in thread block clusters of (1, CLUSTER_Y, 1) blocks (GRID.y a multiple of CLUSTER_Y;
- * compute capability 9.0; sizes above 8 need the kernel's non-portable cluster size attribute). */
+ * attribute when cb->pdl is on, in thread block clusters of (1, CLUSTER_Y, 1) blocks when
+ * CLUSTER_Y > 1 (GRID.y a multiple of it; compute capability 9.0; sizes above 8 need the kernel's
+ * non-portable cluster size attribute). Returns the launch's error (check it with CUDA_CHECK). */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t cuda_pdl_launch_cluster(const struct cuda_backend *cb, void (*kernel)(KArgs...), dim3 grid,
                                                   dim3 block, size_t smem, int cluster_y, Args &&...args) {
   cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = (unsigned)cluster_y;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 0;
+  if (cb->pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_y > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = (unsigned)cluster_y;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = cb->stream;
   cfg.attrs = attr;
-  cfg.numAttrs = cb->pdl ? 2 : 1;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cuda_pdl_launch(const struct cuda_backend *cb, void (*kernel)(KArgs...), dim3 grid,
+                                          dim3 block, size_t smem, Args &&...args) {
+  return cuda_pdl_launch_cluster(cb, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 
 #endif
