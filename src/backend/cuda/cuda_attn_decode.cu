@@ -85,7 +85,8 @@ struct dec_shm {
   static constexpr int MERGE_BYTES = DEC_WARPS * 8 * HD * 4 + 2 * DEC_WARPS * 8 * 4;
   static constexpr int CLU_BYTES = 8 * HD * 4 + 8 * 8; /* the cluster fold's partials, after the merge */
   static constexpr int STAGE_BYTES = NS * NPC * DEC_WARPS * 32 * 16;
-  static constexpr int SMEM = PIPE ? (STAGE_BYTES > MERGE_BYTES + CLU_BYTES ? STAGE_BYTES : MERGE_BYTES + CLU_BYTES) : 0;
+  static constexpr int SMEM =
+      PIPE ? (STAGE_BYTES > MERGE_BYTES + CLU_BYTES ? STAGE_BYTES : MERGE_BYTES + CLU_BYTES) : 0;
 };
 
 /* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
@@ -174,7 +175,8 @@ __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
     const int g = i / HD, d = i % HD, h = kvh * G + g;
     const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
-    a.out[((size_t)tok * a.n_heads + h) * HD + d] = dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, s_mm[g]);
+    a.out[((size_t)tok * a.n_heads + h) * HD + d] =
+        dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, s_mm[g]);
   }
 }
 
@@ -235,7 +237,8 @@ __device__ __forceinline__ void dec_cfold(const attn_args &a, int kvh, int G, in
   for (int i = p + nparts * (int)threadIdx.x; i < G * HD; i += nparts * (int)blockDim.x) {
     const dec_ml_dsmem ml{sml + (uint32_t)(i / HD) * 8u};
     const float mm = dec_comb_max(ml, nparts);
-    a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] = dec_comb_dim(ml, dec_acc_dsmem{sacc + (uint32_t)i * 4u}, nparts, mm);
+    a.out[((size_t)tok * a.n_heads + kvh * G) * HD + i] =
+        dec_comb_dim(ml, dec_acc_dsmem{sacc + (uint32_t)i * 4u}, nparts, mm);
   }
   dec_cluster_sync(); /* no block leaves while another may still read its shared memory */
 }
@@ -690,7 +693,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   }
   __syncthreads();
   const float vs = F8 ? a.v_scale : 1.0f;
-  const bool clu = nparts > 1 && nparts <= dec_cluster_ctas(); /* the cluster fold (block-uniform; 1 without clusters) */
+  /* the cluster fold (block-uniform; a launch without clusters has clusters of 1) */
+  const bool clu = nparts > 1 && nparts <= dec_cluster_ctas();
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
     int gg = i / HD, d = i % HD;
     float mm = -INFINITY;
@@ -760,9 +764,9 @@ static int dec_use_mma(void) {
   return v;
 }
 
-/* attn_decode_mma_kernel<BS, HD, KV> with its dynamic shared memory (opted in once per device) */
+/* attn_decode_mma_kernel<BS, HD, KV> with its dynamic shared memory (opted in once per device); CLUSTER
+ * > 1: in clusters of GRID.y blocks, the grid's partitions (at most cb->attn_cluster, checked once) */
 template <int BS, int HD, class KV>
-/* CLUSTER > 1: in clusters of GRID.y = the partitions (at most cb->attn_cluster, whose size is checked) */
 static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, const attn_args &a, int cluster) {
   static unsigned long long opted = 0, checked = 0, clusters_ok = 0; /* bit d: device d */
   constexpr int smem = dec_shm<HD, typename KV::elem>::SMEM;
@@ -787,7 +791,8 @@ static cudaError_t dec_mma_launch(const struct cuda_backend *cb, dim3 grid, cons
       cfg.attrs = &at;
       cfg.numAttrs = 1;
       int n = 0;
-      if ((cb->attn_cluster <= 8 || cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+      if ((cb->attn_cluster <= 8 ||
+           cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
           cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n > 0)
         __atomic_fetch_or(&clusters_ok, bit, __ATOMIC_RELEASE);
       (void)cudaGetLastError(); /* a refused size is not an error: no cluster */
