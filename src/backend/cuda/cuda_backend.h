@@ -186,8 +186,8 @@ struct cuda_backend {
   int gemv_ring_late;        /* CUDA_GEMV_RING_LATE (PAGODA_GEMV_RING_LATE=0|1): the ring GEMV triggers the next
                               * kernel once each warp's last chunk is in flight (1) or right after its wait (0) */
   int gemv_ring_pre_ahead;   /* chunks per warp a prenorm ring GEMV (q/k/v, gate/up) requests before its wait, the
-                              * rest after its prologue (PAGODA_GEMV_RING_PRE_AHEAD=1..8; 0, the default: half its
-                              * ring, CUDA_GEMV_RING_PRE_AHEAD) */
+                              * rest once its prologue's loads of x are in flight (PAGODA_GEMV_RING_PRE_AHEAD=1..8;
+                              * 0, the default: half its ring, CUDA_GEMV_RING_PRE_AHEAD) */
   int gemv_ring_store;       /* 1 (CUDA_GEMV_RING_STORE; PAGODA_GEMV_RING_STORE=0|1): with gemv_ring, the plain bf16
                               * matmul at T = 1 (the output head; o and down under tensor parallelism) takes the
                               * ring GEMV too (RING_STORE; the same bits) */

@@ -422,7 +422,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * order. Every block normalizes for itself (T * K * 2 bytes read from L2 per block), so blocks
  * of NW = cb->gemv_pre_rows warps (PAGODA_GEMV_PRE_ROWS: 4, 8 or 16) each taking RPW =
  * cb->gemv_pre_loop weight rows, or gate/up pairs, one after the other (PAGODA_GEMV_PRE_LOOP: 1,
- * 2 or 4) spread that over more rows; bench/prenorm_probe_h200.sh measured which pays (bench/RESULTS.md). */
+ * 2 or 4) spread that over more rows; bench/prenorm_probe_h200.sh measured which pays (bench/RESULTS.md).
+ * The ring kernel (below) also loads the norm weight's elements its threads will scale before its
+ * wait (gemv_prenorm_w; PRE_NWC chunks of 8 per thread in registers) and requests the rest of its
+ * weight ring between x's loads and their use (AFTER_X), so no global round trip of the prologue
+ * but x's own waits for anything. */
 struct gemv_pre {
   const void *w; /* the norm weight (K), f32 or bf16 */
   int w_f32;
@@ -431,25 +435,61 @@ struct gemv_pre {
 
 extern __shared__ uint4 gemv_xs[]; /* the prenorm kernels' normalized x: (T, K) bf16 */
 
+#define PRE_NWC 4  /* gemv_prenorm_w: chunks of 8 norm weight elements per thread (K <= 8192 at 256 threads) */
+#define PRE_XREG 4 /* gemv_prenorm with AFTER_X: x's 16-byte pieces per thread loaded into registers first */
+
+/* The norm weight's elements of this thread's first PRE_NWC chunks (gemv_prenorm's element loop:
+ * chunk c = threadIdx.x + k NW 32), as float, for NWR. Weights: may be read before the wait. */
+template <int NW>
+__device__ __forceinline__ void gemv_prenorm_w(float (*nw)[8], const gemv_pre &pre, int K) {
+  const int c16 = K / 8;
+#pragma unroll
+  for (int k = 0; k < PRE_NWC; k++) {
+    const int c = threadIdx.x + k * NW * 32;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      nw[k][j] = c < c16 ? norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j) : 0.0f;
+  }
+}
+
 /* XS(T, K) = rmsnorm(x(T, K)) * pre.w, rounded to bf16, as rmsnorm_kernel (residual NULL) writes
- * it. Every thread of the block calls it, after pdl_wait; it ends with a barrier. */
-template <int NT, int NW>
-__device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv_pre &pre, int K) {
+ * it. Every thread of the block calls it, after pdl_wait; it ends with a barrier. NWR: NW holds
+ * the thread's first PRE_NWC chunks of the norm weight (gemv_prenorm_w), else they are read here.
+ * AFTER_X runs once x's loads are in flight, before they are waited for (the ring kernel requests
+ * the rest of its ring there, so x's loads do not queue behind it and the pipe does not run dry
+ * during the prologue). */
+template <int NT, int NW, bool NWR = false, class AfterX = gemv_after_none>
+__device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv_pre &pre, int K,
+                                             const float (*nw)[8] = nullptr, const AfterX &after_x = AfterX()) {
   __shared__ float part[32]; /* norm_inv's per-warp sums */
   uint4 *xs4 = (uint4 *)xs;
   const int c16 = K / 8; /* 16-byte chunks per row */
-  for (int i = threadIdx.x; i < NT * c16; i += NW * 32)
+  int i0 = threadIdx.x;
+  if constexpr (!std::is_same<AfterX, gemv_after_none>::value) { /* the first pieces via registers */
+    uint4 xr[PRE_XREG];
+#pragma unroll
+    for (int k = 0; k < PRE_XREG; k++) {
+      const int i = threadIdx.x + k * NW * 32;
+      if (i < NT * c16)
+        xr[k] = __ldg((const uint4 *)x + i);
+    }
+    after_x();
+#pragma unroll
+    for (int k = 0; k < PRE_XREG; k++) {
+      const int i = threadIdx.x + k * NW * 32;
+      if (i < NT * c16)
+        xs4[i] = xr[k];
+    }
+    i0 += PRE_XREG * NW * 32;
+  }
+  for (int i = i0; i < NT * c16; i += NW * 32)
     xs4[i] = __ldg((const uint4 *)x + i);
   __syncthreads();
   float inv[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++)
-    inv[t] = norm_inv<NW>(xs + (size_t)t * K, K, pre.eps, part);
-  for (int c = threadIdx.x; c < c16; c += NW * 32) {
-    float w[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      w[j] = norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j);
+    inv[t] = norm_inv<NW, NWR>(xs + (size_t)t * K, K, pre.eps, part); /* NWR: the ring kernel, registers to spare */
+  auto elems = [&](int c, const float *w) { /* chunk c of every row, scaled by its weights W */
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       uint4 u = xs4[t * c16 + c];
@@ -462,6 +502,20 @@ __device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv
       }
       xs4[t * c16 + c] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
+  };
+  int c = threadIdx.x;
+  if constexpr (NWR) {
+#pragma unroll
+    for (int k = 0; k < PRE_NWC; k++, c += NW * 32)
+      if (c < c16)
+        elems(c, nw[k]);
+  }
+  for (; c < c16; c += NW * 32) {
+    float w[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      w[j] = norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j);
+    elems(c, w);
   }
   __syncthreads();
 }
@@ -817,11 +871,9 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
   };
   for (int i = 0; i < g.ahead; i++)
     issue(); /* the ring (or with PRE its first g.ahead chunks) before the wait: weights never change during a step */
-  if constexpr (PRE) { /* the norm weight into L2 too */
-    const int wbytes = K * (pre.w_f32 ? 4 : 2);
-    for (int o = threadIdx.x * 128; o < wbytes; o += RING_WARPS * 32 * 128)
-      prefetch_l2((const char *)pre.w + o);
-  }
+  float nw[PRE ? PRE_NWC : 1][8];
+  if constexpr (PRE) /* the thread's norm weight elements, into registers: a round trip less after the wait */
+    gemv_prenorm_w<RING_WARPS>(nw, pre, K);
   pdl_wait(); /* x (and the residual) are written by the kernels before */
   /* g.late (the default): the trigger comes once the warp's last chunk is in flight, not right
    * after the wait, so the next kernel is launched as this one drains (within 0.3% of the early
@@ -831,7 +883,14 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
     pdl_trigger();
   const bf16 *xv = x;
   if constexpr (PRE) {
-    gemv_prenorm<1, RING_WARPS>((bf16 *)gemv_xs, x, pre, K);
+    /* the rest of the ring goes out once x's loads are in flight: a prologue's loads queue behind
+     * the chunks its multiprocessor has in flight (with the whole ring requested before the wait,
+     * gate/up's prologue took 5.5 us of its 56: a per-block timeline, bench/RESULTS.md, session
+     * 16), and requested after the prologue the ring ran dry during it (sessions 16-18) */
+    gemv_prenorm<1, RING_WARPS, true>((bf16 *)gemv_xs, x, pre, K, nw, [&]() {
+      for (int i = g.ahead; i < C; i++)
+        issue();
+    });
     xv = (const bf16 *)gemv_xs;
   } else if constexpr (XS) {
     for (int i = threadIdx.x; i < K / 8; i += RING_WARPS * 32)
@@ -839,12 +898,6 @@ __global__ void __launch_bounds__(RING_WARPS * 32, 1)
     __syncthreads();
     xv = (const bf16 *)gemv_xs;
   }
-  /* PRE: the rest of the ring once x is in. A prologue's loads queue behind the chunks its SM has
-   * in flight: with the whole ring requested before the wait, gate/up's prologue took 5.5 us of
-   * its 56 (a per-block timeline, bench/RESULTS.md, session 16); with half, the step is 0.3-0.6%
-   * faster at 8B. */
-  for (int i = g.ahead; i < C; i++)
-    issue();
   if (!trig && cur.ik == nu) {
     pdl_trigger();
     trig = true;

@@ -47,20 +47,56 @@ __device__ __forceinline__ float norm_inv_of(float sum, int dim, float eps) {
  * NULL). Every thread of the block calls it (NW = blockDim.x / 32 warps, 1 <= NW <= 32) and gets
  * the value. PART: 32 floats of shared memory, free on entry (the call ends with a barrier after
  * its last read, so it may be used again at once). */
-template <int NW>
+template <int NW, bool ILP = false>
 __device__ __forceinline__ float norm_inv(const __nv_bfloat16 *x, int dim, float eps, float *part) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int V = norm_threads(dim), vwarps = V / 32;
-  for (int vw = warp; vw < vwarps; vw += NW) {
-    const int vt = vw * 32 + lane; /* the virtual thread this lane plays */
-    float ss = 0.0f;
-    for (int d = vt; d < dim; d += V) {
-      float v = __bfloat162float(x[d]);
-      ss = __fmaf_rn(v, v, ss); /* as rmsnorm_kernel: written out, so no kernel contracts it otherwise */
+  if constexpr (!ILP) {
+    for (int vw = warp; vw < vwarps; vw += NW) {
+      const int vt = vw * 32 + lane; /* the virtual thread this lane plays */
+      float ss = 0.0f;
+      for (int d = vt; d < dim; d += V) {
+        float v = __bfloat162float(x[d]);
+        ss = __fmaf_rn(v, v, ss); /* as rmsnorm_kernel: written out, so no kernel contracts it otherwise */
+      }
+      ss = norm_warp_sum(ss);
+      if (lane == 0)
+        part[vw] = ss;
     }
-    ss = norm_warp_sum(ss);
-    if (lane == 0)
-      part[vw] = ss;
+  } else {
+    /* ILP: real warp w plays the virtual warps w + q NW, q < VQ, up to four side by side: each
+     * virtual thread's sum and each virtual warp's tree are the same operations in the same order
+     * as one after the other, but the chains are independent, so their loads and shuffles overlap
+     * (at 8 warps and 4096 values, four virtual warps per real one: 1.1 us of the q/k/v and gate/up
+     * prologues one after the other, bench/RESULTS.md, session 18; more registers, so only where
+     * the kernel has them to spare) */
+    constexpr int VQ = (32 + NW - 1) / NW; /* vwarps <= 32 */
+    constexpr int QG = VQ < 4 ? VQ : 4;    /* side by side at most four (registers) */
+#pragma unroll
+    for (int q0 = 0; q0 < VQ; q0 += QG) {
+      float ss[QG];
+#pragma unroll
+      for (int q = 0; q < QG; q++)
+        ss[q] = 0.0f;
+      for (int d0 = lane; d0 < dim; d0 += V) /* d0: the element of virtual warp 0's thread LANE */
+#pragma unroll
+        for (int q = 0; q < QG; q++) {
+          const int vw = warp + (q0 + q) * NW, d = d0 + vw * 32; /* virtual thread vw * 32 + lane's */
+          if (vw < vwarps && d < dim) {
+            const float v = __bfloat162float(x[d]);
+            ss[q] = __fmaf_rn(v, v, ss[q]); /* as above */
+          }
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) /* norm_warp_sum's tree on each virtual warp */
+#pragma unroll
+        for (int q = 0; q < QG; q++)
+          ss[q] += __shfl_xor_sync(0xffffffffu, ss[q], o);
+#pragma unroll
+      for (int q = 0; q < QG; q++)
+        if (lane == 0 && warp + (q0 + q) * NW < vwarps)
+          part[warp + (q0 + q) * NW] = ss[q];
+    }
   }
   __syncthreads();
   float v = lane < vwarps ? part[lane] : 0.0f;
