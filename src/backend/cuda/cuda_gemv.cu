@@ -425,8 +425,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
  * 2 or 4) spread that over more rows; bench/prenorm_probe_h200.sh measured which pays (bench/RESULTS.md).
  * The ring kernel (below) also loads the norm weight's elements its threads will scale before its
  * wait (gemv_prenorm_w; PRE_NWC chunks of 8 per thread in registers) and requests the rest of its
- * weight ring between x's loads and their use (AFTER_X), so no global round trip of the prologue
- * but x's own waits for anything. */
+ * weight ring between x's loads and their use (AFTER_X): of the prologue's global reads, only x's
+ * are waited for after the wait. */
 struct gemv_pre {
   const void *w; /* the norm weight (K), f32 or bf16 */
   int w_f32;
@@ -438,17 +438,21 @@ extern __shared__ uint4 gemv_xs[]; /* the prenorm kernels' normalized x: (T, K) 
 #define PRE_NWC 4  /* gemv_prenorm_w: chunks of 8 norm weight elements per thread (K <= 8192 at 256 threads) */
 #define PRE_XREG 4 /* gemv_prenorm with AFTER_X: x's 16-byte pieces per thread loaded into registers first */
 
+/* W = the norm weight's elements [8 C, 8 C + 8) as float, or zeros unless IN. */
+__device__ __forceinline__ void gemv_norm_w8(const gemv_pre &pre, int c, bool in, float *w) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    w[j] = in ? norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j) : 0.0f;
+}
+
 /* The norm weight's elements of this thread's first PRE_NWC chunks (gemv_prenorm's element loop:
- * chunk c = threadIdx.x + k NW 32), as float, for NWR. Weights: may be read before the wait. */
+ * chunk c = threadIdx.x + k NW 32), for NWR. Weights: may be read before the wait. */
 template <int NW>
 __device__ __forceinline__ void gemv_prenorm_w(float (*nw)[8], const gemv_pre &pre, int K) {
-  const int c16 = K / 8;
 #pragma unroll
   for (int k = 0; k < PRE_NWC; k++) {
     const int c = threadIdx.x + k * NW * 32;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      nw[k][j] = c < c16 ? norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j) : 0.0f;
+    gemv_norm_w8(pre, c, c < K / 8, nw[k]);
   }
 }
 
@@ -512,9 +516,7 @@ __device__ __forceinline__ void gemv_prenorm(bf16 *xs, const bf16 *x, const gemv
   }
   for (; c < c16; c += NW * 32) {
     float w[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      w[j] = norm_weight_at(pre.w, pre.w_f32, (size_t)c * 8 + j);
+    gemv_norm_w8(pre, c, true, w);
     elems(c, w);
   }
   __syncthreads();
