@@ -126,7 +126,7 @@ struct backend_sample_params {
  * SUPPRESS. The entries of one row name distinct tokens. */
 struct backend_proc_entry {
   int32_t row, id;       /* logits row and token id */
-  int32_t bias0, n_bias; /* its values: bias[bias0 .. bias0 + n_bias) */
+  int32_t bias0, num_bias; /* its values: bias[bias0 .. bias0 + num_bias) */
   float rep;             /* 1: no repetition penalty for this token */
   float sub;             /* 0: no presence / frequency penalty */
   int32_t suppress;      /* 1: the logit becomes -inf last */
@@ -227,10 +227,10 @@ struct backend_ops {
   int (*moe_combine)(struct backend *be, void *out, const void *y, const int32_t *token_rows,
                      const float *row_weight, int T, int k, int D);
   /* The logits processors of a step, in place on logits(rows, vocab) F32 in backend memory, from
-   * host arrays ENTRIES(n) and BIAS(n_bias) (struct backend_proc_entry; one copy up, no sync).
+   * host arrays ENTRIES(n) and BIAS(num_bias) (struct backend_proc_entry; one copy up, no sync).
    * Results are bitwise those of sampler_apply_processors on the same row. */
   int (*process)(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
-                 const float *bias, int n_bias);
+                 const float *bias, int num_bias);
   /* Log-probabilities of one token per row: out[i] (host) = log softmax(logits row i)[targets[i]]
    * for logits(n, vocab) F32 in backend memory and TARGETS(n) host ids; max and sum in double as
    * the host computes prompt logprobs. Synchronises; n <= the max_seqs given to reserve. */

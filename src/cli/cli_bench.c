@@ -128,10 +128,10 @@ int cli_bench(int argc, char **argv) {
   int32_t *prompt = malloc((size_t)max_in * sizeof *prompt), *prefix = malloc((size_t)(shared + 1) * sizeof *prefix);
   uint64_t *ids = malloc((size_t)num_prompts * sizeof *ids);
   double *t_first = calloc((size_t)num_prompts, sizeof(double)), *t_last = calloc((size_t)num_prompts, sizeof(double));
-  int *n_out = calloc((size_t)num_prompts, sizeof(int));
+  int *num_out = calloc((size_t)num_prompts, sizeof(int));
   uint64_t *digest = calloc((size_t)num_prompts, sizeof(uint64_t)); /* FNV-1a of each request's tokens */
   double *ttft = malloc((size_t)num_prompts * sizeof(double)), *tpot = malloc((size_t)num_prompts * sizeof(double));
-  if (!prompt || !prefix || !ids || !t_first || !t_last || !n_out || !digest || !ttft || !tpot) {
+  if (!prompt || !prefix || !ids || !t_first || !t_last || !num_out || !digest || !ttft || !tpot) {
     fprintf(stderr, "error: out of memory\n");
     goto done;
   }
@@ -179,29 +179,29 @@ int cli_bench(int argc, char **argv) {
         else
           hi = mid;
       }
-      if (!n_out[lo])
+      if (!num_out[lo])
         t_first[lo] = t;
       t_last[lo] = t;
-      n_out[lo] += outs[i].num_token_ids;
+      num_out[lo] += outs[i].num_token_ids;
       for (int j = 0; j < outs[i].num_token_ids; j++)
         digest[lo] = (digest[lo] ^ (uint32_t)outs[i].token_ids[j]) * 0x100000001b3ull;
       out_tokens += outs[i].num_token_ids;
     }
   }
   double elapsed = now_s() - t0;
-  int n_tpot = 0;
+  int num_tpot = 0;
   for (int k = 0; k < num_prompts; k++) {
     ttft[k] = (t_first[k] - t0) * 1e3;
-    if (n_out[k] > 1)
-      tpot[n_tpot++] = (t_last[k] - t_first[k]) * 1e3 / (n_out[k] - 1);
+    if (num_out[k] > 1)
+      tpot[num_tpot++] = (t_last[k] - t_first[k]) * 1e3 / (num_out[k] - 1);
   }
   qsort(ttft, (size_t)num_prompts, sizeof *ttft, cmp_double);
-  qsort(tpot, (size_t)n_tpot, sizeof *tpot, cmp_double);
+  qsort(tpot, (size_t)num_tpot, sizeof *tpot, cmp_double);
   struct pagoda_engine_stats st;
   pagoda_engine_stats(e, &st);
   double hit_rate = st.prefix_queries ? (double)st.prefix_hits / (double)st.prefix_queries : 0;
   double shared_hit = shared ? (double)st.prefix_hits / ((double)shared * num_prompts) : 0;
-  double p50_tpot = n_tpot ? pct(tpot, n_tpot, 50) : 0, p99_tpot = n_tpot ? pct(tpot, n_tpot, 99) : 0;
+  double p50_tpot = num_tpot ? pct(tpot, num_tpot, 50) : 0, p99_tpot = num_tpot ? pct(tpot, num_tpot, 99) : 0;
   uint64_t all = 0xcbf29ce484222325ull; /* the requests' digests in submission order */
   for (int k = 0; k < num_prompts; k++)
     all = (all ^ digest[k]) * 0x100000001b3ull;
@@ -242,7 +242,7 @@ done:
   free(ids);
   free(t_first);
   free(t_last);
-  free(n_out);
+  free(num_out);
   free(digest);
   free(ttft);
   free(tpot);

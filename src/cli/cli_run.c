@@ -61,7 +61,7 @@ static void on_sigint(int sig) {
 struct gen {
   struct timespec t0, t_first;
   int got_first;
-  int n_out;
+  int num_out;
   int interrupted;  /* stopped by Ctrl-C */
   int write_failed; /* stdout could not be written */
   enum pagoda_finish_reason finish;
@@ -111,7 +111,7 @@ static int generate(pagoda_engine_t *e, const int32_t *ids, int n_ids, const str
       }
       if (aborted)
         continue;
-      g->n_out += o->num_token_ids;
+      g->num_out += o->num_token_ids;
       if (o->text_len) {
         if (!g->write_failed && (fwrite(o->text, 1, o->text_len, stdout) != o->text_len || fflush(stdout))) {
           write_error();
@@ -135,8 +135,8 @@ static int generate(pagoda_engine_t *e, const int32_t *ids, int n_ids, const str
   double tp = g->got_first ? secs(g->t0, g->t_first) : secs(g->t0, t1);
   double tg = g->got_first ? secs(g->t_first, t1) : 0;
   fprintf(stderr, "\n%sprompt: %d tokens in %.3f s (%.1f tokens/s); generation: %d tokens in %.3f s (%.1f tokens/s)\n",
-          g->interrupted ? "interrupted; " : "", n_ids, tp, tp > 0 ? n_ids / tp : 0.0, g->n_out, tg,
-          tg > 0 && g->n_out > 1 ? (g->n_out - 1) / tg : 0.0);
+          g->interrupted ? "interrupted; " : "", n_ids, tp, tp > 0 ? n_ids / tp : 0.0, g->num_out, tg,
+          tg > 0 && g->num_out > 1 ? (g->num_out - 1) / tg : 0.0);
   return rc;
 }
 

@@ -57,7 +57,7 @@ static float penalized(float sum_lp, int len, float length_penalty) {
 
 /* Keeps the W best finished hypotheses. */
 static void add_hyp(struct beam_state *b, const struct sequence *s, int32_t last, float score, int finish) {
-  int k = b->n_hyp;
+  int k = b->num_hyp;
   if (k == b->width) {
     k = 0;
     for (int i = 1; i < b->width; i++)
@@ -66,7 +66,7 @@ static void add_hyp(struct beam_state *b, const struct sequence *s, int32_t last
     if (b->hyp_score[k] >= score)
       return;
   } else {
-    b->n_hyp++;
+    b->num_hyp++;
   }
   int n = sequence_num_output(s);
   memcpy(b->hyp_tokens + (size_t)k * b->max_tokens, s->tokens + s->s.num_prompt, (size_t)n * sizeof(int32_t));
@@ -79,7 +79,7 @@ static void add_hyp(struct beam_state *b, const struct sequence *s, int32_t last
 
 static float worst_hyp(const struct beam_state *b) {
   float w = INFINITY;
-  for (int i = 0; i < b->n_hyp; i++)
+  for (int i = 0; i < b->num_hyp; i++)
     w = b->hyp_score[i] < w ? b->hyp_score[i] : w;
   return w;
 }
@@ -94,7 +94,7 @@ static int cmp_pick(const void *x, const void *y) {
 /* The request ends: every sequence leaves the scheduler and slot k gets hypothesis k. */
 /* Decodes the N generated ids after the prompt into s->text as the streaming path does: a
  * detokenizer primed with the prompt's tail, so the text keeps a continuation's leading space. */
-static int continuation_text(const struct tokenizer *tok, const int32_t *ids, int n_prompt, int n,
+static int continuation_text(const struct tokenizer *tok, const int32_t *ids, int num_prompt, int n,
                              int skip_special, struct sequence *s) {
   struct detokenizer *d = detokenizer_create(tok, skip_special);
   size_t cap = (size_t)n * 64 + 256, len = 0;
@@ -104,12 +104,12 @@ static int continuation_text(const struct tokenizer *tok, const int32_t *ids, in
     free(text);
     return ERR("out of memory for beam text");
   }
-  for (int k = n_prompt > 4 ? n_prompt - 4 : 0; k < n_prompt; k++)
+  for (int k = num_prompt > 4 ? num_prompt - 4 : 0; k < num_prompt; k++)
     detokenizer_push(d, ids[k], scratch, sizeof scratch);
   detokenizer_set_continuation(d);
   for (int k = 0; k <= n; k++) {
     for (;;) { /* push the id (k < n), then drain held-back text; flush at the end */
-      int w = k < n ? detokenizer_push(d, ids[n_prompt + k], scratch, sizeof scratch)
+      int w = k < n ? detokenizer_push(d, ids[num_prompt + k], scratch, sizeof scratch)
                     : detokenizer_flush(d, scratch, sizeof scratch);
       if (w <= 0)
         break;
@@ -139,22 +139,22 @@ static int continuation_text(const struct tokenizer *tok, const int32_t *ids, in
 
 static int finalize(const struct beam_env *env, struct request *r) {
   struct beam_state *b = r->beam;
-  for (int i = 0; i < r->n_seqs; i++)
+  for (int i = 0; i < r->num_seqs; i++)
     if (r->seqs[i].s.state != SCHED_NONE)
       scheduler_remove(env->sched, &r->seqs[i].s);
   int order[64];
-  for (int i = 0; i < b->n_hyp; i++)
+  for (int i = 0; i < b->num_hyp; i++)
     order[i] = i;
-  for (int i = 1; i < b->n_hyp; i++) /* insertion sort, best first; W <= 64 */
+  for (int i = 1; i < b->num_hyp; i++) /* insertion sort, best first; W <= 64 */
     for (int j = i; j > 0 && b->hyp_score[order[j]] > b->hyp_score[order[j - 1]]; j--) {
       int t = order[j];
       order[j] = order[j - 1];
       order[j - 1] = t;
     }
-  for (int k = 0; k < r->n_seqs; k++) {
+  for (int k = 0; k < r->num_seqs; k++) {
     struct sequence *s = &r->seqs[k];
     s->started = 1;
-    if (k >= b->n_hyp) { /* fewer hypotheses than beams: nothing more to report */
+    if (k >= b->num_hyp) { /* fewer hypotheses than beams: nothing more to report */
       s->s.num_tokens = s->s.num_prompt;
       s->finish = PAGODA_FINISH_LENGTH;
       continue;
@@ -167,7 +167,7 @@ static int finalize(const struct beam_env *env, struct request *r) {
     if (continuation_text(env->tok, s->tokens, s->s.num_prompt, n, r->sp.skip_special_tokens, s) != 0)
       return -1;
   }
-  r->n_live = 0;
+  r->num_live = 0;
   return 1;
 }
 
@@ -228,10 +228,10 @@ int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const i
                                           b->cand_tok[(size_t)k * K + c]};
   }
   qsort(b->picks, (size_t)np, sizeof *b->picks, cmp_pick);
-  int n_new = 0;
+  int num_new = 0;
   float lpen = r->sp.length_penalty;
   memset(b->selected, 0, (size_t)W * sizeof *b->selected);
-  for (int p = 0; p < np && n_new < W; p++) {
+  for (int p = 0; p < np && num_new < W; p++) {
     struct beam_pick *pk = &b->picks[p];
     const struct sequence *parent = &r->seqs[pk->beam];
     int is_stop = 0;
@@ -242,7 +242,7 @@ int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const i
         add_hyp(b, parent, pk->tok, penalized(pk->score, sequence_num_output(parent) + 1, lpen), PAGODA_FINISH_STOP);
       continue;
     }
-    b->picks[n_new++] = *pk; /* compact the survivors to the front (p >= n_new) */
+    b->picks[num_new++] = *pk; /* compact the survivors to the front (p >= num_new) */
     b->selected[pk->beam]++;
   }
   /* Losers free their blocks; then extra copies of a parent fork into the freed slots, before
@@ -253,7 +253,7 @@ int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const i
       b->live[k] = 0;
     }
   int target[64];
-  for (int j = 0; j < n_new; j++) {
+  for (int j = 0; j < num_new; j++) {
     int par = b->picks[j].beam;
     if (b->selected[par] > 0 && b->selected[par] != -1) {
       target[j] = par; /* first use: in place */
@@ -283,7 +283,7 @@ int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const i
   }
   int length_done = 0;
   float best_live = -INFINITY;
-  for (int j = 0; j < n_new; j++) {
+  for (int j = 0; j < num_new; j++) {
     struct sequence *s = &r->seqs[target[j]];
     s->tokens[s->s.num_tokens++] = b->picks[j].tok;
     s->score = b->picks[j].score;
@@ -295,14 +295,14 @@ int beam_on_candidates(const struct beam_env *env, struct sequence *seq, const i
   }
   for (int k = 0; k < W; k++)
     b->has_cand[k] = 0;
-  if (length_done || n_new == 0) {
+  if (length_done || num_new == 0) {
     for (int k = 0; k < W; k++)
       if (b->live[k])
         add_hyp(b, &r->seqs[k], -1, penalized((float)r->seqs[k].score, sequence_num_output(&r->seqs[k]), lpen),
                 PAGODA_FINISH_LENGTH);
     return finalize(env, r);
   }
-  if (b->n_hyp == W && best_live <= worst_hyp(b))
+  if (b->num_hyp == W && best_live <= worst_hyp(b))
     return finalize(env, r);
   return 0;
 }

@@ -20,7 +20,7 @@ struct beam_state {
   int *hyp_len;        /* (W) */
   float *hyp_score;    /* (W) length-penalized */
   int *hyp_finish;     /* (W) pagoda_finish_reason */
-  int n_hyp, max_tokens;
+  int num_hyp, max_tokens;
 };
 
 /* What beam search needs from the engine. */

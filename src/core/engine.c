@@ -88,13 +88,13 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
     randombytes_buf(&s, sizeof s);
     sp.seed = (int64_t)(s >> 1);
   }
-  int n_new = sp.beam_width > 1 ? sp.beam_width : sp.n;
-  int need = e->n_dirty + n_new + 1; /* outputs a step can report are bounded by live sequences */
+  int num_new = sp.beam_width > 1 ? sp.beam_width : sp.n;
+  int need = e->num_dirty + num_new + 1; /* outputs a step can report are bounded by live sequences */
   int live_seqs = 0;
   for (struct request *r = e->live; r; r = r->next)
-    live_seqs += r->n_seqs;
-  if (need < live_seqs + n_new)
-    need = live_seqs + n_new;
+    live_seqs += r->num_seqs;
+  if (need < live_seqs + num_new)
+    need = live_seqs + num_new;
   if (need > e->dirty_cap) {
     int cap = e->dirty_cap ? e->dirty_cap : 64;
     while (cap < need)
@@ -109,12 +109,12 @@ int pagoda_add_request_tokens(pagoda_engine_t *e, const int32_t *ids, int n, con
       return ERR("out of memory"), PAGODA_ERR_OUT_OF_MEMORY;
     e->dirty_cap = cap;
   }
-  struct request *r = request_create(e->next_id + 1, ids, n, max_tokens, &sp, &e->kv, e->tok, e->eog, e->n_eog);
+  struct request *r = request_create(e->next_id + 1, ids, n, max_tokens, &sp, &e->kv, e->tok, e->eog, e->num_eog);
   if (!r)
     return PAGODA_ERR_OUT_OF_MEMORY;
   r->t_arrival = now_s();
   r->sync_steps = engine_request_sync_steps(r);
-  e->n_sync_reqs += r->sync_steps;
+  e->num_sync_reqs += r->sync_steps;
   r->seqs[0].started = 1;
   r->seqs[0].s.no_prefix_hit = r->prompt_lp != NULL;
   scheduler_add(&e->sched, &r->seqs[0].s);
@@ -148,7 +148,7 @@ int pagoda_add_request(pagoda_engine_t *e, const char *text, const struct pagoda
 void engine_mark_dirty(struct pagoda_engine *e, struct sequence *s) {
   if (!s->dirty) {
     s->dirty = 1;
-    e->dirty[e->n_dirty++] = s;
+    e->dirty[e->num_dirty++] = s;
   }
 }
 
@@ -159,15 +159,15 @@ void engine_finish_seq(struct pagoda_engine *e, struct sequence *s) {
   }
   if (s->s.state != SCHED_NONE)
     scheduler_remove(&e->sched, &s->s);
-  s->req->n_live--;
+  s->req->num_live--;
   engine_mark_dirty(e, s);
 }
 
 int pagoda_abort(pagoda_engine_t *e, uint64_t id) {
   for (struct request *r = e->live; r; r = r->next) {
-    if (r->id != id || r->n_live == 0)
+    if (r->id != id || r->num_live == 0)
       continue;
-    for (int i = 0; i < r->n_seqs; i++) {
+    for (int i = 0; i < r->num_seqs; i++) {
       struct sequence *s = &r->seqs[i];
       if (s->finish)
         continue;
@@ -180,7 +180,7 @@ int pagoda_abort(pagoda_engine_t *e, uint64_t id) {
 }
 
 int pagoda_engine_has_work(const pagoda_engine_t *e) {
-  return scheduler_has_work(&e->sched) || e->n_dirty > 0 || e->flight[0].active || e->flight[1].active;
+  return scheduler_has_work(&e->sched) || e->num_dirty > 0 || e->flight[0].active || e->flight[1].active;
 }
 
 

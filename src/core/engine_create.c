@@ -438,12 +438,12 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
   struct scheduler_params sp = {p->max_num_batched_tokens, p->max_num_seqs, p->prefill_chunk_size, e->max_model_len};
   if (scheduler_init(&e->sched, &sp, &e->kv) || alloc_batch(e))
     goto fail;
-  e->n_samplers = p->threads > 0 ? p->threads : omp_get_max_threads();
-  if (e->n_samplers < 1)
-    e->n_samplers = 1;
-  if (!(e->samplers = calloc((size_t)e->n_samplers, sizeof *e->samplers)))
+  e->num_samplers = p->threads > 0 ? p->threads : omp_get_max_threads();
+  if (e->num_samplers < 1)
+    e->num_samplers = 1;
+  if (!(e->samplers = calloc((size_t)e->num_samplers, sizeof *e->samplers)))
     goto fail;
-  for (int i = 0; i < e->n_samplers; i++)
+  for (int i = 0; i < e->num_samplers; i++)
     if (sampler_init(&e->samplers[i], e->vocab))
       goto fail;
   const char *ds = getenv("PAGODA_DEVICE_SAMPLING"); /* 0: host sampling on every backend */
@@ -459,7 +459,7 @@ int pagoda_engine_create(const struct pagoda_engine_params *params, pagoda_engin
     goto fail;
   for (int i = 0; i < tv; i++)
     if (tokenizer_is_eog(e->tok, i))
-      e->eog[e->n_eog++] = i;
+      e->eog[e->num_eog++] = i;
   log_info("KV pool: %d blocks of %d tokens (%.2f GiB = %.1f MiB, %s, %zu bytes per block), max %d tokens per "
            "sequence; sized by %s", num_blocks - 1, e->block_size, (double)block_bytes * num_blocks / 1073741824.0,
            (double)block_bytes * num_blocks / 1048576.0, dtype_name(kv_dtype), block_bytes, e->max_model_len, why);
@@ -486,7 +486,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   engine_async_free(e);
   for (struct request *r = e->live, *n; r; r = n) {
     n = r->next;
-    for (int i = 0; i < r->n_seqs; i++)
+    for (int i = 0; i < r->num_seqs; i++)
       if (r->seqs[i].s.state != SCHED_NONE)
         scheduler_remove(&e->sched, &r->seqs[i].s);
     request_free(r);
@@ -498,7 +498,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   scheduler_free(&e->sched);
   if (e->kv.pool.blocks)
     kv_manager_free(&e->kv);
-  for (int i = 0; e->samplers && i < e->n_samplers; i++)
+  for (int i = 0; e->samplers && i < e->num_samplers; i++)
     sampler_free(&e->samplers[i]);
   free(e->samplers);
   free(e->picked);

@@ -45,11 +45,11 @@ struct pagoda_engine {
   int vocab, max_model_len, block_size, max_blocks_per_seq;
   struct kv_manager kv;
   struct scheduler sched;
-  struct sampler *samplers; /* (n_samplers) one scratch per OpenMP thread of the sampling loop */
-  int n_samplers;
+  struct sampler *samplers; /* (num_samplers) one scratch per OpenMP thread of the sampling loop */
+  int num_samplers;
   int32_t *picked;         /* (max_num_seqs) token sampled for each scheduled item, -1: later */
-  int32_t *eog;            /* (n_eog) ids that end generation (EOS, end of turn) */
-  int n_eog;
+  int32_t *eog;            /* (num_eog) ids that end generation (EOS, end of turn) */
+  int num_eog;
   /* The step's batch in host memory (the model copies it to its device). */
   int32_t *input_ids;      /* (max_num_batched_tokens) */
   int32_t *positions;      /* (max_num_batched_tokens) */
@@ -70,7 +70,7 @@ struct pagoda_engine {
    * requests that need the whole row on the host (beams, the first step of n > 1, logprobs) are
    * downloaded, the others processed and sampled on the device, only their ids coming back. */
   int device_sampling, dev_logits;
-  int n_sample_rows;                        /* logits rows of the step that sample (the first ones) */
+  int num_sample_rows;                        /* logits rows of the step that sample (the first ones) */
   int32_t *lp_target;                       /* (max_num_batched_tokens) prompt-logprob rows' next tokens */
   float *lp_value;                          /* (max_num_batched_tokens) their log-probabilities */
   struct backend_sample_params *dev_params; /* (max_num_seqs) one per logits row */
@@ -102,7 +102,7 @@ struct pagoda_engine {
                             * device backend device sampling with sample_async / sample_wait /
                             * resolve_ids */
   int async_dev;           /* 1: sampling through ops->sample_async; 0: the host sampler at launch */
-  int n_sync_reqs;         /* live requests with sync_steps: while > 0 every step is synchronous */
+  int num_sync_reqs;         /* live requests with sync_steps: while > 0 every step is synchronous */
   int next_slot;           /* the slot the next launched step uses */
   struct engine_flight {
     int active;            /* launched, ids not read yet */
@@ -114,7 +114,7 @@ struct pagoda_engine {
   struct request *dead;    /* reported finished: freed at the start of the next step */
   uint64_t next_id;
   struct sequence **dirty; /* (dirty_cap) sequences with something to report */
-  int n_dirty, dirty_cap;
+  int num_dirty, dirty_cap;
   struct pagoda_output *outs; /* (dirty_cap) */
   /* stats */
   double waste_slots, alloc_slots, peak_usage;

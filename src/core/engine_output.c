@@ -40,7 +40,7 @@ int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct schedule
   struct backend *be = e->be;
   for (int k = 0; k < n; k += e->p.max_num_seqs) {
     int nr = n - k < e->p.max_num_seqs ? n - k : e->p.max_num_seqs;
-    if (model_logits_rows(e->model, e->n_sample_rows + k, nr) ||
+    if (model_logits_rows(e->model, e->num_sample_rows + k, nr) ||
         be->ops->logprob_rows(be, e->lp_value + k, model_logits_device(e->model), nr, e->vocab, e->lp_target + k))
       return -1;
   }
@@ -60,22 +60,22 @@ int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct schedule
 
 void engine_collect_outputs(struct pagoda_engine *e, int *n_outs) {
   int n = 0;
-  for (int i = 0; i < e->n_dirty; i++) {
+  for (int i = 0; i < e->num_dirty; i++) {
     struct sequence *s = e->dirty[i];
     struct request *r = s->req;
     struct pagoda_output *o = &e->outs[n++];
-    int n_out = sequence_num_output(s) - s->pend; /* a placeholder is not a token yet */
+    int num_out = sequence_num_output(s) - s->pend; /* a placeholder is not a token yet */
     size_t end = sequence_reportable_text(s);
     o->request_id = r->id;
     o->index = s->index;
     o->token_ids = s->tokens + s->s.num_prompt + s->tokens_sent;
-    o->num_token_ids = n_out - s->tokens_sent;
+    o->num_token_ids = num_out - s->tokens_sent;
     o->text = s->text ? s->text + s->text_sent : "";
     o->text_len = end - s->text_sent;
     o->finish_reason = s->finish;
     o->usage.prompt_tokens = r->num_prompt;
     o->usage.completion_tokens = 0;
-    for (int k = 0; k < r->n_seqs; k++)
+    for (int k = 0; k < r->num_seqs; k++)
       o->usage.completion_tokens += sequence_num_output(&r->seqs[k]) - r->seqs[k].pend;
     o->usage.cached_prompt_tokens = r->seqs[0].s.num_cached_prompt;
     o->prompt_logprobs = NULL;
@@ -95,19 +95,19 @@ void engine_collect_outputs(struct pagoda_engine *e, int *n_outs) {
       o->top_logprob_ids = s->top_ids + (size_t)s->tokens_sent * (size_t)o->num_top_logprobs;
       o->top_logprobs = s->top_lp + (size_t)s->tokens_sent * (size_t)o->num_top_logprobs;
     }
-    s->tokens_sent = n_out;
+    s->tokens_sent = num_out;
     s->text_sent = end;
     s->dirty = 0;
   }
-  e->n_dirty = 0;
+  e->num_dirty = 0;
   *n_outs = n;
   /* Requests whose every sequence finished and was reported move to the dead list. */
   for (struct request *r = e->live, *next; r; r = next) {
     next = r->next;
-    if (r->n_live > 0)
+    if (r->num_live > 0)
       continue;
     int pending = 0;
-    for (int k = 0; k < r->n_seqs; k++)
+    for (int k = 0; k < r->num_seqs; k++)
       pending |= r->seqs[k].dirty;
     if (pending)
       continue;

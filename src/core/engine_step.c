@@ -28,7 +28,7 @@ static int fork_samples(struct pagoda_engine *e, struct sequence *seq, const flo
                         const struct sampler_params *sp, int dev) {
   struct request *r = seq->req;
   struct sched_seq *after = &seq->s;
-  for (int i = 1; i < r->n_seqs; i++) {
+  for (int i = 1; i < r->num_seqs; i++) {
     struct sequence *c = &r->seqs[i];
     c->started = 1;
     c->s.num_cached_prompt = seq->s.num_cached_prompt;
@@ -134,7 +134,7 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     max_len = start + n > max_len ? start + n : max_len;
   }
   e->query_start[o->num_items] = t;
-  int n_sample_rows = nl;
+  int num_sample_rows = nl;
   for (int b = 0; b < o->num_items; b++) { /* prompt positions whose next token is scored */
     const struct sched_seq *s = o->items[b].seq;
     int start = s->num_computed, end = start + o->items[b].num_new;
@@ -151,9 +151,9 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
   }
   /* Device sampling keeps the logits on the device; prompt-logprob rows are then scored there
    * too (ops->logprob_rows), else the step takes the host path. */
-  e->n_sample_rows = n_sample_rows;
-  e->dev_logits = e->device_sampling && n_sample_rows <= e->p.max_num_seqs &&
-                  (nl == n_sample_rows || e->be->ops->logprob_rows);
+  e->num_sample_rows = num_sample_rows;
+  e->dev_logits = e->device_sampling && num_sample_rows <= e->p.max_num_seqs &&
+                  (nl == num_sample_rows || e->be->ops->logprob_rows);
   if (!e->dev_logits && nl > e->logits_cap) { /* grows only while prompt logprobs are asked for */
     float *g = realloc(e->logits, (size_t)nl * e->vocab * sizeof(float));
     if (!g)
@@ -166,7 +166,7 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
       .max_query_len = max_q, .input_ids = e->input_ids, .positions = e->positions, .slot_mapping = e->slots,
       .query_start = e->query_start, .seq_lens = e->seq_lens, .block_tables = e->block_tables,
       .num_logits = nl, .logits_idx = e->logits_idx};
-  if (!graph || nl != n_sample_rows) /* (a decode step scores no prompt positions) */
+  if (!graph || nl != num_sample_rows) /* (a decode step scores no prompt positions) */
     return model_forward(e->model, &batch, e->dev_logits ? NULL : e->logits);
   for (int b = B; b < Bp; b++, t++) { /* padding rows: they read the null block, write nothing */
     e->query_start[b] = t;
@@ -192,7 +192,7 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
 
 /* 1 for the first step of n > 1 (sample 0's row; the others fork from it). */
 static int is_fork_row(const struct sequence *s) {
-  return !s->req->beam && s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
+  return !s->req->beam && s->index == 0 && s->req->num_seqs > 1 && !s->req->seqs[1].started;
 }
 
 /* 1 when the backend samples every request kind where the logits are: forks (sample_rows),
@@ -273,24 +273,24 @@ static int grow_proc(struct pagoda_engine *e, size_t need, size_t need_bias) {
  * and the beam rows' 2W candidates on the processed rows. Only ids and values come back. */
 static int device_sample_all(struct pagoda_engine *e, const struct scheduler_output *o) {
   struct backend *be = e->be;
-  int n_ent = 0;
+  int num_ent = 0;
   size_t need = 0, need_bias = 0;
   for (int b = 0; b < o->num_items; b++) {
     if (e->logit_row[b] < 0)
       continue;
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
-    n_ent += is_fork_row(s) ? s->req->n_seqs : 1;
+    num_ent += is_fork_row(s) ? s->req->num_seqs : 1;
     struct sampler_params sp;
     sequence_sampler_params(s, &sp);
-    need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
-    need_bias += (size_t)sp.n_bias;
+    need += (size_t)sp.num_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.num_suppress;
+    need_bias += (size_t)sp.num_bias;
   }
-  if (ds_reserve(e, n_ent))
+  if (ds_reserve(e, num_ent))
     return -1;
   if (grow_proc(e, need, need_bias))
     return -1;
   /* entries: samples first (in item order, a fork row's n samples together), then beam rows */
-  int ne = 0, nb = 0, ns = 0, nbeam = 0, n_stash = 0, k_lp = 0, k_beam = 0;
+  int ne = 0, nb = 0, ns = 0, nbeam = 0, num_stash = 0, k_lp = 0, k_beam = 0;
   for (int b = 0; b < o->num_items; b++) {
     e->ds_item[b] = -1;
     e->picked[b] = -1;
@@ -301,13 +301,13 @@ static int device_sample_all(struct pagoda_engine *e, const struct scheduler_out
     sequence_sampler_params(s, &sp);
     int stash = -1;
     if (s->req->sp.logprobs) {
-      stash = n_stash;
-      e->ds_lp_idx[n_stash++] = e->logit_row[b];
+      stash = num_stash;
+      e->ds_lp_idx[num_stash++] = e->logit_row[b];
       k_lp = s->req->sp.top_logprobs > k_lp ? s->req->sp.top_logprobs : k_lp;
       k_lp = k_lp < e->vocab ? k_lp : e->vocab;
     }
     e->ds_item[b] = ns;
-    int n = is_fork_row(s) ? s->req->n_seqs : 1;
+    int n = is_fork_row(s) ? s->req->num_seqs : 1;
     for (int i = 0; i < n; i++, ns++) {
       struct sequence *c = &s->req->seqs[i == 0 ? s->index : i];
       e->ds_seq[ns] = c;
@@ -316,14 +316,14 @@ static int device_sample_all(struct pagoda_engine *e, const struct scheduler_out
       e->ds_params[ns] = draw_params(&sp, c);
     }
   }
-  int n_samples = ns;
+  int num_samples = ns;
   for (int b = 0; b < o->num_items; b++) {
     struct sequence *s = (struct sequence *)o->items[b].seq;
     if (e->logit_row[b] < 0 || !s->req->beam || needs_host_row(e, s))
       continue;
-    e->ds_item[b] = n_samples + nbeam;
-    e->ds_seq[n_samples + nbeam] = s;
-    e->ds_rows[n_samples + nbeam++] = e->logit_row[b];
+    e->ds_item[b] = num_samples + nbeam;
+    e->ds_seq[num_samples + nbeam] = s;
+    e->ds_rows[num_samples + nbeam++] = e->logit_row[b];
     k_beam = 2 * s->req->beam->width > k_beam ? 2 * s->req->beam->width : k_beam;
   }
   for (int b = 0; b < o->num_items; b++) { /* processors of the device rows */
@@ -335,22 +335,22 @@ static int device_sample_all(struct pagoda_engine *e, const struct scheduler_out
     sequence_sampler_params(s, &sp);
     ne += sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                                sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
-    nb += sp.n_bias;
+    nb += sp.num_bias;
   }
   float *logits = model_logits_device(e->model);
   for (int b = 0; b < o->num_items; b++) /* host rows, raw (the host applies their processors) */
     if (e->logit_row[b] >= 0 && e->ds_item[b] < 0 &&
         model_logits_download(e->model, e->logit_row[b], 1, e->logits + (size_t)e->logit_row[b] * e->vocab))
       return -1;
-  if (n_stash && be->ops->stash_rows(be, logits, e->vocab, e->ds_lp_idx, n_stash))
+  if (num_stash && be->ops->stash_rows(be, logits, e->vocab, e->ds_lp_idx, num_stash))
     return -1;
   if (ne && be->ops->process(be, logits, e->vocab, e->proc, ne, e->proc_bias, nb))
     return -1;
-  if (n_samples && be->ops->sample_rows(be, e->ds_tok, logits, e->ds_rows, n_samples, e->vocab, e->ds_params))
+  if (num_samples && be->ops->sample_rows(be, e->ds_tok, logits, e->ds_rows, num_samples, e->vocab, e->ds_params))
     return -1;
-  if (n_stash) { /* the logprob entries, packed: stash row, target, results back in place */
+  if (num_stash) { /* the logprob entries, packed: stash row, target, results back in place */
     int m = 0;
-    for (int i = 0; i < n_samples; i++)
+    for (int i = 0; i < num_samples; i++)
       if (e->ds_stash[i] >= 0) {
         e->ds_lp_idx[m] = i;
         e->ds_rows[m] = e->ds_stash[i]; /* ds_rows of samples is not read past sample_rows */
@@ -370,9 +370,9 @@ static int device_sample_all(struct pagoda_engine *e, const struct scheduler_out
     }
   }
   if (nbeam) {
-    int32_t *ids = e->ds_top_ids + (size_t)n_samples * BACKEND_TOPK_MAX;
-    float *lps = e->ds_top_lp + (size_t)n_samples * BACKEND_TOPK_MAX;
-    if (be->ops->topk_rows(be, ids, lps, NULL, logits, e->vocab, e->ds_rows + n_samples, NULL, nbeam, k_beam))
+    int32_t *ids = e->ds_top_ids + (size_t)num_samples * BACKEND_TOPK_MAX;
+    float *lps = e->ds_top_lp + (size_t)num_samples * BACKEND_TOPK_MAX;
+    if (be->ops->topk_rows(be, ids, lps, NULL, logits, e->vocab, e->ds_rows + num_samples, NULL, nbeam, k_beam))
       return -1;
     for (int j = nbeam - 1; j >= 0; j--) { /* (nbeam, k_beam) packed -> stride BACKEND_TOPK_MAX */
       memmove(ids + (size_t)j * BACKEND_TOPK_MAX, ids + (size_t)j * k_beam, (size_t)k_beam * sizeof(int32_t));
@@ -411,8 +411,8 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
       continue;
     struct sampler_params sp; /* room for one entry per bias value, history token and suppressed id */
     sequence_sampler_params(s, &sp);
-    need += (size_t)sp.n_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.n_suppress;
-    need_bias += (size_t)sp.n_bias;
+    need += (size_t)sp.num_bias + (size_t)s->s.num_prompt + (size_t)sequence_num_output(s) + (size_t)sp.num_suppress;
+    need_bias += (size_t)sp.num_bias;
   }
   if (grow_proc(e, need, need_bias))
     return -1;
@@ -436,7 +436,7 @@ static int device_sample(struct pagoda_engine *e, const struct scheduler_output 
     int n = sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                                  sequence_num_output(s), row, e->proc + ne, e->proc_bias, nb);
     ne += n;
-    nb += sp.n_bias;
+    nb += sp.num_bias;
     *dp = draw_params(&sp, s);
     e->ds_item[b] = row;
   }
@@ -457,12 +457,12 @@ static int engine_schedule(struct pagoda_engine *e, const struct scheduler_outpu
   struct request **keep = &e->dead; /* a launched step may still name its sequences */
   for (struct request *r = e->dead, *n; r; r = n) {
     n = r->next;
-    if (r->n_inflight > 0) {
+    if (r->num_inflight > 0) {
       *keep = r;
       keep = &r->next;
       continue;
     }
-    e->n_sync_reqs -= r->sync_steps;
+    e->num_sync_reqs -= r->sync_steps;
     request_free(r);
   }
   *keep = NULL;
@@ -473,7 +473,7 @@ static int engine_schedule(struct pagoda_engine *e, const struct scheduler_outpu
 static void abort_items(struct pagoda_engine *e, const struct scheduler_output *o) {
   for (int b = 0; b < o->num_items; b++) {
     struct request *r = ((struct sequence *)o->items[b].seq)->req;
-    for (int k = 0; k < r->n_seqs; k++)
+    for (int k = 0; k < r->num_seqs; k++)
       if (!r->seqs[k].finish) {
         r->seqs[k].finish = PAGODA_FINISH_ABORT;
         engine_finish_seq(e, &r->seqs[k]);
@@ -509,7 +509,7 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
   int nl = 0;
   for (int b = 0; b < o->num_items; b++)
     nl += e->logit_row[b] >= 0;
-  int nt = (long)nl * e->vocab >= (1L << 17) ? e->n_samplers : 1;
+  int nt = (long)nl * e->vocab >= (1L << 17) ? e->num_samplers : 1;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
   for (int b = 0; b < o->num_items; b++) {
     if (e->dev_logits && e->ds_item[b] >= 0)
@@ -526,7 +526,7 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
       e->picked[b] = -2; /* out of memory: reported in phase 2 */
     sampler_apply_processors(smp, &sp, lg, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                              sequence_num_output(s));
-    int forks = s->index == 0 && s->req->n_seqs > 1 && !s->req->seqs[1].started;
+    int forks = s->index == 0 && s->req->num_seqs > 1 && !s->req->seqs[1].started;
     if (!s->req->beam && !forks && e->picked[b] == -1)
       e->picked[b] = sampler_pick(smp, &sp, lg, &s->rng);
   }
@@ -550,7 +550,7 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
       if (rc < 0)
         return PAGODA_ERR_OUT_OF_MEMORY;
       e->generated++;
-      for (int k = 0; rc == 1 && k < s->req->n_seqs; k++)
+      for (int k = 0; rc == 1 && k < s->req->num_seqs; k++)
         engine_mark_dirty(e, &s->req->seqs[k]);
       continue;
     }
@@ -583,7 +583,7 @@ static int engine_postprocess(struct pagoda_engine *e, const struct scheduler_ou
 
 int engine_request_sync_steps(const struct request *r) {
   const struct sampler_params *p = &r->sampler;
-  return r->beam || r->n_seqs > 1 || r->sp.logprobs || r->prompt_lp || r->sp.prompt_logprobs ||
+  return r->beam || r->num_seqs > 1 || r->sp.logprobs || r->prompt_lp || r->sp.prompt_logprobs ||
          p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0;
 }
 
@@ -631,8 +631,8 @@ static int async_launch(struct pagoda_engine *e, const struct scheduler_output *
   for (int b = 0; b < o->num_items; b++)
     if (e->logit_row[b] >= 0) {
       const struct sequence *s = (const struct sequence *)o->items[b].seq;
-      need += (size_t)s->req->sampler.n_bias + (size_t)s->req->n_suppress;
-      need_bias += (size_t)s->req->sampler.n_bias;
+      need += (size_t)s->req->sampler.num_bias + (size_t)s->req->num_suppress;
+      need_bias += (size_t)s->req->sampler.num_bias;
     }
   if (grow_proc(e, need, need_bias))
     return -1;
@@ -644,13 +644,13 @@ static int async_launch(struct pagoda_engine *e, const struct scheduler_output *
     f->seq[n] = s;
     e->ds_item[b] = n;
     e->ds_rows[n] = e->logit_row[b];
-    s->req->n_inflight++;
+    s->req->num_inflight++;
     if (e->async_dev) { /* no penalties here (sync_steps), so the entries read no token history */
       struct sampler_params sp;
       sequence_sampler_params(s, &sp);
       ne += sampler_proc_entries(&e->samplers[0], &sp, s->tokens, s->s.num_prompt, s->tokens + s->s.num_prompt,
                                  sequence_num_output(s), e->logit_row[b], e->proc + ne, e->proc_bias, nb);
-      nb += sp.n_bias;
+      nb += sp.num_bias;
       e->ds_params[n] = draw_params(&sp, s);
     }
     n++;
@@ -668,7 +668,7 @@ static int async_launch(struct pagoda_engine *e, const struct scheduler_output *
   }
   /* A host backend: the logits are in e->logits; the host sampler picks now, in parallel over
    * rows as the synchronous postprocess does. */
-  int nt = (long)n * e->vocab >= (1L << 17) ? e->n_samplers : 1;
+  int nt = (long)n * e->vocab >= (1L << 17) ? e->num_samplers : 1;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
   for (int i = 0; i < n; i++) {
     struct sequence *s = f->seq[i];
@@ -702,7 +702,7 @@ static int async_finish(struct pagoda_engine *e, int slot) {
     struct sequence *s = f->seq[i];
     if (!s)
       continue;
-    s->req->n_inflight--;
+    s->req->num_inflight--;
     if (s->finish)
       continue; /* aborted meanwhile: its placeholder went with it */
     if (s->pend) { /* (none for a token that ends the sequence by length: see async_update) */
@@ -741,7 +741,7 @@ static void async_update(struct pagoda_engine *e, const struct scheduler_output 
     struct sequence *s = f->seq[i];
     if (s->finish) { /* ended at the previous step: this result is dropped */
       f->seq[i] = NULL;
-      s->req->n_inflight--;
+      s->req->num_inflight--;
       continue;
     }
     if (sequence_num_output(s) + 1 >= s->req->max_tokens || s->s.num_tokens + 1 >= e->max_model_len)
@@ -771,7 +771,7 @@ static int async_step(struct pagoda_engine *e, int *n_outs) {
         e->be->ops->sync(e->be);
       struct engine_flight *f = &e->flight[slot];
       for (int i = 0; f->active && i < f->n; i++)
-        f->seq[i]->req->n_inflight--;
+        f->seq[i]->req->num_inflight--;
       f->active = 0;
       e->next_slot = slot;
       abort_items(e, o);
@@ -783,7 +783,7 @@ static int async_step(struct pagoda_engine *e, int *n_outs) {
     rc = rc2;
   if (launched)
     async_update(e, o, slot);
-  else if (rc == PAGODA_OK && !had_prev && scheduler_has_work(&e->sched) && e->n_dirty == 0 &&
+  else if (rc == PAGODA_OK && !had_prev && scheduler_has_work(&e->sched) && e->num_dirty == 0 &&
            o->num_preempted == 0) {
     ERR("no request can make progress: the KV pool is too small for the running requests (raise --pa-memory-mb)");
     rc = PAGODA_ERR_OUT_OF_MEMORY;
@@ -795,7 +795,7 @@ static int async_step(struct pagoda_engine *e, int *n_outs) {
 int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, int *n_outs) {
   *outs = e->outs;
   *n_outs = 0;
-  if (e->async_on && e->n_sync_reqs == 0)
+  if (e->async_on && e->num_sync_reqs == 0)
     return async_step(e, n_outs);
   /* A synchronous step: a launched step is read and post-processed first. */
   int rc = async_finish(e, e->next_slot ^ 1);
@@ -814,7 +814,7 @@ int pagoda_engine_step(pagoda_engine_t *e, const struct pagoda_output **outs, in
     }
     if ((rc = engine_postprocess(e, o)) != PAGODA_OK)
       return rc;
-  } else if (scheduler_has_work(&e->sched) && e->n_dirty == 0 && o->num_preempted == 0) {
+  } else if (scheduler_has_work(&e->sched) && e->num_dirty == 0 && o->num_preempted == 0) {
     /* Nothing runnable and nothing to report: only possible when the sequences holding blocks
      * wait for one that cannot get any (beams of one request on a pool too small for them). */
     return ERR("no request can make progress: the KV pool is too small for the running requests "

@@ -46,7 +46,7 @@ static void region_unlink(struct kv_manager *m, int r) {
     m->regions[g->next].prev = g->prev;
   else
     m->cached_tail = g->prev;
-  m->n_cached--;
+  m->num_cached--;
 }
 
 static void region_take(struct kv_manager *m, struct kv_seq *s, int r, int len) {
@@ -117,7 +117,7 @@ static void region_release(struct kv_manager *m, struct kv_seq *s) {
     else
       m->cached_head = r;
     m->cached_tail = r;
-    if (++m->n_cached > m->p.prefix_cache_n) {
+    if (++m->num_cached > m->p.prefix_cache_n) {
       int old = m->cached_head;
       region_unlink(m, old);
       m->regions[old].state = REGION_FREE;
@@ -321,7 +321,7 @@ void kv_manager_release(struct kv_manager *m, struct kv_seq *s) {
   s->num_blocks = s->num_tokens = s->num_hashed = s->num_trimmed = 0;
 }
 
-int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs) {
+int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int num_seqs) {
   if (m->p.contiguous)
     return 0; /* regions are fixed: nothing is shared or counted per block */
   const struct block_pool *p = &m->pool;
@@ -335,7 +335,7 @@ int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int
   }
   for (int i = 0; i < nb; i++)
     last_seen[i] = -1;
-  for (int q = 0; q < n_seqs; q++) {
+  for (int q = 0; q < num_seqs; q++) {
     const struct kv_seq *s = seqs[q];
     if (s->num_blocks != (s->num_tokens + bs - 1) / bs) {
       ERR("seq %d: %d blocks for %d tokens", q, s->num_blocks, s->num_tokens);

@@ -50,7 +50,7 @@ struct kv_manager {
   struct prefix_cache cache; /* block-level; its stats also count sequence-level hits */
   struct kv_region *regions; /* (num_regions) contiguous mode only */
   int32_t *region_tokens;    /* (num_regions, max_blocks_per_seq * block_size) */
-  int num_regions, n_cached, cached_head, cached_tail;
+  int num_regions, num_cached, cached_head, cached_tail;
   int window;                /* kv_manager_set_window; 0: none */
 };
 
@@ -109,6 +109,6 @@ static inline int kv_manager_capacity(const struct kv_manager *m) { return m->po
  * the number of tables holding each block, free + used = total, the free queue holds exactly the
  * unreferenced blocks, every cached hash maps to a block hashed with its stored parent and tokens.
  * O(blocks + slots); for tests. Paged mode only (contiguous mode has nothing to check: returns 0). Returns 0, or -1 with err_last() describing the first violation. */
-int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int n_seqs);
+int kv_manager_check(const struct kv_manager *m, struct kv_seq *const *seqs, int num_seqs);
 
 #endif

@@ -18,9 +18,9 @@ static void *dup_mem(const void *src, size_t n) {
   return p;
 }
 
-struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt, int max_tokens,
+struct request *request_create(uint64_t id, const int32_t *prompt, int num_prompt, int max_tokens,
                                const struct pagoda_sampling_params *sp, const struct kv_manager *kv,
-                               const struct tokenizer *tok, const int32_t *eog_ids, int n_eog) {
+                               const struct tokenizer *tok, const int32_t *eog_ids, int num_eog) {
   struct request *r = calloc(1, sizeof *r);
   if (!r) {
     ERR("out of memory for a request");
@@ -28,13 +28,13 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
   }
   r->id = id;
   r->sp = *sp;
-  r->num_prompt = n_prompt;
+  r->num_prompt = num_prompt;
   r->max_tokens = max_tokens;
   int beam = sp->beam_width > 1;
-  r->n_seqs = beam ? sp->beam_width : sp->n;
+  r->num_seqs = beam ? sp->beam_width : sp->n;
   int fail = 0;
-  if (sp->prompt_logprobs && n_prompt > 1)
-    fail |= !(r->prompt_lp = malloc((size_t)(n_prompt - 1) * sizeof *r->prompt_lp));
+  if (sp->prompt_logprobs && num_prompt > 1)
+    fail |= !(r->prompt_lp = malloc((size_t)(num_prompt - 1) * sizeof *r->prompt_lp));
   if (sp->n_stop) {
     r->stop = calloc((size_t)sp->n_stop, sizeof *r->stop);
     fail |= !r->stop;
@@ -50,14 +50,14 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
   r->sp.logit_bias_ids = r->bias_ids;
   r->sp.logit_bias_values = r->bias_values;
   if (sp->min_tokens > 0) {
-    r->suppress = malloc((size_t)(n_eog + sp->n_stop_token_ids + 1) * sizeof *r->suppress);
+    r->suppress = malloc((size_t)(num_eog + sp->n_stop_token_ids + 1) * sizeof *r->suppress);
     fail |= !r->suppress;
     if (!fail) {
       if (!sp->ignore_eos)
-        for (int i = 0; i < n_eog; i++)
-          r->suppress[r->n_suppress++] = eog_ids[i];
+        for (int i = 0; i < num_eog; i++)
+          r->suppress[r->num_suppress++] = eog_ids[i];
       for (int i = 0; i < sp->n_stop_token_ids; i++)
-        r->suppress[r->n_suppress++] = sp->stop_token_ids[i];
+        r->suppress[r->num_suppress++] = sp->stop_token_ids[i];
     }
   }
   struct sampler_params *q = &r->sampler;
@@ -70,17 +70,17 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
   q->frequency_penalty = sp->frequency_penalty;
   q->bias_ids = r->bias_ids;
   q->bias_values = r->bias_values;
-  q->n_bias = sp->n_logit_bias;
-  r->seqs = calloc((size_t)r->n_seqs, sizeof *r->seqs);
+  q->num_bias = sp->n_logit_bias;
+  r->seqs = calloc((size_t)r->num_seqs, sizeof *r->seqs);
   fail |= !r->seqs;
   if (beam)
-    fail |= !(r->beam = beam_state_create(r->n_seqs, max_tokens));
+    fail |= !(r->beam = beam_state_create(r->num_seqs, max_tokens));
   uint64_t seed = (uint64_t)sp->seed;
-  for (int i = 0; !fail && i < r->n_seqs; i++) {
+  for (int i = 0; !fail && i < r->num_seqs; i++) {
     struct sequence *s = &r->seqs[i];
     s->req = r;
     s->index = i;
-    s->cap = n_prompt + max_tokens;
+    s->cap = num_prompt + max_tokens;
     s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
     if (sp->logprobs) {
       size_t k = (size_t)max_tokens * (size_t)(sp->top_logprobs > 0 ? sp->top_logprobs : 1);
@@ -94,16 +94,16 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
       fail = 1;
       break;
     }
-    memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    memcpy(s->tokens, prompt, (size_t)num_prompt * sizeof *prompt);
     /* Prime the detokenizer with the prompt's tail (text discarded) so that the first output
      * token decodes as a continuation (" was", not "was" as at the start of a text). */
     char scratch[512];
-    for (int k = n_prompt > 4 ? n_prompt - 4 : 0; k < n_prompt; k++)
+    for (int k = num_prompt > 4 ? num_prompt - 4 : 0; k < num_prompt; k++)
       detokenizer_push(s->detok, prompt[k], scratch, sizeof scratch);
     /* Even when the prompt decodes to nothing (a lone BOS) the output continues a text. */
     detokenizer_set_continuation(s->detok);
     s->s.tokens = s->tokens;
-    s->s.num_tokens = s->s.num_prompt = n_prompt;
+    s->s.num_tokens = s->s.num_prompt = num_prompt;
     /* Sample i draws from its own stream: seed and index only, never the batch. */
     rng_seed(&s->rng, seed + 0x9e3779b97f4a7c15ull * (uint64_t)i);
   }
@@ -112,14 +112,14 @@ struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt,
     ERR("out of memory for a request");
     return NULL;
   }
-  r->n_live = r->n_seqs;
+  r->num_live = r->num_seqs;
   return r;
 }
 
 void request_free(struct request *r) {
   if (!r)
     return;
-  for (int i = 0; r->seqs && i < r->n_seqs; i++) {
+  for (int i = 0; r->seqs && i < r->num_seqs; i++) {
     struct sequence *s = &r->seqs[i];
     free(s->tokens);
     free(s->text);
@@ -148,7 +148,7 @@ void sequence_sampler_params(const struct sequence *seq, struct sampler_params *
   const struct request *r = seq->req;
   *out = r->sampler;
   out->suppress_ids = r->suppress;
-  out->n_suppress = sequence_num_output(seq) < r->sp.min_tokens ? r->n_suppress : 0;
+  out->num_suppress = sequence_num_output(seq) < r->sp.min_tokens ? r->num_suppress : 0;
 }
 
 static int append_text(struct sequence *seq, const char *s, size_t n) {
@@ -191,8 +191,8 @@ static int cut_at_stop(struct sequence *seq, size_t old_len) {
 int sequence_push_token(struct sequence *seq, int32_t tok, const struct tokenizer *t, int max_model_len) {
   struct request *r = seq->req;
   seq->tokens[seq->s.num_tokens++] = tok;
-  int n_out = sequence_num_output(seq);
-  int may_stop = n_out >= r->sp.min_tokens, cut = 0;
+  int num_out = sequence_num_output(seq);
+  int may_stop = num_out >= r->sp.min_tokens, cut = 0;
   int is_stop_id = 0;
   for (int i = 0; i < r->sp.n_stop_token_ids; i++)
     is_stop_id |= r->stop_ids[i] == tok;
@@ -207,7 +207,7 @@ int sequence_push_token(struct sequence *seq, int32_t tok, const struct tokenize
     if (may_stop && r->sp.n_stop && (cut = cut_at_stop(seq, old)))
       seq->finish = PAGODA_FINISH_STOP;
   }
-  if (!seq->finish && (n_out >= r->max_tokens || seq->s.num_tokens >= max_model_len))
+  if (!seq->finish && (num_out >= r->max_tokens || seq->s.num_tokens >= max_model_len))
     seq->finish = PAGODA_FINISH_LENGTH;
   if (seq->finish && !cut) { /* the held-back bytes of an incomplete character, as U+FFFD */
     char buf[512];
@@ -257,15 +257,15 @@ void sequence_record_logprob(struct sequence *seq, const struct sequence *from, 
     return;
   int32_t tok = seq->tokens[seq->s.num_tokens - 1];
   seq->lp[k] = from->raw[tok] - from->raw_lse;
-  int n_top = r->sp.top_logprobs;
-  int32_t *ids = seq->top_ids + (size_t)k * (size_t)n_top;
-  float *lps = seq->top_lp + (size_t)k * (size_t)n_top;
-  int have = 0; /* insertion into a sorted list of n_top (<= 20): O(vocab * n_top) worst case */
-  for (int i = 0; i < vocab && n_top > 0; i++) {
+  int num_top = r->sp.top_logprobs;
+  int32_t *ids = seq->top_ids + (size_t)k * (size_t)num_top;
+  float *lps = seq->top_lp + (size_t)k * (size_t)num_top;
+  int have = 0; /* insertion into a sorted list of num_top (<= 20): O(vocab * num_top) worst case */
+  for (int i = 0; i < vocab && num_top > 0; i++) {
     float v = from->raw[i];
-    if (have == n_top && !(v > lps[n_top - 1]))
+    if (have == num_top && !(v > lps[num_top - 1]))
       continue;
-    int j = have < n_top ? have++ : n_top - 1;
+    int j = have < num_top ? have++ : num_top - 1;
     while (j > 0 && v > lps[j - 1]) { /* strict: ties keep the smaller id first */
       lps[j] = lps[j - 1];
       ids[j] = ids[j - 1];
@@ -284,7 +284,7 @@ void sequence_set_logprob(struct sequence *seq, float lp, const int32_t *ids, co
   if (!r->sp.logprobs || k < 0 || k >= r->max_tokens)
     return;
   seq->lp[k] = lp;
-  size_t n_top = (size_t)r->sp.top_logprobs;
-  memcpy(seq->top_ids + (size_t)k * n_top, ids, n_top * sizeof *ids);
-  memcpy(seq->top_lp + (size_t)k * n_top, lps, n_top * sizeof *lps);
+  size_t num_top = (size_t)r->sp.top_logprobs;
+  memcpy(seq->top_ids + (size_t)k * num_top, ids, num_top * sizeof *ids);
+  memcpy(seq->top_lp + (size_t)k * num_top, lps, num_top * sizeof *lps);
 }

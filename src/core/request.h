@@ -50,28 +50,28 @@ struct request {
   int32_t *stop_ids;                /* (sp.n_stop_token_ids) */
   int32_t *bias_ids;                /* (sp.n_logit_bias) */
   float *bias_values;               /* (sp.n_logit_bias) */
-  int32_t *suppress;                /* (n_suppress) EOS/end-of-turn and stop ids, for min_tokens */
-  int n_suppress;
+  int32_t *suppress;                /* (num_suppress) EOS/end-of-turn and stop ids, for min_tokens */
+  int num_suppress;
   struct sampler_params sampler;
   int num_prompt, max_tokens, num_cached_prompt;
   struct beam_state *beam;          /* beam search state; NULL for sampling */
   float *prompt_lp;                 /* (num_prompt - 1) sp.prompt_logprobs: log P(prompt[i+1] | ..i) */
   int prompt_lp_done, prompt_lp_sent; /* all computed / reported */
-  struct sequence *seqs;            /* (n_seqs) */
-  int n_seqs, n_live;
+  struct sequence *seqs;            /* (num_seqs) */
+  int num_seqs, num_live;
   int sync_steps;                   /* 1: its steps need the host to know each token first (engine.c) */
-  int n_inflight;                   /* entries of launched, unread steps naming its sequences: the
+  int num_inflight;                   /* entries of launched, unread steps naming its sequences: the
                                      * request is freed only once this is 0 */
   double t_arrival;
   struct request *prev, *next;      /* the engine's list of live requests */
 };
 
-/* Builds a request for PROMPT (n_prompt ids) with SP (copied deeply) and n_seqs sequences whose
- * tables come from KV. EOG_IDS (n_eog) feed min_tokens suppression. NULL with err_last() set.
+/* Builds a request for PROMPT (num_prompt ids) with SP (copied deeply) and num_seqs sequences whose
+ * tables come from KV. EOG_IDS (num_eog) feed min_tokens suppression. NULL with err_last() set.
  * Free with request_free (after its sequences left the scheduler). */
-struct request *request_create(uint64_t id, const int32_t *prompt, int n_prompt, int max_tokens,
+struct request *request_create(uint64_t id, const int32_t *prompt, int num_prompt, int max_tokens,
                                const struct pagoda_sampling_params *sp, const struct kv_manager *kv,
-                               const struct tokenizer *tok, const int32_t *eog_ids, int n_eog);
+                               const struct tokenizer *tok, const int32_t *eog_ids, int num_eog);
 void request_free(struct request *r);
 
 /* The sampler parameters for SEQ's next token (min_tokens suppression included), into *OUT.

@@ -49,36 +49,36 @@ static struct backend_proc_entry *entry_for(int32_t *c, struct backend_proc_entr
   return &out[c[id] - 1];
 }
 
-int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int n_prompt,
-                         const int32_t *output, int n_output, int row, struct backend_proc_entry *out,
+int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int num_prompt,
+                         const int32_t *output, int num_output, int row, struct backend_proc_entry *out,
                          float *bias, int bias0) {
   int32_t *c = s->counts, *cur = s->tmp;
   int n = 0;
-  for (int i = 0; i < p->n_bias; i++) /* first the number of values per token, in order of appearance */
-    entry_for(c, out, &n, row, p->bias_ids[i])->n_bias++;
+  for (int i = 0; i < p->num_bias; i++) /* first the number of values per token, in order of appearance */
+    entry_for(c, out, &n, row, p->bias_ids[i])->num_bias++;
   for (int e = 0, at = bias0; e < n; e++) {
     out[e].bias0 = at;
-    at += out[e].n_bias;
+    at += out[e].num_bias;
     cur[e] = 0;
   }
-  for (int i = 0; i < p->n_bias; i++) { /* then the values, each token's in request order */
+  for (int i = 0; i < p->num_bias; i++) { /* then the values, each token's in request order */
     struct backend_proc_entry *e = &out[c[p->bias_ids[i]] - 1];
     bias[e->bias0 + cur[c[p->bias_ids[i]] - 1]++] = p->bias_values[i];
   }
   if (p->repetition_penalty != 1.0f && p->repetition_penalty > 0) {
-    for (int i = 0; i < n_prompt; i++)
+    for (int i = 0; i < num_prompt; i++)
       entry_for(c, out, &n, row, prompt[i])->rep = p->repetition_penalty;
-    for (int i = 0; i < n_output; i++)
+    for (int i = 0; i < num_output; i++)
       entry_for(c, out, &n, row, output[i])->rep = p->repetition_penalty;
   }
   if (p->presence_penalty != 0 || p->frequency_penalty != 0) {
-    for (int i = 0; i < n_output; i++) /* the count, held in sub until it is converted below */
+    for (int i = 0; i < num_output; i++) /* the count, held in sub until it is converted below */
       entry_for(c, out, &n, row, output[i])->sub += 1.0f;
     for (int k = 0; k < n; k++)
       if (out[k].sub > 0)
         out[k].sub = sampler_penalty_sub(p, (int32_t)out[k].sub);
   }
-  for (int i = 0; i < p->n_suppress; i++)
+  for (int i = 0; i < p->num_suppress; i++)
     entry_for(c, out, &n, row, p->suppress_ids[i])->suppress = 1;
   for (int k = 0; k < n; k++)
     c[out[k].id] = 0;
@@ -90,7 +90,7 @@ void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_e
   for (int i = 0; i < n; i++) {
     const struct backend_proc_entry *e = &entries[i];
     float *l = &logits[(size_t)e->row * vocab + e->id];
-    for (int b = 0; b < e->n_bias; b++)
+    for (int b = 0; b < e->num_bias; b++)
       *l += bias[e->bias0 + b];
     if (e->rep != 1.0f)
       *l = *l > 0 ? *l / e->rep : *l * e->rep;
@@ -102,8 +102,8 @@ void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_e
 }
 
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,
-                              const int32_t *prompt, int n_prompt, const int32_t *output, int n_output) {
-  for (int i = 0; i < p->n_bias; i++)
+                              const int32_t *prompt, int num_prompt, const int32_t *output, int num_output) {
+  for (int i = 0; i < p->num_bias; i++)
     logits[p->bias_ids[i]] += p->bias_values[i];
   int32_t *c = s->counts;
   if (p->repetition_penalty != 1.0f && p->repetition_penalty > 0) {
@@ -111,7 +111,7 @@ void sampler_apply_processors(struct sampler *s, const struct sampler_params *p,
     float r = p->repetition_penalty;
     for (int pass = 0; pass < 2; pass++) {
       const int32_t *t = pass ? output : prompt;
-      int n = pass ? n_output : n_prompt;
+      int n = pass ? num_output : num_prompt;
       for (int i = 0; i < n; i++)
         if (!c[t[i]]) {
           c[t[i]] = 1;
@@ -119,21 +119,21 @@ void sampler_apply_processors(struct sampler *s, const struct sampler_params *p,
           *l = *l > 0 ? *l / r : *l * r;
         }
     }
-    for (int i = 0; i < n_prompt; i++)
+    for (int i = 0; i < num_prompt; i++)
       c[prompt[i]] = 0;
-    for (int i = 0; i < n_output; i++)
+    for (int i = 0; i < num_output; i++)
       c[output[i]] = 0;
   }
   if (p->presence_penalty != 0 || p->frequency_penalty != 0) {
-    for (int i = 0; i < n_output; i++)
+    for (int i = 0; i < num_output; i++)
       c[output[i]]++;
-    for (int i = 0; i < n_output; i++)
+    for (int i = 0; i < num_output; i++)
       if (c[output[i]]) { /* the first occurrence applies the whole count, then clears it */
         logits[output[i]] -= sampler_penalty_sub(p, c[output[i]]);
         c[output[i]] = 0;
       }
   }
-  for (int i = 0; i < p->n_suppress; i++)
+  for (int i = 0; i < p->num_suppress; i++)
     logits[p->suppress_ids[i]] = -INFINITY;
 }
 

@@ -15,11 +15,11 @@ struct sampler_params {
   float repetition_penalty; /* 1: off. HF/CTRL: every token of prompt + output, l > 0 ? l / r : l * r */
   float presence_penalty;   /* 0: off. OpenAI: l -= presence * (count > 0), output tokens only */
   float frequency_penalty;  /* 0: off. OpenAI: l -= frequency * count, output tokens only */
-  const int32_t *bias_ids;  /* (n_bias) logit_bias: l[id] += value, applied first */
-  const float *bias_values; /* (n_bias) */
-  int n_bias;
-  const int32_t *suppress_ids; /* (n_suppress) set to -inf last (min_tokens hides EOS/stop ids) */
-  int n_suppress;
+  const int32_t *bias_ids;  /* (num_bias) logit_bias: l[id] += value, applied first */
+  const float *bias_values; /* (num_bias) */
+  int num_bias;
+  const int32_t *suppress_ids; /* (num_suppress) set to -inf last (min_tokens hides EOS/stop ids) */
+  int num_suppress;
 };
 
 #define SAMPLER_BUCKETS 4096 /* top-p histogram over the float bits of probabilities */
@@ -46,11 +46,11 @@ float sampler_penalty_sub(const struct sampler_params *p, int32_t count);
 /* The processors of P for one row, as backend_proc_entry records (backend/backend.h) for a device
  * that applies them (backend_ops.process): one entry per distinct token touched, rows set to ROW,
  * their bias values appended to BIAS from index BIAS0. The caller provides room for
- * n_bias + n_prompt + n_output + n_suppress entries and n_bias values. Returns the entries
+ * num_bias + num_prompt + num_output + num_suppress entries and num_bias values. Returns the entries
  * written. Applying them gives exactly sampler_apply_processors' result. */
 struct backend_proc_entry;
-int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int n_prompt,
-                         const int32_t *output, int n_output, int row, struct backend_proc_entry *out,
+int sampler_proc_entries(struct sampler *s, const struct sampler_params *p, const int32_t *prompt, int num_prompt,
+                         const int32_t *output, int num_output, int row, struct backend_proc_entry *out,
                          float *bias, int bias0);
 
 /* The CPU reference of backend_ops.process: applies N entries (rows of VOCAB logits) in place,
@@ -59,9 +59,9 @@ void sampler_apply_entries(float *logits, int vocab, const struct backend_proc_e
                            const float *bias);
 
 /* In place on LOGITS (vocab): logit bias, repetition penalty, presence and frequency penalties,
- * suppression, in that order. PROMPT (n_prompt) and OUTPUT (n_output) are the sequence so far. */
+ * suppression, in that order. PROMPT (num_prompt) and OUTPUT (num_output) are the sequence so far. */
 void sampler_apply_processors(struct sampler *s, const struct sampler_params *p, float *logits,
-                              const int32_t *prompt, int n_prompt, const int32_t *output, int n_output);
+                              const int32_t *prompt, int num_prompt, const int32_t *output, int num_output);
 
 /* The tokens that survive temperature, then top-k, then top-p (over the top-k set renormalized,
  * as HF applies them), then min-p. *IDS (count) lists them; *PROBS (vocab, indexed by token id)

@@ -312,7 +312,7 @@ struct job {
   int32_t *stop_ids, *bias_ids;
   float *bias_vals;
   /* prompts */
-  int n_prompts;
+  int num_prompts;
   int32_t **ids;
   int *n_ids;
   char **prompt_text;       /* for echo */
@@ -326,7 +326,7 @@ struct job {
     int finish;
     int role_sent;
     size_t sent;            /* streaming: bytes of text sent as content */
-    int n_calls;            /* tool calls parsed (sent, when streaming) */
+    int num_calls;            /* tool calls parsed (sent, when streaming) */
     int have_from;          /* streaming, Hermes: calls_from is set */
     size_t calls_from;      /* streaming, Hermes: where the next unparsed call block starts */
     int ntok;
@@ -346,7 +346,7 @@ struct job {
 static void job_free(struct job *J) {
   if (!J)
     return;
-  for (int i = 0; i < J->n_prompts; i++) {
+  for (int i = 0; i < J->num_prompts; i++) {
     if (J->streams && J->streams[i])
       pagoda_stream_free(J->streams[i]);
     if (J->ids)
@@ -364,7 +364,7 @@ static void job_free(struct job *J) {
   free(J->stop_ids);
   free(J->bias_ids);
   free(J->bias_vals);
-  for (int i = 0; J->ch && i < J->n_prompts * J->stride; i++) {
+  for (int i = 0; J->ch && i < J->num_prompts * J->stride; i++) {
     free(J->ch[i].text.p);
     cJSON_Delete(J->ch[i].lp);
   }
@@ -565,7 +565,7 @@ static int tokenize_prompt(struct job *J, int k, const char *text, int chat, str
 }
 
 static int alloc_prompts(struct job *J, int n) {
-  J->n_prompts = n;
+  J->num_prompts = n;
   J->ids = calloc((size_t)n, sizeof *J->ids);
   J->n_ids = calloc((size_t)n, sizeof *J->n_ids);
   J->prompt_text = calloc((size_t)n, sizeof *J->prompt_text);
@@ -947,7 +947,7 @@ static void name_calls(struct job *J, int idx, int *count, cJSON *calls) {
 
 /* Streaming: CALLS of choice IDX in one delta.tool_calls chunk (takes ownership). */
 static void emit_calls(struct job *J, int idx, cJSON *calls) {
-  name_calls(J, idx, &J->ch[idx].n_calls, calls);
+  name_calls(J, idx, &J->ch[idx].num_calls, calls);
   stream_chunk(J, idx, "", 0, NULL, calls, NULL);
 }
 
@@ -982,7 +982,7 @@ static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
   const char *t = c->text.p ? c->text.p : "";
   size_t len = c->text.len;
   size_t safe = tool_content_safe(f, t, len);
-  if (c->n_calls == 0 && safe > c->sent) {
+  if (c->num_calls == 0 && safe > c->sent) {
     stream_chunk(J, idx, t + c->sent, safe - c->sent, lp, NULL, NULL);
     lp = NULL;
     c->sent = safe;
@@ -1006,7 +1006,7 @@ static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
   }
   if (ev->finish_reason) {
     size_t ce;
-    if (c->n_calls == 0) { /* the whole output: content up to the first call, then the calls */
+    if (c->num_calls == 0) { /* the whole output: content up to the first call, then the calls */
       cJSON *x = tool_calls_parse(f, t, len, &ce);
       size_t cend = x ? ce : len;
       if (cend > c->sent) {
@@ -1021,7 +1021,7 @@ static void job_event(struct job *J, int p, const struct pagoda_event *ev) {
       if (x)
         emit_calls(J, idx, x);
     }
-    if (c->n_calls > 0 && ev->finish_reason == PAGODA_FINISH_STOP)
+    if (c->num_calls > 0 && ev->finish_reason == PAGODA_FINISH_STOP)
       fin = "tool_calls";
     stream_chunk(J, idx, "", 0, lp, NULL, fin);
   } else if (lp) {
@@ -1036,7 +1036,7 @@ static void record_metrics(struct job *J) {
   if (J->first_seen) {
     hist_add(&S->ttft, J->t_first - J->t_start);
     int ntok = 0;
-    for (int i = 0; i < J->n_prompts * J->stride; i++)
+    for (int i = 0; i < J->num_prompts * J->stride; i++)
       ntok += J->ch[i].ntok;
     if (ntok > 1)
       hist_add(&S->tpot, (J->t_last - J->t_first) / (ntok - 1));
@@ -1046,7 +1046,7 @@ static void record_metrics(struct job *J) {
     S->itl.counts[i] += J->itl.counts[i];
   S->itl.sum += J->itl.sum;
   S->itl.n += J->itl.n;
-  for (int i = 0; i < J->n_prompts * J->stride; i += J->stride) {
+  for (int i = 0; i < J->num_prompts * J->stride; i += J->stride) {
     int f = J->ch[i].finish;
     if (f >= 1 && f <= 3)
       S->req_ok[f - 1]++;
@@ -1064,7 +1064,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
   cJSON_AddNumberToObject(j, "created", (double)J->created);
   cJSON_AddStringToObject(j, "model", J->S->cfg->model_name);
   cJSON *choices = cJSON_AddArrayToObject(j, "choices");
-  for (int i = 0; i < J->n_prompts * J->n; i++) {
+  for (int i = 0; i < J->num_prompts * J->n; i++) {
     struct choice *c = &J->ch[(i / J->n) * J->stride + i % J->n];
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", i);
@@ -1080,7 +1080,7 @@ static cJSON *final_response(struct job *J, struct pagoda_usage *total) {
       else
         cJSON_AddItemToObject(m, "content", json_string_n(c->text.p ? c->text.p : "", content_end));
       if (calls) {
-        name_calls(J, i, &c->n_calls, calls);
+        name_calls(J, i, &c->num_calls, calls);
         cJSON_AddItemToObject(m, "tool_calls", calls);
         if (c->finish == PAGODA_FINISH_STOP)
           fin = "tool_calls";
@@ -1153,7 +1153,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
 static void stream_free_cb(void *cls) {
   struct job *J = cls;
   if (!J->done) { /* the client left mid-stream: counted as aborted */
-    for (int i = 0; i < J->n_prompts * J->stride; i++)
+    for (int i = 0; i < J->num_prompts * J->stride; i++)
       if (!J->ch[i].finish)
         J->ch[i].finish = PAGODA_FINISH_ABORT;
     record_metrics(J);
@@ -1228,8 +1228,8 @@ static enum MHD_Result handle_completion(struct server *S, struct MHD_Connection
     return send_error(S, conn, pe.status, pe.param, "%s", pe.msg);
   }
   J->stride = J->sp.beam_width > 1 ? J->sp.beam_width : J->n;
-  J->ch = calloc((size_t)(J->n_prompts * J->stride), sizeof *J->ch);
-  for (int p = 0; p < J->n_prompts; p++) {
+  J->ch = calloc((size_t)(J->num_prompts * J->stride), sizeof *J->ch);
+  for (int p = 0; p < J->num_prompts; p++) {
     int st = pagoda_async_submit(S->async, NULL, J->ids[p], J->n_ids[p], &J->sp, &J->streams[p]);
     if (st != PAGODA_OK) {
       char msg[512];
@@ -1251,7 +1251,7 @@ static enum MHD_Result handle_completion(struct server *S, struct MHD_Connection
     return rc;
   }
   struct pagoda_usage total = {0};
-  for (int p = 0; p < J->n_prompts; p++) {
+  for (int p = 0; p < J->num_prompts; p++) {
     struct pagoda_event ev;
     int st;
     double checked = now_s();
@@ -1261,7 +1261,7 @@ static enum MHD_Result handle_completion(struct server *S, struct MHD_Connection
       if (now_s() - checked >= 0.2) { /* every 0.2 s, events or not */
         checked = now_s();
         if (client_gone(conn)) /* abort everything; the events still arrive (finish = abort) */
-          for (int q = 0; q < J->n_prompts; q++)
+          for (int q = 0; q < J->num_prompts; q++)
             pagoda_stream_abort(J->streams[q]);
       }
     }

@@ -314,9 +314,9 @@ int main(void) {
   pen.presence_penalty = 0.5f;
   pen.bias_ids = &bias_id;
   pen.bias_values = &bias_v;
-  pen.n_bias = 1;
+  pen.num_bias = 1;
   pen.suppress_ids = &sup;
-  pen.n_suppress = 1;
+  pen.num_suppress = 1;
   sampler_apply_processors(&s, &pen, logits, prompt, 2, out, 3);
   CHECK(logits[1] == 1.0f && logits[2] == -2.75f && logits[3] == 0.5f && logits[4] == 4.0f &&
             isinf(logits[5]) && logits[5] < 0 && logits[0] == 0,

@@ -38,8 +38,8 @@ static void round_of(struct sampler *s, int kind) {
       prompt[r][i] = rnd(0, 40);
     for (int i = 0; i < no[r]; i++)
       output[r][i] = rnd(0, 40);
-    int n_bias = kind & 1 ? rnd(1, 12) : 0;
-    for (int i = 0; i < n_bias; i++) {
+    int num_bias = kind & 1 ? rnd(1, 12) : 0;
+    for (int i = 0; i < num_bias; i++) {
       bias_ids[r][i] = i && rnd(0, 2) == 0 ? bias_ids[r][i - 1] : rnd(0, VOCAB - 1);
       bias_values[r][i] = (test_randf(&seed) - 0.5f) * 30.0f;
     }
@@ -50,8 +50,8 @@ static void round_of(struct sampler *s, int kind) {
                                     .repetition_penalty = kind & 2 ? (r % 2 ? 1.3f : 0.7f) : 1.0f,
                                     .presence_penalty = kind & 4 ? 0.4f : 0,
                                     .frequency_penalty = kind & 4 ? (r % 2 ? 0.3f : -0.6f) : 0,
-                                    .bias_ids = bias_ids[r], .bias_values = bias_values[r], .n_bias = n_bias,
-                                    .suppress_ids = sup[r], .n_suppress = n_sup};
+                                    .bias_ids = bias_ids[r], .bias_values = bias_values[r], .num_bias = num_bias,
+                                    .suppress_ids = sup[r], .num_suppress = n_sup};
     memcpy(want[r], logits[r], sizeof want[r]);
     sampler_apply_processors(s, &sp[r], want[r], prompt[r], np[r], output[r], no[r]);
     int n = sampler_proc_entries(s, &sp[r], prompt[r], np[r], output[r], no[r], r, ent + ne, bias, nb);
@@ -59,7 +59,7 @@ static void round_of(struct sampler *s, int kind) {
       for (int j = 0; j < i; j++)
         CHECK(ent[ne + i].id != ent[ne + j].id, "kind %d row %d: token %d has two entries", kind, r, ent[ne + i].id);
     ne += n;
-    nb += n_bias;
+    nb += num_bias;
   }
   memcpy(got, logits, sizeof got);
   sampler_apply_entries(&got[0][0], VOCAB, ent, ne, bias);

@@ -42,7 +42,7 @@ static int failures;
 struct kind {
   const char *name;
   float temperature, top_p, min_p, rep, presence, frequency;
-  int top_k, n_bias, n_suppress;
+  int top_k, num_bias, num_suppress;
 };
 
 static const struct kind kinds[] = {
@@ -68,7 +68,7 @@ static const struct kind kinds[] = {
 /* One row's random history and parameters. */
 struct row {
   int32_t *prompt, *output;
-  int n_prompt, n_output;
+  int n_prompt, num_output;
   int32_t bias_ids[16], suppress[4];
   float bias_values[16];
   struct sampler_params sp;
@@ -77,25 +77,25 @@ struct row {
 
 static void make_row(struct row *r, const struct kind *k, int vocab) {
   r->n_prompt = pair_int(1, 300);
-  r->n_output = pair_int(0, 200);
+  r->num_output = pair_int(0, 200);
   r->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
-  r->output = malloc(sizeof(int32_t) * (size_t)(r->n_output + 1));
+  r->output = malloc(sizeof(int32_t) * (size_t)(r->num_output + 1));
   int pool = pair_int(5, 200); /* a small pool of ids, so tokens repeat */
   for (int i = 0; i < r->n_prompt; i++)
     r->prompt[i] = pair_int(0, pool < vocab ? pool : vocab - 1);
-  for (int i = 0; i < r->n_output; i++)
+  for (int i = 0; i < r->num_output; i++)
     r->output[i] = pair_int(0, pool < vocab ? pool : vocab - 1);
-  for (int i = 0; i < k->n_bias; i++) {
+  for (int i = 0; i < k->num_bias; i++) {
     r->bias_ids[i] = i % 3 == 2 ? r->bias_ids[i - 1] : pair_int(0, vocab - 1); /* repeated ids too */
     r->bias_values[i] = pair_rnd(i % 2 ? 100.0f : 5.0f);
   }
-  for (int i = 0; i < k->n_suppress; i++)
+  for (int i = 0; i < k->num_suppress; i++)
     r->suppress[i] = pair_int(0, pool < vocab ? pool : vocab - 1);
   r->sp = (struct sampler_params){.temperature = k->temperature, .top_k = k->top_k, .top_p = k->top_p,
                                   .min_p = k->min_p, .repetition_penalty = k->rep,
                                   .presence_penalty = k->presence, .frequency_penalty = k->frequency,
-                                  .bias_ids = r->bias_ids, .bias_values = r->bias_values, .n_bias = k->n_bias,
-                                  .suppress_ids = r->suppress, .n_suppress = k->n_suppress};
+                                  .bias_ids = r->bias_ids, .bias_values = r->bias_values, .num_bias = k->num_bias,
+                                  .suppress_ids = r->suppress, .num_suppress = k->num_suppress};
   r->seed = test_rand(&pair_rng);
 }
 
@@ -139,7 +139,7 @@ static void test_kind(const struct kind *k, int vocab) {
   size_t cap = 0;
   for (int r = 0; r < ROWS; r++) {
     make_row(&rows[r], k, vocab);
-    cap += (size_t)(k->n_bias + rows[r].n_prompt + rows[r].n_output + k->n_suppress);
+    cap += (size_t)(k->num_bias + rows[r].n_prompt + rows[r].num_output + k->num_suppress);
   }
   struct backend_proc_entry *ent = malloc(sizeof *ent * (cap + 1));
   float *bias = malloc(sizeof(float) * (ROWS * 16 + 1));
@@ -148,13 +148,13 @@ static void test_kind(const struct kind *k, int vocab) {
   for (int r = 0; r < ROWS; r++) {
     struct row *w = &rows[r];
     float *row = host + (size_t)r * vocab;
-    sampler_apply_processors(&smp, &w->sp, row, w->prompt, w->n_prompt, w->output, w->n_output);
+    sampler_apply_processors(&smp, &w->sp, row, w->prompt, w->n_prompt, w->output, w->num_output);
     struct rng rh, rd;
     rng_seed(&rh, w->seed);
     rng_seed(&rd, w->seed);
     host_tok[r] = sampler_pick(&smp, &w->sp, row, &rh);
-    ne += sampler_proc_entries(&smp, &w->sp, w->prompt, w->n_prompt, w->output, w->n_output, r, ent + ne, bias, nb);
-    nb += w->sp.n_bias;
+    ne += sampler_proc_entries(&smp, &w->sp, w->prompt, w->n_prompt, w->output, w->num_output, r, ent + ne, bias, nb);
+    nb += w->sp.num_bias;
     int greedy = w->sp.temperature <= 0 || w->sp.top_k == 1; /* as the engine maps them */
     params[r] = (struct backend_sample_params){greedy ? 0.0f : w->sp.temperature, w->sp.top_k, w->sp.top_p,
                                                w->sp.min_p, greedy ? 0.0f : (float)rng_uniform(&rd)};

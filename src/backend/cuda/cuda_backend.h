@@ -285,7 +285,7 @@ void cuda_graph_free_all(struct cuda_backend *cb);
 int cuda_op_logprob_rows(struct backend *be, float *out, const float *logits, int n, int vocab,
                          const int32_t *targets);
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
-                    const float *bias, int n_bias);
+                    const float *bias, int num_bias);
 int cuda_op_sample_rows(struct backend *be, int32_t *tokens, const float *logits, const int32_t *rows, int n,
                         int vocab, const struct backend_sample_params *params);
 int cuda_op_stash_rows(struct backend *be, const float *logits, int vocab, const int32_t *rows, int n);

@@ -381,7 +381,7 @@ __global__ void process_kernel(float *logits, int vocab, const struct backend_pr
   struct backend_proc_entry e = entries[i];
   float *p = logits + (size_t)e.row * vocab + e.id;
   float l = *p;
-  for (int b = 0; b < e.n_bias; b++)
+  for (int b = 0; b < e.num_bias; b++)
     l = __fadd_rn(l, bias[e.bias0 + b]);
   if (e.rep != 1.0f)
     l = l > 0 ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
@@ -393,11 +393,11 @@ __global__ void process_kernel(float *logits, int vocab, const struct backend_pr
 }
 
 int cuda_op_process(struct backend *be, float *logits, int vocab, const struct backend_proc_entry *entries, int n,
-                    const float *bias, int n_bias) {
+                    const float *bias, int num_bias) {
   struct cuda_backend *cb = cuda_be(be);
   if (n <= 0)
     return n == 0 ? 0 : ERR("cuda process: %d entries", n);
-  size_t eb = sizeof *entries * (size_t)n, bb = sizeof(float) * (size_t)n_bias, need = eb + bb;
+  size_t eb = sizeof *entries * (size_t)n, bb = sizeof(float) * (size_t)num_bias, need = eb + bb;
   if (need > cb->proc_bytes) { /* grows to the largest step seen (a sync: rare, never per token) */
     size_t cap = cb->proc_bytes ? cb->proc_bytes : (size_t)1 << 16;
     while (cap < need)
