@@ -1,6 +1,8 @@
 /* cuda_backend.cu - the CUDA backend: device memory, the stream, cuBLAS GEMMs and the ops table. */
 #include "backend/cuda/cuda_backend.h"
 
+#include <cuda.h> /* CUmoduleLoadingMode (the function itself comes from the runtime, not libcuda) */
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -378,6 +380,26 @@ static const struct backend_ops cuda_ops = {
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
  * no device, or a device without bf16. */
+/* ", kernels loaded at start-up" or ", kernels loaded on first use (...)": the context's module
+ * loading mode, which cuda_module.c asks to be eager (the driver says what it is: CUDA may have
+ * been initialized before pagoda was loaded). Empty when the driver cannot say. */
+static const char *loading_mode_note(void) {
+  typedef CUresult (*get_mode_fn)(CUmoduleLoadingMode *);
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || !fn) {
+    cudaGetLastError();
+    return "";
+  }
+  CUmoduleLoadingMode mode;
+  if (((get_mode_fn)fn)(&mode) != CUDA_SUCCESS)
+    return "";
+  return mode == CU_MODULE_EAGER_LOADING ? ", kernels loaded at start-up"
+                                         : ", kernels loaded on first use (CUDA_MODULE_LOADING is not EAGER)";
+}
+
 extern "C" int cuda_backend_available(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -562,9 +584,9 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     return -1;
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s", prop.name,
+  log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s%s", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
-           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "");
+           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note());
   return 0;
 }
 
