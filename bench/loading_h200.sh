@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # loading_h200.sh - on the GPU machine (kind nvidia-h200), in ONE call: what eager kernel loading
-# (libpagoda-cuda.so sets CUDA_MODULE_LOADING=EAGER unless it is set; docs/cuda.md) costs and gives
+# (the pagoda command sets CUDA_MODULE_LOADING=EAGER unless it is set; docs/cuda.md) costs and gives
 # against CUDA's lazy default, on random-weight f16 GGUFs of the Llama-3.2-1B and -3.1-8B shapes
 # (tools/random_gguf.py). Each run is one `pagoda bench -m G --device cuda --json --temperature 0
 # ...` process; the line printed per run has the process's wall time and the part of it outside
-# the timed run (start-up: model load, kernel loading, profiling step, KV pool), the run's TPOT /
+# the timed run (start-up: model load, kernel loading, profiling step, KV pool; and shut-down), the run's TPOT /
 # TTFT (p50 / p99), overall and output tok/s, the digest and the start-up log's loading mode and KV
 # blocks. Eager and CUDA_MODULE_LOADING=LAZY alternate:
 #   1B  1 x (16 in, 1 out) three times (start-up), 1 x (512, 128) twice (first-request TTFT),
 #       64 x (512, 256) twice, 256 x (512, 256) once; then eager only: 256 x (512, 256) at
 #       temperature 1.0, 64 x (512, 256) with the f8e4m3 cache, with --paged-attn off, 128 x (512, 256);
-#   8B  1 x (512, 128) and 64 x (512, 128), eager (LOADING_8B=0: skipped);
-# then the GPU suite once (tools/device_run.sh gpu) if less than 420 s have passed.
+#   8B  1 x (512, 128) and 64 x (512, 128), eager, its GGUF made after the 1B runs so that nothing
+#       else runs while they are timed (LOADING_8B=0: skipped);
+# then the GPU suite once (tools/device_run.sh gpu, at most 150 s) if less than 400 s have passed.
+# LOADING_QUICK=1: one start-up pair and one batch-1 pair at 1B, nothing else (a check of the mode).
 # Stage: tools/device_bundle.sh -DCMAKE_CUDA_ARCHITECTURES=90-real && tools/device_stage.sh
 #   /work/main/.gpu-next bench && cp -r ../shared/peers .gpu-next/ && cp
 #   ../shared/testdata/vocab/ggml-vocab-llama-spm.gguf .gpu-next/peers/ (only the llama.cpp
@@ -20,14 +22,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 source tools/device_env.sh # root, out, P, B, el; the libraries' paths
+unset CUDA_MODULE_LOADING  # the eager runs take the command's default; the lazy ones set it
 echo "commit $(cat COMMIT 2>/dev/null)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 W=/tmp/llamacpp-peer; mkdir -p $W
 [[ -d $W/lc ]] || tar xzf peers/llama.cpp-c392e509.tgz -C $W
 gguf() { [[ -f $W/random-$1.gguf ]] || python3 tools/random_gguf.py $W/lc/gguf-py $W/random-$1.gguf $1 \
   peers/ggml-vocab-llama-spm.gguf >$W/gguf_$1.log 2>&1 || tail -3 $W/gguf_$1.log; }
 gguf 1b
-[[ ${LOADING_8B:-1} != 0 ]] && { gguf 8b & }
-GP=$!
 el "1b GGUF made"
 n=0
 run() { # LABEL SHAPE [VAR=value...] -- [pagoda bench args]
@@ -66,6 +68,12 @@ T=(--num-prompts 1 --input-len 16 --output-len 1)
 B1=(--num-prompts 1 --input-len 512 --output-len 128)
 P64=(--num-prompts 64 --input-len 512 --output-len 256)
 P256=(--num-prompts 256 --input-len 512 --output-len 256)
+if [[ ${LOADING_QUICK:-0} == 1 ]]; then
+  run start 1b -- "${T[@]}"; run start 1b $lazy -- "${T[@]}"
+  run b1 1b -- "${B1[@]}"; run b1 1b $lazy -- "${B1[@]}"
+  el done
+  exit 0
+fi
 for r in 1 2 3; do run start 1b -- "${T[@]}"; run start 1b $lazy -- "${T[@]}"; done
 for r in 1 2; do run b1 1b -- "${B1[@]}"; run b1 1b $lazy -- "${B1[@]}"; done
 for r in 1 2; do run p64 1b -- "${P64[@]}"; run p64 1b $lazy -- "${P64[@]}"; done
@@ -75,14 +83,14 @@ run p64-f8 1b -- "${P64[@]}" --pa-cache-type f8e4m3
 run p64-paged-off 1b -- "${P64[@]}" --paged-attn off
 run p128 1b -- --num-prompts 128 --input-len 512 --output-len 256
 if [[ ${LOADING_8B:-1} != 0 ]]; then
-  wait $GP
+  gguf 8b
   el "8b GGUF made"
   run b1 8b -- "${B1[@]}"
   run p64 8b -- --num-prompts 64 --input-len 512 --output-len 128
 fi
-if (($(date +%s) - t0 < 420)); then
+if (($(date +%s) - t0 < 400)); then
   el "GPU tests (tools/device_run.sh gpu)"
   mkdir -p "$out/suite"
-  OUT=$out/suite tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed"
+  OUT=$out/suite timeout 150 tools/device_run.sh gpu 2>&1 | grep -E "PASS|FAIL|SKIP|passed"
 fi
 el done

@@ -70,7 +70,7 @@ struct pagoda_engine {
    * requests that need the whole row on the host (beams, the first step of n > 1, logprobs) are
    * downloaded, the others processed and sampled on the device, only their ids coming back. */
   int device_sampling, dev_logits;
-  int num_sample_rows;                        /* logits rows of the step that sample (the first ones) */
+  int num_sample_rows;                      /* logits rows of the step that sample (the first ones) */
   int32_t *lp_target;                       /* (max_num_batched_tokens) prompt-logprob rows' next tokens */
   float *lp_value;                          /* (max_num_batched_tokens) their log-probabilities */
   struct backend_sample_params *dev_params; /* (max_num_seqs) one per logits row */
@@ -102,7 +102,7 @@ struct pagoda_engine {
                             * device backend device sampling with sample_async / sample_wait /
                             * resolve_ids */
   int async_dev;           /* 1: sampling through ops->sample_async; 0: the host sampler at launch */
-  int num_sync_reqs;         /* live requests with sync_steps: while > 0 every step is synchronous */
+  int num_sync_reqs;       /* live requests with sync_steps: while > 0 every step is synchronous */
   int next_slot;           /* the slot the next launched step uses */
   struct engine_flight {
     int active;            /* launched, ids not read yet */

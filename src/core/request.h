@@ -60,7 +60,7 @@ struct request {
   struct sequence *seqs;            /* (num_seqs) */
   int num_seqs, num_live;
   int sync_steps;                   /* 1: its steps need the host to know each token first (engine.c) */
-  int num_inflight;                   /* entries of launched, unread steps naming its sequences: the
+  int num_inflight;                 /* entries of launched, unread steps naming its sequences: the
                                      * request is freed only once this is 0 */
   double t_arrival;
   struct request *prev, *next;      /* the engine's list of live requests */

@@ -326,7 +326,7 @@ struct job {
     int finish;
     int role_sent;
     size_t sent;            /* streaming: bytes of text sent as content */
-    int num_calls;            /* tool calls parsed (sent, when streaming) */
+    int num_calls;          /* tool calls parsed (sent, when streaming) */
     int have_from;          /* streaming, Hermes: calls_from is set */
     size_t calls_from;      /* streaming, Hermes: where the next unparsed call block starts */
     int ntok;

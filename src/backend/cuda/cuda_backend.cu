@@ -378,12 +378,12 @@ static const struct backend_ops cuda_ops = {
 #endif
 };
 
-/* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
- * no device, or a device without bf16. */
 /* ", kernels loaded at start-up" or ", kernels loaded on first use (...)": the context's module
- * loading mode, which cuda_module.c asks to be eager (the driver says what it is: CUDA may have
- * been initialized before pagoda was loaded). Empty when the driver cannot say. */
+ * loading mode (the pagoda command asks for eager loading, src/cli/main.c; the driver says what
+ * it is, since CUDA may have started before pagoda was loaded). Empty when the driver or the
+ * runtime (before CUDA 12.5) cannot say. */
 static const char *loading_mode_note(void) {
+#if CUDART_VERSION >= 12050
   typedef CUresult (*get_mode_fn)(CUmoduleLoadingMode *);
   void *fn = NULL;
   cudaDriverEntryPointQueryResult found;
@@ -397,9 +397,15 @@ static const char *loading_mode_note(void) {
   if (((get_mode_fn)fn)(&mode) != CUDA_SUCCESS)
     return "";
   return mode == CU_MODULE_EAGER_LOADING ? ", kernels loaded at start-up"
-                                         : ", kernels loaded on first use (CUDA_MODULE_LOADING is not EAGER)";
+                                         : ", kernels loaded on first use (lazy: CUDA_MODULE_LOADING is not "
+                                           "EAGER, or CUDA started before pagoda)";
+#else
+  return "";
+#endif
 }
 
+/* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
+ * no device, or a device without bf16. */
 extern "C" int cuda_backend_available(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

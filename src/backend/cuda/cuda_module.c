@@ -3,7 +3,6 @@
  * an error inside the module lands in the host's thread-local last error. Only
  * pagoda_backend_module_init is exported; the module is built with -fvisibility=hidden. */
 #include <stdarg.h>
-#include <stdlib.h>
 
 #include "backend/backend.h"
 #include "util/log.h"
@@ -47,16 +46,5 @@ pagoda_backend_module_init(const struct backend_host *host) {
   if (!host || host->abi_version != BACKEND_ABI_VERSION || host->ops_size != sizeof(struct backend_ops))
     return NULL;
   g_host = host;
-  /* Kernels are loaded when the CUDA context is created, not on their first launch. With CUDA's
-   * default (lazy loading) each of the module's ~1,700 kernels is loaded the first time a step
-   * launches it, in the middle of serving: a stall each time, on the first request (1B shape,
-   * batch 1: TTFT 189-283 ms lazily, 18-23 ms eagerly) and wherever a batch size or a request kind
-   * first appears (1B, 64 x (512, 256): 54-56k against 74-75k tokens/s; bench/RESULTS.md, session
-   * 19). It costs 2-3 s of start-up (up to 5) and about 0.43 GiB of device memory (cuBLAS's kernels
-   * included). This runs before the module's first CUDA call (backend.c calls it right after
-   * dlopen), and CUDA reads the variable at that call; a value the user set
-   * (CUDA_MODULE_LOADING=LAZY) is kept, and a process that initialized CUDA before it loaded
-   * pagoda keeps the mode it started with. */
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   return &g_module;
 }
