@@ -186,9 +186,9 @@ int main(int argc, char **argv) {
   double es = bf16 ? 2 : 4;
   double per_layer = (double)DIM * (HEADS * HEAD_DIM) * 2 + (double)DIM * (KV_HEADS * HEAD_DIM) * 2 + 3.0 * DIM * FFN;
   double wbytes = es * (per_layer * c->n_layers + (double)VOCAB * DIM);
-  double copy = bench_copy_gbps(be->n_threads, 1.0);
+  double copy = bench_copy_gbps(be->num_threads, 1.0);
   printf("cpu_forward: Llama-3.2-1B shape, %d layers, %s weights, %d threads\n", c->n_layers,
-         bf16 ? "bf16" : "f32", be->n_threads);
+         bf16 ? "bf16" : "f32", be->num_threads);
   printf("prefill %d tokens: %.2f s, %.1f tokens/s\n", P, t_prefill, P / t_prefill);
   printf("decode (context %d..%d): %.1f ms/token, %.2f tokens/s, weights %.2f GB/step = %.1f GB/s "
          "(copy bandwidth, read+write, same run: %.1f GB/s)\n",

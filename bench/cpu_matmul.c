@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", err_last());
     return 1;
   }
-  threads = be->n_threads;
+  threads = be->num_threads;
   double copy = bench_copy_gbps(threads, secs);
   printf("cpu_matmul: %d threads, weight %dx%d; copy bandwidth (read+write) %.1f GB/s\n", threads, N,
          K, copy);

@@ -92,9 +92,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s\n", err_last());
     return 1;
   }
-  double copy = bench_copy_gbps(be->n_threads, secs);
+  double copy = bench_copy_gbps(be->num_threads, secs);
   printf("cpu_quant_matmul: %d threads, weight %dx%d; copy bandwidth (read+write) %.1f GB/s\n",
-         be->n_threads, N, K, copy);
+         be->num_threads, N, K, copy);
   printf("%-7s %-11s %4s %10s %10s %14s\n", "dtype", "path", "T", "ms/call", "GFLOP/s", "weight GB/s");
   float *x = malloc(sizeof(float) * 64 * K), *out = malloc(sizeof(float) * 64 * N);
   for (int i = 0; i < 64 * K; i++)

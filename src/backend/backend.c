@@ -172,7 +172,7 @@ struct backend *backend_create(const struct backend_params *p) {
     return m->create(p);
   }
   if (!strcmp(dev, "cpu"))
-    return backend_cpu_create(p ? p->n_threads : 0);
+    return backend_cpu_create(p ? p->num_threads : 0);
   ERR("--device %s: unknown device (use cpu or cuda)", dev);
   return NULL;
 }

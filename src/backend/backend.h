@@ -407,7 +407,7 @@ struct backend_caps {
 struct backend {
   const struct backend_ops *ops;
   enum dtype act_dtype;
-  int n_threads; /* cpu only */
+  int num_threads; /* cpu only */
   struct backend_caps caps;
 };
 
@@ -418,7 +418,7 @@ static inline int backend_kv_dtype_ok(const struct backend *be, enum dtype t) {
 
 struct backend_params {
   const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
-  int n_threads;      /* cpu: 0 = all cores */
+  int num_threads;      /* cpu: 0 = all cores */
   int device_index;   /* cuda: which GPU (0-based; tensor-parallel rank r takes GPU r) */
 };
 
@@ -426,7 +426,7 @@ struct backend_params {
  * "cuda" is a module (libpagoda-cuda.so) loaded with dlopen on first use, so that libpagoda and
  * the CLI need no CUDA library; see "Backend modules" below. */
 struct backend *backend_create(const struct backend_params *p);
-struct backend *backend_cpu_create(int n_threads);
+struct backend *backend_cpu_create(int num_threads);
 /* 1 when DEVICE ("cpu", "cuda") can be created here: for cuda, the module loads and reports a
  * usable GPU. 0 with err_last() saying why not (what was tried, or what the GPU lacks). */
 int backend_device_available(const char *device);

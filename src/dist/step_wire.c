@@ -35,21 +35,21 @@ int step_encode(enum step_op op, const int32_t *args, const struct batch *batch,
   int32_t a[STEP_NARGS] = {0};
   if (args)
     memcpy(a, args, sizeof a);
-  size_t n_ints = 0;
+  size_t num_ints = 0;
   const struct batch *b = batch;
   if (op == STEP_FORWARD) {
     if (!b || b->num_tokens < 0 || b->num_seqs < 0 || b->max_blocks_per_seq < 0 || b->num_logits < 0)
       return ERR("step_encode: forward without a valid batch");
-    n_ints = BATCH_HEADER_INTS + 3 * (size_t)b->num_tokens + 2 * (size_t)b->num_seqs + 1 +
+    num_ints = BATCH_HEADER_INTS + 3 * (size_t)b->num_tokens + 2 * (size_t)b->num_seqs + 1 +
              (size_t)b->num_seqs * (size_t)b->max_blocks_per_seq + (size_t)b->num_logits;
   } else if (op == STEP_COPY_BLOCKS) {
     if (a[0] < 0 || (a[0] > 0 && (!src || !dst)))
       return ERR("step_encode: copy_blocks of %d pairs without arrays", a[0]);
-    n_ints = 2 * (size_t)a[0];
+    num_ints = 2 * (size_t)a[0];
   }
-  if (n_ints > (STEP_MAX_BYTES - STEP_HEADER_BYTES) / 4)
-    return ERR("step_encode: message of %zu ints is above the limit", n_ints);
-  size_t bytes = STEP_HEADER_BYTES + 4 * n_ints;
+  if (num_ints > (STEP_MAX_BYTES - STEP_HEADER_BYTES) / 4)
+    return ERR("step_encode: message of %zu ints is above the limit", num_ints);
+  size_t bytes = STEP_HEADER_BYTES + 4 * num_ints;
   unsigned char *buf = malloc(bytes), *p = buf;
   if (!buf)
     return ERR("out of memory");
@@ -58,7 +58,7 @@ int step_encode(enum step_op op, const int32_t *args, const struct batch *batch,
   put_u32(p + 8, (uint32_t)op);
   p += 12;
   put_ints(&p, a, STEP_NARGS);
-  put_u32(p, (uint32_t)n_ints);
+  put_u32(p, (uint32_t)num_ints);
   p += 4;
   if (op == STEP_FORWARD) {
     int32_t h[BATCH_HEADER_INTS] = {b->num_tokens, b->num_seqs, b->max_blocks_per_seq, b->max_seq_len,
@@ -101,22 +101,22 @@ int step_decode(const unsigned char *buf, size_t len, struct step_msg *m) {
   m->op = (enum step_op)op;
   for (int i = 0; i < STEP_NARGS; i++)
     m->args[i] = (int32_t)get_u32(buf + 12 + 4 * i);
-  size_t n_ints = get_u32(buf + STEP_HEADER_BYTES - 4);
-  if (len != STEP_HEADER_BYTES + 4 * n_ints)
-    return ERR("tensor-parallel step message: %zu bytes, its header says %zu", len, STEP_HEADER_BYTES + 4 * n_ints);
-  if (n_ints && !(m->ints = malloc(4 * n_ints)))
+  size_t num_ints = get_u32(buf + STEP_HEADER_BYTES - 4);
+  if (len != STEP_HEADER_BYTES + 4 * num_ints)
+    return ERR("tensor-parallel step message: %zu bytes, its header says %zu", len, STEP_HEADER_BYTES + 4 * num_ints);
+  if (num_ints && !(m->ints = malloc(4 * num_ints)))
     return ERR("out of memory");
-  for (size_t i = 0; i < n_ints; i++)
+  for (size_t i = 0; i < num_ints; i++)
     m->ints[i] = (int32_t)get_u32(buf + STEP_HEADER_BYTES + 4 * i);
   const int32_t *v = m->ints;
   if (m->op == STEP_FORWARD) {
-    if (n_ints < BATCH_HEADER_INTS)
+    if (num_ints < BATCH_HEADER_INTS)
       goto bad;
     int32_t T = v[0], B = v[1], M = v[2], L = v[5];
     if (T < 0 || B < 0 || M < 0 || L < 0)
       goto bad;
     size_t need = BATCH_HEADER_INTS + 3 * (size_t)T + 2 * (size_t)B + 1 + (size_t)B * (size_t)M + (size_t)L;
-    if (need != n_ints)
+    if (need != num_ints)
       goto bad;
     struct batch *b = &m->batch;
     *b = (struct batch){.num_tokens = T, .num_seqs = B, .max_blocks_per_seq = M, .max_seq_len = v[3],
@@ -130,17 +130,17 @@ int step_decode(const unsigned char *buf, size_t len, struct step_msg *m) {
     b->block_tables = v, v += (size_t)B * M;
     b->logits_idx = v;
   } else if (m->op == STEP_COPY_BLOCKS) {
-    if (m->args[0] < 0 || n_ints != 2 * (size_t)m->args[0])
+    if (m->args[0] < 0 || num_ints != 2 * (size_t)m->args[0])
       goto bad;
     m->src = v;
     m->dst = v + m->args[0];
-  } else if (n_ints) {
+  } else if (num_ints) {
     goto bad;
   }
   return 0;
 bad:
   step_msg_free(m);
-  return ERR("tensor-parallel step message: op %u: its counts do not match its %zu ints", op, n_ints);
+  return ERR("tensor-parallel step message: op %u: its counts do not match its %zu ints", op, num_ints);
 }
 
 int step_send(struct rdv *r, const unsigned char *buf, size_t len, double timeout_s) {

@@ -4,8 +4,8 @@
  * forward the step's whole batch (struct batch, host arrays), so that a worker can run the same
  * call on its shard. It travels over the rendezvous sockets (rdv_broadcast, length first).
  *
- * Format (little-endian, version 1): "PGSW" u32 version, u32 op, i32 args[7], u32 n_ints, then
- * n_ints i32: for STEP_FORWARD the batch header (num_tokens T, num_seqs B, max_blocks_per_seq M,
+ * Format (little-endian, version 1): "PGSW" u32 version, u32 op, i32 args[7], u32 num_ints, then
+ * num_ints i32: for STEP_FORWARD the batch header (num_tokens T, num_seqs B, max_blocks_per_seq M,
  * max_seq_len, max_query_len, num_logits L) then input_ids (T), positions (T), slot_mapping (T),
  * query_start (B+1), seq_lens (B), block_tables (B*M), logits_idx (L); for STEP_COPY_BLOCKS
  * src (args[0]) then dst (args[0]); none for the others. step_decode checks every count against

@@ -134,10 +134,10 @@ struct hub {
   /* online: the API's answer */
   char *sha;
   struct sibling *sib;
-  int n_sib;
+  int num_sib;
   /* offline: the names in the cached snapshot (top level) */
   char **names;
-  int n_names;
+  int num_names;
   CURL *curl;
 };
 
@@ -220,12 +220,12 @@ static void hub_free(struct hub *h) {
     free(h->token);
   }
   free(h->sha);
-  for (int i = 0; i < h->n_sib; i++) {
+  for (int i = 0; i < h->num_sib; i++) {
     free(h->sib[i].name);
     free(h->sib[i].etag);
   }
   free(h->sib);
-  for (int i = 0; i < h->n_names; i++)
+  for (int i = 0; i < h->num_names; i++)
     free(h->names[i]);
   free(h->names);
   if (h->curl)
@@ -594,7 +594,7 @@ static int fetch_info(struct hub *h) {
     if (!cJSON_IsString(name) || !*name->valuestring || strstr(name->valuestring, "..") ||
         name->valuestring[0] == '/')
       continue;
-    struct sibling *d = &h->sib[h->n_sib];
+    struct sibling *d = &h->sib[h->num_sib];
     d->name = strdup(name->valuestring);
     d->size = cJSON_IsNumber(size) ? (long long)size->valuedouble : -1;
     d->lfs = cJSON_IsString(lsha);
@@ -604,7 +604,7 @@ static int fetch_info(struct hub *h) {
         d->size = (long long)lsize->valuedouble;
     }
     d->etag = d->lfs ? strdup(lsha->valuestring) : cJSON_IsString(blob) ? strdup(blob->valuestring) : NULL;
-    h->n_sib++;
+    h->num_sib++;
     if (!d->name) {
       cJSON_Delete(j);
       st = PAGODA_ERR_OUT_OF_MEMORY;
@@ -620,7 +620,7 @@ out:
 }
 
 static struct sibling *find_sibling(struct hub *h, const char *name) {
-  for (int i = 0; i < h->n_sib; i++)
+  for (int i = 0; i < h->num_sib; i++)
     if (!strcmp(h->sib[i].name, name))
       return &h->sib[i];
   return NULL;
@@ -825,13 +825,13 @@ static int obtain(struct hub *h, const char *snap, const char *name) {
 static int have_name(struct hub *h, const char *name) {
   if (!h->offline)
     return find_sibling(h, name) != NULL;
-  for (int i = 0; i < h->n_names; i++)
+  for (int i = 0; i < h->num_names; i++)
     if (!strcmp(h->names[i], name))
       return 1;
   return 0;
 }
 
-static int n_listed(struct hub *h) { return h->offline ? h->n_names : h->n_sib; }
+static int num_listed(struct hub *h) { return h->offline ? h->num_names : h->num_sib; }
 static const char *listed(struct hub *h, int i) { return h->offline ? h->names[i] : h->sib[i].name; }
 
 /* The top-level names ending in SUFFIX, comma separated (for messages), and their count. */
@@ -839,7 +839,7 @@ static int list_suffix(struct hub *h, const char *suffix, char *buf, size_t cap,
   int n = 0;
   size_t o = 0;
   buf[0] = 0;
-  for (int i = 0; i < n_listed(h); i++) {
+  for (int i = 0; i < num_listed(h); i++) {
     const char *nm = listed(h, i);
     if (strchr(nm, '/') || !has_suffix(nm, suffix))
       continue;
@@ -904,9 +904,9 @@ static int select_and_obtain(struct hub *h, const char *snap, char **out) {
       return PAGODA_ERR_NOT_FOUND;
     }
   } else {
-    int n_st = list_suffix(h, ".safetensors", buf, sizeof buf, NULL);
+    int num_st = list_suffix(h, ".safetensors", buf, sizeof buf, NULL);
     const char *index = "model.safetensors.index.json";
-    if (n_st || have_name(h, index)) {
+    if (num_st || have_name(h, index)) {
       if (!have_name(h, "config.json")) {
         ERR("%s has safetensors weights but no config.json", h->repo);
         return PAGODA_ERR_FORMAT;
@@ -925,7 +925,7 @@ static int select_and_obtain(struct hub *h, const char *snap, char **out) {
         if ((st = obtain(h, snap, index)) || (st = obtain_shards(h, snap, index)))
           return st;
       } else {
-        for (int i = 0; i < n_listed(h); i++) {
+        for (int i = 0; i < num_listed(h); i++) {
           const char *nm = listed(h, i);
           if (!strchr(nm, '/') && has_suffix(nm, ".safetensors") && (st = obtain(h, snap, nm)))
             return st;
@@ -995,21 +995,21 @@ static int resolve_cached(struct hub *h, char **out) {
   while (d && (de = readdir(d))) {
     if (de->d_name[0] == '.')
       continue;
-    if (h->n_names == cap) {
+    if (h->num_names == cap) {
       cap = cap ? cap * 2 : 16;
       char **n = realloc(h->names, (size_t)cap * sizeof *n);
       if (!n)
         break;
       h->names = n;
     }
-    if (!(h->names[h->n_names] = strdup(de->d_name)))
+    if (!(h->names[h->num_names] = strdup(de->d_name)))
       break;
-    h->n_names++;
+    h->num_names++;
   }
   if (d)
     closedir(d);
-  if (h->n_names > 1) /* readdir order is arbitrary: sorted, for stable choices and messages */
-    qsort(h->names, (size_t)h->n_names, sizeof *h->names, cmp_names);
+  if (h->num_names > 1) /* readdir order is arbitrary: sorted, for stable choices and messages */
+    qsort(h->names, (size_t)h->num_names, sizeof *h->names, cmp_names);
   h->offline = 1;
   if (h->file && !have_name(h, h->file) && file_exists(snap)) { /* a FILE in a subdirectory */
     char *p = xasprintf("%s/%s", snap, h->file);
@@ -1123,7 +1123,7 @@ int hub_resolve(const char *model, const char *revision, const char *file, char 
     struct hub c = {.repo = h.repo, .rev = h.rev, .file = h.file, .cache = h.cache, .repo_dir = h.repo_dir};
     char *path = NULL;
     int cst = resolve_cached(&c, &path);
-    for (int i = 0; i < c.n_names; i++)
+    for (int i = 0; i < c.num_names; i++)
       free(c.names[i]);
     free(c.names);
     if (!cst) {

@@ -348,7 +348,7 @@ static struct model *load_model(const char *path, struct backend *be, const char
   struct model_file *f = model_file_open(path);
   if (!f)
     return NULL;
-  if (isq_t >= 0 && model_file_isq(f, (enum dtype)isq_t, be->n_threads) != 0) {
+  if (isq_t >= 0 && model_file_isq(f, (enum dtype)isq_t, be->num_threads) != 0) {
     model_file_close(f);
     return NULL;
   }
@@ -875,7 +875,7 @@ static int check_batch(const struct model *m, const struct batch *b) {
       return ERR("logits_idx[%d] = %d outside the %d tokens", i, b->logits_idx[i], T);
   if (b->query_start[0] != 0 || b->query_start[B] != T)
     return ERR("query_start must run from 0 to %d", T);
-  int64_t n_slots = (int64_t)kv->num_blocks * bs;
+  int64_t num_slots = (int64_t)kv->num_blocks * bs;
   for (int s = 0; s < B; s++) {
     int len = b->seq_lens[s];
     if (b->query_start[s + 1] < b->query_start[s])
@@ -889,8 +889,8 @@ static int check_batch(const struct model *m, const struct batch *b) {
     for (int t = b->query_start[s]; t < b->query_start[s + 1]; t++) {
       if (b->positions[t] < 0 || b->positions[t] >= len)
         return ERR("token %d at position %d outside its sequence of %d", t, b->positions[t], len);
-      if (b->slot_mapping[t] >= n_slots)
-        return ERR("token %d: slot %d beyond the pool of %lld", t, b->slot_mapping[t], (long long)n_slots);
+      if (b->slot_mapping[t] >= num_slots)
+        return ERR("token %d: slot %d beyond the pool of %lld", t, b->slot_mapping[t], (long long)num_slots);
       if ((b->input_ids[t] < 0 && !(m->be->ops->resolve_ids && !m->host_mem && b->input_ids[t] >= -2 * m->max_seqs)) ||
           b->input_ids[t] >= m->config.vocab_size)
         return ERR("token id %d out of range (vocabulary of %d)", b->input_ids[t], m->config.vocab_size);

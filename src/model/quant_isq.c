@@ -61,7 +61,7 @@ static void report(struct progress *pr) {
   pr->last_pct = pct;
 }
 
-static int quantize(struct model_file *f, struct host_tensor *h, int qt, int n_threads,
+static int quantize(struct model_file *f, struct host_tensor *h, int qt, int num_threads,
                     struct progress *pr, size_t *out_bytes) {
   size_t src_bytes = dtype_row_bytes(h->dtype, h->cols) * (size_t)h->rows;
   if (qt < 0) { /* no block fits the rows: stays as it is */
@@ -79,7 +79,7 @@ static int quantize(struct model_file *f, struct host_tensor *h, int qt, int n_t
   const char *src = h->data;
   size_t sb = dtype_row_bytes(h->dtype, h->cols);
   int failed = 0;
-#pragma omp parallel num_threads(n_threads > 0 ? n_threads : omp_get_max_threads())
+#pragma omp parallel num_threads(num_threads > 0 ? num_threads : omp_get_max_threads())
   {
     float *row = malloc(sizeof(float) * (size_t)h->cols);
     if (!row) {
@@ -108,7 +108,7 @@ static int is_float_matrix(const struct host_tensor *h) {
   return h->data && h->rows > 1 && !dtype_is_quant(h->dtype);
 }
 
-int model_file_isq(struct model_file *f, enum dtype t, int n_threads) {
+int model_file_isq(struct model_file *f, enum dtype t, int num_threads) {
   struct progress pr = {0, 0, isatty(2), -1, t};
   const struct model_config *c = &f->config;
   int tied = f->lm_head.data == f->tok_embd.data;
@@ -137,7 +137,7 @@ int model_file_isq(struct model_file *f, enum dtype t, int n_threads) {
       continue;
     /* llama.cpp: the output head (the embeddings when tied) Q6_K; untied embeddings the type. */
     int output = h == &f->lm_head || (h == &f->tok_embd && tied);
-    if (quantize(f, h, isq_tensor_type(t, h->cols, output), n_threads, &pr, &out_bytes)) {
+    if (quantize(f, h, isq_tensor_type(t, h->cols, output), num_threads, &pr, &out_bytes)) {
       free(all);
       return -1;
     }

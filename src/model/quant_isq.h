@@ -18,6 +18,6 @@ int isq_tensor_type(enum dtype t, int64_t cols, int output);
 /* Quantizes every float weight matrix of F to T in place of its host tensor (buffers owned by
  * F), in parallel over rows with N_THREADS (0: OpenMP's default); 1-D tensors (norms, biases) and
  * already quantized tensors are kept. Progress on stderr. 0, or -1 with err_last() set. */
-int model_file_isq(struct model_file *f, enum dtype t, int n_threads);
+int model_file_isq(struct model_file *f, enum dtype t, int num_threads);
 
 #endif

@@ -868,7 +868,7 @@ static void test_threads_for(struct backend *be) {
   CHECK(cpu_threads_for(be, 64 * 64 * 8) == 1, "q projection of a tiny model: 1 thread");
   CHECK(cpu_threads_for(be, 512 * 64 * 8) == 1, "lm head of a tiny model, 8 tokens: 1 thread");
   CHECK(cpu_threads_for(be, 0) == 1, "empty op: 1 thread");
-  CHECK(cpu_threads_for(be, (int64_t)4096 * 4096 * 8) == be->n_threads, "large matmul: all threads");
+  CHECK(cpu_threads_for(be, (int64_t)4096 * 4096 * 8) == be->num_threads, "large matmul: all threads");
   CHECK(cpu_threads_for(be, (int64_t)3 * CPU_WORK_PER_THREAD / 2) == 1, "1.5 units of work: 1 thread");
 }
 

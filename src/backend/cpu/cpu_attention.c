@@ -407,11 +407,11 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   for (int s = 0; s < b->num_seqs; s++)
     keys += (int64_t)(b->query_start[s + 1] - b->query_start[s]) *
             (ap->window > 0 && ap->window < b->seq_lens[s] ? ap->window : b->seq_lens[s]);
-  const int n_thr = cpu_threads_for(be, keys * n_heads * 2 * kv->head_dim);
+  const int num_thr = cpu_threads_for(be, keys * n_heads * 2 * kv->head_dim);
   if (kv->dtype == DTYPE_F16) {
-    const int64_t n_items = (int64_t)T * n_heads;
-#pragma omp parallel for num_threads(n_thr) if (n_items > 1) schedule(dynamic, 1)
-    for (int64_t item = 0; item < n_items; item++) {
+    const int64_t num_items = (int64_t)T * n_heads;
+#pragma omp parallel for num_threads(num_thr) if (num_items > 1) schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; item++) {
       int t = (int)(item / n_heads), h = (int)(item % n_heads);
       att_head_f16(o, qs, kv->k, kv->v, kv, b, ap, t, att_seq_of(b, t), h / group, h);
     }
@@ -419,15 +419,15 @@ int cpu_attention(struct backend *be, void *out, const void *q, const struct kv_
   }
   /* Heads sharing a KV head run together (one read of K/V for the group) when that still leaves
    * enough work items for the threads; else one head per item. Results are the same either way. */
-  int gsz = (int64_t)T * nkv >= 2 * (int64_t)n_thr ? group : 1;
+  int gsz = (int64_t)T * nkv >= 2 * (int64_t)num_thr ? group : 1;
   gsz = gsz > ATT_GROUP ? ATT_GROUP : gsz;
-  const int n_sub = (group + gsz - 1) / gsz;
-  const int64_t n_items = (int64_t)T * nkv * n_sub;
+  const int num_sub = (group + gsz - 1) / gsz;
+  const int64_t num_items = (int64_t)T * nkv * num_sub;
 
-#pragma omp parallel for num_threads(n_thr) if (n_items > 1) schedule(dynamic, 1)
-  for (int64_t item = 0; item < n_items; item++) {
-    int t = (int)(item / (nkv * n_sub)), rest = (int)(item % (nkv * n_sub));
-    int kvh = rest / n_sub, sub = rest % n_sub;
+#pragma omp parallel for num_threads(num_thr) if (num_items > 1) schedule(dynamic, 1)
+  for (int64_t item = 0; item < num_items; item++) {
+    int t = (int)(item / (nkv * num_sub)), rest = (int)(item % (nkv * num_sub));
+    int kvh = rest / num_sub, sub = rest % num_sub;
     int seq = att_seq_of(b, t), h0 = kvh * group + sub * gsz;
     int nh = group - sub * gsz < gsz ? group - sub * gsz : gsz;
     att_heads(o, qs, kc, vc, kv, b, ap, t, seq, kvh, h0, nh);

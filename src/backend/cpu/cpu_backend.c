@@ -104,7 +104,7 @@ static int cpu_weight_from_host(struct backend *be, struct weight *w, const void
   /* Misaligned elements (possible in a safetensors file) would be undefined behaviour to read
    * through a typed pointer: keep an aligned copy, owned by the backend. */
   size_t bytes = dtype_row_bytes(src_t, cols) * (size_t)rows;
-  if (cb->n_owned == cb->cap_owned) {
+  if (cb->num_owned == cb->cap_owned) {
     int cap = cb->cap_owned ? cb->cap_owned * 2 : 16;
     void **o = realloc(cb->owned, sizeof *o * (size_t)cap);
     if (!o)
@@ -116,7 +116,7 @@ static int cpu_weight_from_host(struct backend *be, struct weight *w, const void
   if (!p)
     return -1;
   memcpy(p, host, bytes);
-  cb->owned[cb->n_owned++] = p;
+  cb->owned[cb->num_owned++] = p;
   w->data = p;
   return 0;
 }
@@ -124,10 +124,10 @@ static int cpu_weight_from_host(struct backend *be, struct weight *w, const void
 static void cpu_weight_free(struct backend *be, struct weight *w) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
   cpu_comm_free(be);
-  for (int i = 0; i < cb->n_owned; i++) {
+  for (int i = 0; i < cb->num_owned; i++) {
     if (cb->owned[i] == w->data) {
       free(w->data);
-      cb->owned[i] = cb->owned[--cb->n_owned];
+      cb->owned[i] = cb->owned[--cb->num_owned];
       break;
     }
   }
@@ -155,7 +155,7 @@ float cpu_weight_elem(const struct weight *w, int64_t i) {
 static void cpu_destroy(struct backend *be) {
   struct cpu_backend *cb = (struct cpu_backend *)be;
   cpu_comm_free(be);
-  for (int i = 0; i < cb->n_owned; i++)
+  for (int i = 0; i < cb->num_owned; i++)
     free(cb->owned[i]);
   free(cb->owned);
   free(cb);
@@ -199,9 +199,9 @@ static const struct backend_ops cpu_ops = {
     .rope_kv_write = cpu_rope_kv_write,
 };
 
-struct backend *backend_cpu_create(int n_threads) {
-  if (n_threads < 0) {
-    ERR("--threads %d: must be >= 0 (0 = all cores)", n_threads);
+struct backend *backend_cpu_create(int num_threads) {
+  if (num_threads < 0) {
+    ERR("--threads %d: must be >= 0 (0 = all cores)", num_threads);
     return NULL;
   }
   struct cpu_backend *cb = calloc(1, sizeof *cb);
@@ -222,12 +222,12 @@ struct backend *backend_cpu_create(int n_threads) {
                                         .needs_profile = 0,
                                         .device_sampling = 0,
                                         .async_steps = 1};
-  cb->base.n_threads = n_threads > 0 ? n_threads : omp_get_num_procs();
+  cb->base.num_threads = num_threads > 0 ? num_threads : omp_get_num_procs();
   /* All cores by default, but no more threads than the cores other processes leave idle: on a
    * busy machine a team larger than that waits on its descheduled members at every barrier. An
    * explicit --threads N is taken as it is. */
-  omp_set_dynamic(n_threads == 0);
-  if (cb->base.n_threads < 1)
-    cb->base.n_threads = 1;
+  omp_set_dynamic(num_threads == 0);
+  if (cb->base.num_threads < 1)
+    cb->base.num_threads = 1;
   return &cb->base;
 }

@@ -8,9 +8,9 @@
 #define CPU_MAX_HEAD_DIM 512
 
 struct cpu_backend {
-  struct backend base;  /* base.n_threads: OpenMP threads of every parallel op (>= 1) */
-  void **owned;         /* (n_owned) weight copies this backend made (unaligned host data) */
-  int n_owned, cap_owned;
+  struct backend base;  /* base.num_threads: OpenMP threads of every parallel op (>= 1) */
+  void **owned;         /* (num_owned) weight copies this backend made (unaligned host data) */
+  int num_owned, cap_owned;
   struct cpu_comm *comm; /* tensor-parallel group (cpu_comm.c), or NULL */
   int comm_rank;
   struct rdv *rdv;       /* multi-process group (cpu_comm_attach_rdv), or NULL; borrowed */
@@ -31,7 +31,7 @@ int cpu_comm_attach_rdv(struct backend *be, struct rdv *r);
 void cpu_comm_abort(struct backend *be);
 
 /* Threads for a parallel op of about WORK multiply-adds (or element updates): one per
- * CPU_WORK_PER_THREAD of work, at least 1 and at most be->n_threads. A fork/join costs tens of
+ * CPU_WORK_PER_THREAD of work, at least 1 and at most be->num_threads. A fork/join costs tens of
  * microseconds (more on a busy machine, where a descheduled thread stalls the whole team), so
  * small ops (every decode op of a tiny model such as stories260K) run on the calling thread
  * alone. With the default thread count (--threads 0), OpenMP's dynamic adjustment is on as well:
@@ -39,7 +39,7 @@ void cpu_comm_abort(struct backend *be);
 #define CPU_WORK_PER_THREAD (1 << 20)
 static inline int cpu_threads_for(const struct backend *be, int64_t work) {
   int64_t n = work / CPU_WORK_PER_THREAD;
-  return n < 1 ? 1 : n > be->n_threads ? be->n_threads : (int)n;
+  return n < 1 ? 1 : n > be->num_threads ? be->num_threads : (int)n;
 }
 
 /* Element i of a 1-D weight (F32/F16/BF16) as f32; biases and norm weights. */

@@ -208,7 +208,7 @@ int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight
   float *o = out;        /* (T, N) */
   const float *xs = x;   /* (T, K) */
   const int64_t N = w->rows, K = w->cols;
-  const int64_t n_tasks = (N + MM_ROWS - 1) / MM_ROWS;
+  const int64_t num_tasks = (N + MM_ROWS - 1) / MM_ROWS;
   /* Small T (decode): the kernels read and convert the weights directly, each byte once. Larger
    * T: each chunk is converted once into the tile and reused by all T tokens (f32 too: rows K
    * floats apart alias in the L1 cache sets when K is a power of two, and the copy is cheap next
@@ -216,11 +216,11 @@ int cpu_matmul(struct backend *be, void *out, const void *x, const struct weight
   const int direct = MM_SIMD && T < 4;
   const size_t row_bytes = dtype_row_bytes(w->dtype, K);
 
-#pragma omp parallel num_threads(cpu_threads_for(be, N * K * T)) if (n_tasks > 1)
+#pragma omp parallel num_threads(cpu_threads_for(be, N * K * T)) if (num_tasks > 1)
   {
     _Alignas(64) float tile[MM_ROWS * MM_KC]; /* (MM_ROWS, MM_KC) converted weights */
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < n_tasks; task++) {
+    for (int64_t task = 0; task < num_tasks; task++) {
       int64_t r0 = task * MM_ROWS;
       int nr = (int)(N - r0 < MM_ROWS ? N - r0 : MM_ROWS);
       for (int t = 0; t < T; t++)

@@ -162,7 +162,7 @@ int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, c
                dtype_name(kv->dtype));
   size_t row = (size_t)kv->n_kv_heads * kv->head_dim;  /* one token's K (or V) */
   size_t head = (size_t)kv->head_dim;
-  int64_t n_slots = (int64_t)kv->num_blocks * kv->block_size;
+  int64_t num_slots = (int64_t)kv->num_blocks * kv->block_size;
   const float *ks = k; /* (T, n_kv_heads, head_dim) */
   const float *vs = v; /* (T, n_kv_heads, head_dim) */
   float *kc = kv->k, *vc = kv->v; /* (num_blocks, n_kv_heads, block_size, head_dim) */
@@ -172,8 +172,8 @@ int cpu_kv_write(struct backend *be, const struct kv_layer *kv, const void *k, c
     int64_t s = b->slot_mapping[t];
     if (s < 0)
       continue;
-    if (s >= n_slots)
-      return ERR("kv_write: slot %lld beyond the cache (%lld slots)", (long long)s, (long long)n_slots);
+    if (s >= num_slots)
+      return ERR("kv_write: slot %lld beyond the cache (%lld slots)", (long long)s, (long long)num_slots);
     int64_t blk = s / kv->block_size, off = s % kv->block_size;
     for (int h = 0; h < kv->n_kv_heads; h++) {
       size_t dst = (((size_t)blk * kv->n_kv_heads + h) * kv->block_size + (size_t)off) * head;

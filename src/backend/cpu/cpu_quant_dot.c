@@ -650,18 +650,18 @@ int cpu_quant_matmul(struct backend *be, float *out, const float *x, const struc
   char *act = malloc(act_row * (size_t)T);
   if (!act)
     return ERR("matmul: out of memory for %d quantized activation rows", T);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (T > 8)
+#pragma omp parallel for schedule(static) num_threads(be->num_threads) if (T > 8)
   for (int t = 0; t < T; t++)
     cpu_quantize_act_for(dt, x + (size_t)t * K, act + (size_t)t * act_row, K);
   const int np = cpu_quant_prefill_tokens(dt, T); /* the first np tokens take the prefill order */
   const size_t row_bytes = dtype_row_bytes(dt, K);
-  const int64_t n_tasks = (N + QROWS - 1) / QROWS;
+  const int64_t num_tasks = (N + QROWS - 1) / QROWS;
   const char *wd = w->data;
 #if QD_SIMD
   dot4_fn dot4 = dot4_for(dt), dot4p = dot4p_for(dt);
 #endif
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_tasks > 1)
-  for (int64_t task = 0; task < n_tasks; task++) {
+#pragma omp parallel for schedule(static) num_threads(be->num_threads) if (num_tasks > 1)
+  for (int64_t task = 0; task < num_tasks; task++) {
     int64_t r0 = task * QROWS, r1 = r0 + QROWS < N ? r0 + QROWS : N;
     for (int64_t r = r0; r < r1; r++) {
       const char *wr = wd + (size_t)r * row_bytes;

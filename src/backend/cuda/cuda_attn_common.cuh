@@ -144,14 +144,14 @@ struct attn_args {
   const int32_t *seq_lens;     /* (B) */
   const int32_t *block_tables; /* (B, max_blocks) */
   /* split-context decode (cuda_attn_decode.cu) */
-  float2 *part_ml; /* (B, n_heads, n_parts) partial (max, sum), then the (B, n_heads, n_parts, hd)
+  float2 *part_ml; /* (B, n_heads, num_parts) partial (max, sum), then the (B, n_heads, num_parts, hd)
                     * unnormalized partial outputs (attn_part_acc) */
   int *part_cnt;   /* (B, n_kv) partitions done, 0 between launches; NULL: the separate reduce kernel */
   int T, B, max_blocks, n_heads, n_kv, hd;
   float scale, softcap;
   int window;
   float k_scale, v_scale; /* f8e4m3 cache: per-layer dequantization scales */
-  int n_parts;  /* the grid's partitions per (sequence, KV head) */
+  int num_parts;  /* the grid's partitions per (sequence, KV head) */
   int part_len; /* the granule of a partition's length (keys); see dec_part_len */
   unsigned short prefetch; /* > 0: attn_decode_mma_kernel looks up its keys and prefetches the K/V rows of
                             * the first PREFETCH keys of its partition into L2 before its wait
@@ -166,9 +166,9 @@ struct attn_args {
 #define ATTN_KV_EARLY 2
 static_assert(sizeof(attn_args) <= 128, "attn_args must stay within 128 bytes (see above)");
 
-/* The split-K partial outputs: (B, n_heads, n_parts, hd) floats after the (max, sum) pairs. */
+/* The split-K partial outputs: (B, n_heads, num_parts, hd) floats after the (max, sum) pairs. */
 __host__ __device__ __forceinline__ float *attn_part_acc(const attn_args &a) {
-  return (float *)(a.part_ml + (size_t)a.B * a.n_heads * a.n_parts);
+  return (float *)(a.part_ml + (size_t)a.B * a.n_heads * a.num_parts);
 }
 
 /* ---- tensor-core building blocks (mma.sync m16n8k16, f32 accumulators): bf16 operands for a

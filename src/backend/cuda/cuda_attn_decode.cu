@@ -1,7 +1,7 @@
 /* cuda_attn_decode.cu - decode attention (every sequence has at most one query: the batch's
  * max_query_len is 1), split along the context (FlashDecoding) and GQA-grouped.
  *
- * Grid (num_seqs * n_kv_heads, n_parts). The thread block of (sequence b, KV head kvh,
+ * Grid (num_seqs * n_kv_heads, num_parts). The thread block of (sequence b, KV head kvh,
  * partition p) serves the G = n_heads / n_kv_heads query heads of kvh over the keys
  * first + p * L .. first + (p + 1) * L - 1 (clipped to the context; L = dec_part_len of the
  * sequence's own key count), so each K/V
@@ -89,19 +89,19 @@ struct dec_shm {
       PIPE ? (STAGE_BYTES > MERGE_BYTES + CLU_BYTES ? STAGE_BYTES : MERGE_BYTES + CLU_BYTES) : 0;
 };
 
-/* The partition length of a sequence with NKEYS keys: its keys spread over the grid's n_parts
+/* The partition length of a sequence with NKEYS keys: its keys spread over the grid's num_parts
  * partitions, rounded up to the granule a.part_len (a whole number of warp steps, at least
  * DEC_MIN_PART keys). Worked out on the device from the sequence's own length, so a launch sized
  * by a loose host bound (a CUDA graph's max_model_len) still splits a short context over many
- * thread blocks; at most n_parts partitions are used. */
+ * thread blocks; at most num_parts partitions are used. */
 __device__ __forceinline__ int dec_part_len(const attn_args &a, int nkeys) {
-  int per = (nkeys + a.n_parts - 1) / a.n_parts;
+  int per = (nkeys + a.num_parts - 1) / a.num_parts;
   per = (per + a.part_len - 1) / a.part_len * a.part_len;
   return per > a.part_len ? per : a.part_len;
 }
 
 /* The combine of one head's NPARTS partitions, whose partials start at index P0 of the scratch
- * (p0 = (b * n_heads + h) * n_parts): their largest max, then output dim D as the softmax-weighted
+ * (p0 = (b * n_heads + h) * num_parts): their largest max, then output dim D as the softmax-weighted
  * sum in partition order, normalised. The reduce kernel and the fold's last block both call these
  * two, so the two ways give the same bits (explicit fmaf: no contraction left to the compiler).
  * Loads through L2 (__ldcg): in the fold the partials were written by other blocks of the same
@@ -170,11 +170,11 @@ __device__ __forceinline__ void dec_fold(const attn_args &a, int b, int kvh, int
   if (!*s_last)
     return;
   if ((int)threadIdx.x < G)
-    s_mm[threadIdx.x] = dec_comb_max(dec_ml_of(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.n_parts), nparts);
+    s_mm[threadIdx.x] = dec_comb_max(dec_ml_of(a, ((size_t)b * a.n_heads + kvh * G + threadIdx.x) * a.num_parts), nparts);
   __syncthreads();
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
     const int g = i / HD, d = i % HD, h = kvh * G + g;
-    const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
+    const size_t p0 = ((size_t)b * a.n_heads + h) * a.num_parts;
     a.out[((size_t)tok * a.n_heads + h) * HD + d] =
         dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, s_mm[g]);
   }
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_kernel(const attn_
     if (nparts == 1) {
       a.out[((size_t)t * a.n_heads + h) * HD + d] = __float2bfloat16(as / ls);
     } else {
-      size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
+      size_t pi = ((size_t)b * a.n_heads + h) * a.num_parts + p;
       attn_part_acc(a)[pi * HD + d] = as;
       if (d == 0)
         a.part_ml[pi] = make_float2(mm, ls);
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
       if (d == 0)
         ((float2 *)(sm_raw + SH::MERGE_BYTES + 8 * HD * 4))[gg] = make_float2(mm, ls);
     } else {
-      size_t pi = ((size_t)b * a.n_heads + h) * a.n_parts + p;
+      size_t pi = ((size_t)b * a.n_heads + h) * a.num_parts + p;
       attn_part_acc(a)[pi * HD + d] = as;
       if (d == 0)
         a.part_ml[pi] = make_float2(mm, ls);
@@ -742,7 +742,7 @@ __global__ void attn_decode_reduce_kernel(const attn_args a) {
   const int nparts = nkeys > 0 ? (nkeys + plen - 1) / plen : 0;
   if (tk.q_len <= 0 || nparts <= 1)
     return; /* written by the main kernel */
-  const size_t p0 = ((size_t)b * a.n_heads + h) * a.n_parts;
+  const size_t p0 = ((size_t)b * a.n_heads + h) * a.num_parts;
   const float mm = dec_comb_max(dec_ml_of(a, p0), nparts);
   for (int d = threadIdx.x; d < a.hd; d += blockDim.x)
     a.out[((size_t)t * a.n_heads + h) * a.hd + d] = dec_comb_dim(dec_ml_of(a, p0), dec_acc_of(a, p0, d), nparts, mm);
@@ -945,7 +945,7 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
   int step = DEC_WARPS * tile; /* the granule: whole warp steps, at least DEC_MIN_PART keys */
   /* the fold, unless it is off or a captured batch has more (sequence, KV head) pairs than counters */
   const int fold = P > 1 && cb->attn_fold && (int64_t)a->B * a->n_kv <= cb->attn_cnt_n;
-  a->n_parts = P;
+  a->num_parts = P;
   a->pdl_early = a->pdl_early && (P == 1 || fold); /* with the separate reduce, the early trigger would release it */
   a->part_len = (DEC_MIN_PART + step - 1) / step * step;
   a->part_cnt = fold ? (int *)cb->attn_scratch : NULL;

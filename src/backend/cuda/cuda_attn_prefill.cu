@@ -21,7 +21,7 @@
 #define PRE_ROWS (PRE_WARPS * 16) /* queries per thread block */
 
 template <int BS, int HD, class KV>
-__global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const attn_args a, int n_qt) {
+__global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const attn_args a, int num_qt) {
   typedef typename KV::elem E;
   constexpr bool F8 = sizeof(E) == 1;
   typedef typename std::conditional<F8, __half, bf16>::type MT; /* mma operand type */
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(PRE_WARPS * 32) attn_prefill_mma_kernel(const 
   constexpr int NT = L::PAIRS; /* PV n-tiles */
   constexpr bool LATE_V = HD > 128; /* registers: V is loaded after the scores (head_dim 256) */
 
-  const int b = blockIdx.x / n_qt, qt = blockIdx.x % n_qt, h = blockIdx.y;
+  const int b = blockIdx.x / num_qt, qt = blockIdx.x % num_qt, h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int kvh = h / (a.n_heads / a.n_kv);
   const int t0 = a.query_start[b], q_len = a.query_start[b + 1] - t0;
@@ -396,9 +396,9 @@ __global__ void __launch_bounds__(128) attn_prefill_tile_kernel(const attn_args 
 template <int BS, int HD, int MI, int TK>
 static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, int device, cudaStream_t st) {
   const int smem = (4 * TK + 4 * 16 * MI) * tile_row_chunks<HD>() * 16;
-  const int n_qt = (max_query_len + 64 * MI - 1) / (64 * MI);
+  const int num_qt = (max_query_len + 64 * MI - 1) / (64 * MI);
   static unsigned long long opted = 0; /* bit d: device d has the attribute */
-  if (n_qt > 65535)
+  if (num_qt > 65535)
     return 1;
   const unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
   if (!bit || !(__atomic_load_n(&opted, __ATOMIC_ACQUIRE) & bit)) {
@@ -409,7 +409,7 @@ static int attn_prefill_tile_launch(const attn_args *a, int max_query_len, int d
     }
     __atomic_fetch_or(&opted, bit, __ATOMIC_RELEASE);
   }
-  dim3 grid((unsigned)a->n_heads, (unsigned)n_qt, (unsigned)a->B);
+  dim3 grid((unsigned)a->n_heads, (unsigned)num_qt, (unsigned)a->B);
   attn_prefill_tile_kernel<BS, HD, MI, TK><<<grid, 128, smem, st>>>(*a);
   return 0;
 }
@@ -452,16 +452,16 @@ int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f
       return 0;
     }
   }
-  int n_qt = (max_query_len + PRE_ROWS - 1) / PRE_ROWS;
-  if ((int64_t)a->B * n_qt > 0x7fffffff || a->n_heads > 65535)
+  int num_qt = (max_query_len + PRE_ROWS - 1) / PRE_ROWS;
+  if ((int64_t)a->B * num_qt > 0x7fffffff || a->n_heads > 65535)
     return 1;
-  dim3 grid((unsigned)(a->B * n_qt), (unsigned)a->n_heads), thr(PRE_WARPS * 32);
+  dim3 grid((unsigned)(a->B * num_qt), (unsigned)a->n_heads), thr(PRE_WARPS * 32);
 #define PRE_HD(BS, KV)                                                                             \
-  (a->hd == 64    ? attn_prefill_mma_kernel<BS, 64, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
-   : a->hd == 80  ? attn_prefill_mma_kernel<BS, 80, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
-   : a->hd == 96  ? attn_prefill_mma_kernel<BS, 96, KV><<<grid, thr, 0, st>>>(*a, n_qt)             \
-   : a->hd == 128 ? attn_prefill_mma_kernel<BS, 128, KV><<<grid, thr, 0, st>>>(*a, n_qt)            \
-                  : attn_prefill_mma_kernel<BS, 256, KV><<<grid, thr, 0, st>>>(*a, n_qt))
+  (a->hd == 64    ? attn_prefill_mma_kernel<BS, 64, KV><<<grid, thr, 0, st>>>(*a, num_qt)             \
+   : a->hd == 80  ? attn_prefill_mma_kernel<BS, 80, KV><<<grid, thr, 0, st>>>(*a, num_qt)             \
+   : a->hd == 96  ? attn_prefill_mma_kernel<BS, 96, KV><<<grid, thr, 0, st>>>(*a, num_qt)             \
+   : a->hd == 128 ? attn_prefill_mma_kernel<BS, 128, KV><<<grid, thr, 0, st>>>(*a, num_qt)            \
+                  : attn_prefill_mma_kernel<BS, 256, KV><<<grid, thr, 0, st>>>(*a, num_qt))
 #define PRE_BS(BS) (f8 ? PRE_HD(BS, kv_f8) : PRE_HD(BS, kv_bf16))
   if (bs == 8)
     PRE_BS(8);

@@ -604,7 +604,7 @@ extern "C" struct backend *cuda_backend_create(const struct backend_params *p) {
   }
   cb->base.ops = &cuda_ops;
   cb->base.act_dtype = DTYPE_BF16;
-  cb->base.n_threads = 0;
+  cb->base.num_threads = 0;
   /* Device memory; a bf16 cache (cuda_attention.cu); cuBLAS and lazily loaded kernel modules
    * allocate on first use, so the engine profiles one step before sizing the pool; sampling
    * runs on the device (cuda_sample.cu). */
@@ -639,10 +639,10 @@ cudaError_t cuda_smem_opt_in(const struct cuda_backend *cb, const void *fn, unsi
 }
 
 int cuda_sm_count(struct cuda_backend *cb) {
-  if (cb->n_sms <= 0) {
+  if (cb->num_sms <= 0) {
     int v = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, cb->device));
-    cb->n_sms = v > 0 ? v : 1;
+    cb->num_sms = v > 0 ? v : 1;
   }
-  return cb->n_sms;
+  return cb->num_sms;
 }

@@ -97,7 +97,7 @@ struct cuda_backend {
   int graphs_on;             /* 0 when PAGODA_CUDA_GRAPHS=0, or after comm_abort */
   int comm_aborted;          /* comm_abort ran: all_reduce_sum fails from then on */
   struct cuda_graph_entry *graphs;
-  int n_graphs, graphs_cap;
+  int num_graphs, graphs_cap;
   char name[256];            /* device name, for logs */
   /* quantized weights (cuda_quant_*.cu): bf16 slab scratch for T > qgemv_max_t, sized at load;
    * the integer-dot GEMV keeps its int8 activations (cuda_quant_x8_bytes) here too */
@@ -115,7 +115,7 @@ struct cuda_backend {
                               * (no reduce kernel); 0 when PAGODA_ATTN_FOLD=0 (read at create) */
   int attn_reserve_seqs, attn_reserve_ctx;
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
-  int n_sms;                 /* multiprocessors (0 until first asked) */
+  int num_sms;                 /* multiprocessors (0 until first asked) */
   int smem_optin;            /* the most dynamic shared memory a block may opt in to, bytes (set at init) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write (and through
@@ -221,7 +221,7 @@ extern "C" int cuda_backend_available(void);
 extern "C" struct backend *cuda_backend_create(const struct backend_params *p);
 
 static inline struct cuda_backend *cuda_be(struct backend *be) { return (struct cuda_backend *)be; }
-/* The device's multiprocessors (cb->n_sms, asked once); -1 with the error set if CUDA fails. */
+/* The device's multiprocessors (cb->num_sms, asked once); -1 with the error set if CUDA fails. */
 int cuda_sm_count(struct cuda_backend *cb);
 /* Lets the kernel FN take up to CUDA_SMEM_OPTIN_MAX (220 KiB) of dynamic shared memory, or the
  * device's cb->smem_optin where that is less, with the largest shared-memory carveout, on cb's

@@ -19,10 +19,10 @@ struct cuda_graph_entry {
 
 /* The entry of KEY, created on first use; NULL with err_last() set when out of memory. */
 static struct cuda_graph_entry *entry(struct cuda_backend *cb, int key) {
-  for (int i = 0; i < cb->n_graphs; i++)
+  for (int i = 0; i < cb->num_graphs; i++)
     if (cb->graphs[i].key == key)
       return &cb->graphs[i];
-  if (cb->n_graphs == cb->graphs_cap) {
+  if (cb->num_graphs == cb->graphs_cap) {
     int cap = cb->graphs_cap ? cb->graphs_cap * 2 : 16;
     struct cuda_graph_entry *g =
         (struct cuda_graph_entry *)realloc(cb->graphs, sizeof *g * (size_t)cap);
@@ -31,7 +31,7 @@ static struct cuda_graph_entry *entry(struct cuda_backend *cb, int key) {
     cb->graphs = g;
     cb->graphs_cap = cap;
   }
-  struct cuda_graph_entry *e = &cb->graphs[cb->n_graphs++];
+  struct cuda_graph_entry *e = &cb->graphs[cb->num_graphs++];
   e->key = key;
   e->runs = 0;
   e->exec = NULL;
@@ -88,10 +88,10 @@ int cuda_graph_run(struct backend *be, int key, int (*record)(void *ctx), void *
 }
 
 void cuda_graph_free_all(struct cuda_backend *cb) {
-  for (int i = 0; i < cb->n_graphs; i++)
+  for (int i = 0; i < cb->num_graphs; i++)
     if (cb->graphs[i].exec)
       cudaGraphExecDestroy(cb->graphs[i].exec);
   free(cb->graphs);
   cb->graphs = NULL;
-  cb->n_graphs = cb->graphs_cap = 0;
+  cb->num_graphs = cb->graphs_cap = 0;
 }

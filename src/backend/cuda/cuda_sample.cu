@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   __shared__ float kv[BACKEND_TOPK_MAX];
   __shared__ int ki[BACKEND_TOPK_MAX];
   __shared__ int chunk[SAMPLE_THREADS];
-  __shared__ int n_gt;
+  __shared__ int num_gt;
   __shared__ float lse_sh;
   int e = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
   const float *x = logits + (size_t)rows[e] * vocab;
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   if (lane == 0)
     shd[wid] = sum;
   if (tid == 0)
-    n_gt = 0;
+    num_gt = 0;
   __syncthreads();
   if (tid == 0) {
     double total = 0;
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
   }
   for (int i = tid; i < vocab; i += nt) /* fewer than k keys lie above thr */
     if (sample_key(x[i]) > thr) {
-      int at = atomicAdd(&n_gt, 1);
+      int at = atomicAdd(&num_gt, 1);
       kv[at] = x[i];
       ki[at] = i;
     }
@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     chunk[tid] += add;
     __syncthreads();
   }
-  int at = n_gt + chunk[tid] - c;
+  int at = num_gt + chunk[tid] - c;
   for (int i = lo; i < hi && at < k; i++)
     if (sample_key(x[i]) == thr) {
       kv[at] = x[i];
