@@ -418,7 +418,7 @@ static inline int backend_kv_dtype_ok(const struct backend *be, enum dtype t) {
 
 struct backend_params {
   const char *device; /* "cpu" or "cuda"; NULL = cuda when a GPU is present, else cpu */
-  int num_threads;      /* cpu: 0 = all cores */
+  int num_threads;    /* cpu: 0 = all cores */
   int device_index;   /* cuda: which GPU (0-based; tensor-parallel rank r takes GPU r) */
 };
 

@@ -115,7 +115,7 @@ struct cuda_backend {
                               * (no reduce kernel); 0 when PAGODA_ATTN_FOLD=0 (read at create) */
   int attn_reserve_seqs, attn_reserve_ctx;
   int attn_sized_for[5];     /* (seqs, 0, heads, kv heads, 2 * head_dim + f8) the scratch was sized for */
-  int num_sms;                 /* multiprocessors (0 until first asked) */
+  int num_sms;               /* multiprocessors (0 until first asked) */
   int smem_optin;            /* the most dynamic shared memory a block may opt in to, bytes (set at init) */
   int gemv_max_t;            /* bf16 weights: T up to this takes cuda_gemv_bf16 (CUDA_GEMV_MAX_T; env) */
   int fused_ops;             /* 0 when PAGODA_FUSED_OPS=0: matmul_n, matmul_silu_mul, rope_kv_write (and through

@@ -88,7 +88,9 @@ __device__ __forceinline__ float norm_inv(const __nv_bfloat16 *x, int dim, float
           }
         }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) /* norm_warp_sum's tree on each virtual warp */
+      for (int o = 16; o > 0; o >>= 1) /* norm_warp_sum's tree on each virtual warp, written out
+                                          * (norm_warp_sum per sum compiles to another schedule,
+                                          * not the one measured) */
 #pragma unroll
         for (int q = 0; q < QG; q++)
           ss[q] += __shfl_xor_sync(0xffffffffu, ss[q], o);
