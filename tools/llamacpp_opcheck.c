@@ -61,7 +61,7 @@ static struct weight weight(const char *name) {
   const struct gguf_tensor *t = gguf_find_tensor(g, name);
   struct weight w;
   if (!t || t->dtype < 0 ||
-      be->ops->weight_from_host(be, &w, t->data, t->dtype, t->n_dims > 1 ? t->ne[1] : 1, t->ne[0])) {
+      be->ops->weight_from_host(be, &w, t->data, t->dtype, t->num_dims > 1 ? t->ne[1] : 1, t->ne[0])) {
     fprintf(stderr, "error: weight %s: %s\n", name, t ? err_last() : "not in the file");
     exit(1);
   }

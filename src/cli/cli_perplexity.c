@@ -48,7 +48,7 @@ int cli_perplexity(int argc, char **argv) {
   struct pagoda_engine_params ep;
   pagoda_engine_params_default(&ep);
   const char *file = NULL, *v;
-  int n_ctx = 512, n_batch = 2048, n_chunks = -1, r;
+  int num_ctx = 512, num_batch = 2048, max_chunks = -1, r;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -62,11 +62,11 @@ int cli_perplexity(int argc, char **argv) {
     }
     ON_FLAG("-f", &i, 2) file = v;
     else ON_FLAG("--file", &i, 2) file = v;
-    else ON_FLAG("-c", &i, 2) { if (flag_int("-c", v, 4, 1 << 20, &n_ctx)) return 2; }
-    else ON_FLAG("--ctx", &i, 2) { if (flag_int("--ctx", v, 4, 1 << 20, &n_ctx)) return 2; }
-    else ON_FLAG("-b", &i, 2) { if (flag_int("-b", v, 1, 1 << 24, &n_batch)) return 2; }
-    else ON_FLAG("--batch", &i, 2) { if (flag_int("--batch", v, 1, 1 << 24, &n_batch)) return 2; }
-    else ON_FLAG("--chunks", &i, 2) { if (flag_int("--chunks", v, -1, 1 << 30, &n_chunks)) return 2; }
+    else ON_FLAG("-c", &i, 2) { if (flag_int("-c", v, 4, 1 << 20, &num_ctx)) return 2; }
+    else ON_FLAG("--ctx", &i, 2) { if (flag_int("--ctx", v, 4, 1 << 20, &num_ctx)) return 2; }
+    else ON_FLAG("-b", &i, 2) { if (flag_int("-b", v, 1, 1 << 24, &num_batch)) return 2; }
+    else ON_FLAG("--batch", &i, 2) { if (flag_int("--batch", v, 1, 1 << 24, &num_batch)) return 2; }
+    else ON_FLAG("--chunks", &i, 2) { if (flag_int("--chunks", v, -1, 1 << 30, &max_chunks)) return 2; }
     else {
       fprintf(stderr, "error: unknown option '%s' (see pagoda perplexity --help)\n", a);
       return 2;
@@ -76,12 +76,12 @@ int cli_perplexity(int argc, char **argv) {
     fprintf(stderr, "error: no text given (-f TEXT)\n");
     return 2;
   }
-  /* As llama-perplexity: n_seq windows per pass, the batch capped at what they hold. */
-  int n_seq = n_batch / n_ctx > 1 ? n_batch / n_ctx : 1;
-  if (n_batch > n_seq * n_ctx)
-    n_batch = n_seq * n_ctx;
-  if (n_batch > n_ctx && n_batch % n_ctx) {
-    fprintf(stderr, "error: --batch %d must be below --ctx %d or a multiple of it\n", n_batch, n_ctx);
+  /* As llama-perplexity: num_seqs windows per pass, the batch capped at what they hold. */
+  int num_seqs = num_batch / num_ctx > 1 ? num_batch / num_ctx : 1;
+  if (num_batch > num_seqs * num_ctx)
+    num_batch = num_seqs * num_ctx;
+  if (num_batch > num_ctx && num_batch % num_ctx) {
+    fprintf(stderr, "error: --batch %d must be below --ctx %d or a multiple of it\n", num_batch, num_ctx);
     return 2;
   }
   int worker_rc; /* --tp-rank > 0: this process serves rank 0's model calls instead */
@@ -93,13 +93,13 @@ int cli_perplexity(int argc, char **argv) {
     fprintf(stderr, "error: %s: %s (check -f)\n", file, strerror(errno));
     return 1;
   }
-  ep.max_num_seqs = n_seq;
-  ep.max_num_batched_tokens = n_batch > n_ctx ? n_batch : n_ctx;
-  ep.prefill_chunk_size = n_batch < n_ctx ? n_batch : n_ctx;
-  ep.max_model_len = n_ctx + 1; /* the window and the one token each request must generate */
+  ep.max_num_seqs = num_seqs;
+  ep.max_num_batched_tokens = num_batch > num_ctx ? num_batch : num_ctx;
+  ep.prefill_chunk_size = num_batch < num_ctx ? num_batch : num_ctx;
+  ep.max_model_len = num_ctx + 1; /* the window and the one token each request must generate */
   ep.prefix_cache_n = 0;        /* windows share nothing */
   if (!ep.pa_memory_mb && !ep.pa_memory_fraction && !ep.pa_context_len)
-    ep.pa_context_len = n_ctx + 1;
+    ep.pa_context_len = num_ctx + 1;
   pagoda_engine_t *e;
   int rc = 1;
   int32_t *ids = NULL;
@@ -109,7 +109,7 @@ int cli_perplexity(int argc, char **argv) {
     return 1;
   }
   int32_t bos[4];
-  int n_bos = pagoda_tokenize(e, "", 0, 1, 0, bos, 4); /* 1: the tokenizer adds BOS */
+  int num_bos = pagoda_tokenize(e, "", 0, 1, 0, bos, 4); /* 1: the tokenizer adds BOS */
   double t0 = now_s();
   fprintf(stderr, "perplexity: tokenizing the input ..\n");
   int n = pagoda_tokenize(e, text, len, 1, 0, NULL, 0);
@@ -119,23 +119,23 @@ int cli_perplexity(int argc, char **argv) {
     goto done;
   }
   fprintf(stderr, "perplexity: tokenization took %g ms\n", 1e3 * (now_s() - t0));
-  if (n < 2 * n_ctx) {
+  if (n < 2 * num_ctx) {
     fprintf(stderr, "error: %s tokenizes to only %d tokens; perplexity with --ctx %d needs at least %d\n",
-            file, n, n_ctx, 2 * n_ctx);
+            file, n, num_ctx, 2 * num_ctx);
     goto done;
   }
-  int n_chunk = n / n_ctx;
-  if (n_chunks >= 0 && n_chunks < n_chunk)
-    n_chunk = n_chunks;
+  int num_chunks = n / num_ctx;
+  if (max_chunks >= 0 && max_chunks < num_chunks)
+    num_chunks = max_chunks;
   fprintf(stderr, "perplexity: calculating perplexity over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n",
-          n_chunk, n_ctx, n_batch, n_seq);
-  const int first = n_ctx / 2;
+          num_chunks, num_ctx, num_batch, num_seqs);
+  const int first = num_ctx / 2;
   double nll = 0, nll2 = 0;
   long count = 0;
-  int32_t *win = malloc((size_t)n_seq * n_ctx * sizeof *win);
-  uint64_t *req = malloc((size_t)n_seq * sizeof *req);
-  double *seq_nll = malloc((size_t)n_seq * sizeof *seq_nll), *seq_nll2 = malloc((size_t)n_seq * sizeof *seq_nll2);
-  int *seq_done = malloc((size_t)n_seq * sizeof *seq_done);
+  int32_t *win = malloc((size_t)num_seqs * num_ctx * sizeof *win);
+  uint64_t *req = malloc((size_t)num_seqs * sizeof *req);
+  double *seq_nll = malloc((size_t)num_seqs * sizeof *seq_nll), *seq_nll2 = malloc((size_t)num_seqs * sizeof *seq_nll2);
+  int *seq_done = malloc((size_t)num_seqs * sizeof *seq_done);
   if (!win || !req || !seq_nll || !seq_nll2 || !seq_done) {
     fprintf(stderr, "error: out of memory\n");
     goto done_win;
@@ -146,17 +146,17 @@ int cli_perplexity(int argc, char **argv) {
   sp.max_tokens = 1;
   sp.ignore_eos = 1;
   sp.prompt_logprobs = 1;
-  for (int i = 0; i < n_chunk; i += n_seq) {
+  for (int i = 0; i < num_chunks; i += num_seqs) {
     double tp = now_s();
-    int n_seq_batch = n_chunk - i < n_seq ? n_chunk - i : n_seq;
-    for (int s = 0; s < n_seq_batch; s++) {
-      int32_t *w = win + (size_t)s * n_ctx;
-      memcpy(w, ids + (size_t)(i + s) * n_ctx, (size_t)n_ctx * sizeof *w);
-      if (n_bos == 1)
+    int num_batch_seqs = num_chunks - i < num_seqs ? num_chunks - i : num_seqs;
+    for (int s = 0; s < num_batch_seqs; s++) {
+      int32_t *w = win + (size_t)s * num_ctx;
+      memcpy(w, ids + (size_t)(i + s) * num_ctx, (size_t)num_ctx * sizeof *w);
+      if (num_bos == 1)
         w[0] = bos[0];
       seq_nll[s] = seq_nll2[s] = 0;
       seq_done[s] = 0;
-      if (pagoda_add_request_tokens(e, w, n_ctx, &sp, &req[s])) {
+      if (pagoda_add_request_tokens(e, w, num_ctx, &sp, &req[s])) {
         fprintf(stderr, "error: %s\n", pagoda_last_error());
         goto done_win;
       }
@@ -172,10 +172,10 @@ int cli_perplexity(int argc, char **argv) {
         const struct pagoda_output *o = &outs[k];
         if (!o->prompt_logprobs)
           continue;
-        for (int s = 0; s < n_seq_batch; s++) {
+        for (int s = 0; s < num_batch_seqs; s++) {
           if (req[s] != o->request_id)
             continue;
-          for (int p = first; p < n_ctx - 1; p++) { /* entry p scores token p + 1 */
+          for (int p = first; p < num_ctx - 1; p++) { /* entry p scores token p + 1 */
             double lp = o->prompt_logprobs[p];
             seq_nll[s] -= lp;
             seq_nll2[s] += lp * lp;
@@ -186,7 +186,7 @@ int cli_perplexity(int argc, char **argv) {
     }
     if (i == 0) {
       double t = now_s() - tp;
-      int total = (int)(t * n_chunk / n_seq);
+      int total = (int)(t * num_chunks / num_seqs);
       fprintf(stderr, "perplexity: %.2f seconds per pass - ETA ", t);
       if (total >= 3600) {
         fprintf(stderr, "%d hours ", total / 3600);
@@ -194,14 +194,14 @@ int cli_perplexity(int argc, char **argv) {
       }
       fprintf(stderr, "%.2f minutes\n", total / 60.0);
     }
-    for (int s = 0; s < n_seq_batch; s++) {
+    for (int s = 0; s < num_batch_seqs; s++) {
       if (!seq_done[s]) {
         fprintf(stderr, "error: the engine reported no prompt logprobs for window %d\n", i + s + 1);
         goto done_win;
       }
       nll += seq_nll[s];
       nll2 += seq_nll2[s];
-      count += n_ctx - first - 1;
+      count += num_ctx - first - 1;
       printf("[%d]%.4f,", i + s + 1, exp(nll / (double)count));
       fflush(stdout);
     }

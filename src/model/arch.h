@@ -109,7 +109,7 @@ struct arch {
   int (*hf_config)(struct model_config *c, const cJSON *root, const char *name);
   int (*gguf_config)(struct model_config *c, const struct gguf_file *g, const char *name);
   const struct arch_tensor *tensors;
-  int n_tensors;
+  int num_tensors;
   /* Embedding, every layer and the final norm: the normed hidden states in f->xb. */
   int (*forward)(const struct fwd *f);
 };

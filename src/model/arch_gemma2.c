@@ -155,5 +155,5 @@ const struct arch arch_gemma2 = {.name = "gemma2",
                                  .hf_config = gemma2_hf,
                                  .gguf_config = gemma2_gguf,
                                  .tensors = gemma2_tensors,
-                                 .n_tensors = N_GEMMA2_TENSORS,
+                                 .num_tensors = N_GEMMA2_TENSORS,
                                  .forward = gemma2_forward};

@@ -132,5 +132,5 @@ const struct arch arch_mixtral = {.name = "mixtral",
                                   .hf_config = mixtral_hf,
                                   .gguf_config = mixtral_gguf,
                                   .tensors = mixtral_tensors,
-                                  .n_tensors = N_MIXTRAL_TENSORS,
+                                  .num_tensors = N_MIXTRAL_TENSORS,
                                   .forward = mixtral_forward};

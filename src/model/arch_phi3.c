@@ -35,7 +35,7 @@ static int phi3_factors(const struct gguf_file *g, const char *tname, float *out
   const struct gguf_tensor *t = gguf_find_tensor(g, tname);
   if (!t)
     return ERR("%s: tensor '%s' is missing (longrope needs both factor lists)", name, tname);
-  if (t->dtype != DTYPE_F32 || t->n_dims != 1 || t->ne[0] != n)
+  if (t->dtype != DTYPE_F32 || t->num_dims != 1 || t->ne[0] != n)
     return ERR("%s: tensor '%s' must be %d F32 values (rotated dims / 2)", name, tname, n);
   memcpy(out, t->data, sizeof(float) * (size_t)n);
   for (int i = 0; i < n; i++)
@@ -80,5 +80,5 @@ const struct arch arch_phi3 = {.name = "phi3",
                                .hf_config = phi3_hf,
                                .gguf_config = phi3_gguf,
                                .tensors = phi3_tensors,
-                               .n_tensors = (int)(sizeof phi3_tensors / sizeof phi3_tensors[0]),
+                               .num_tensors = (int)(sizeof phi3_tensors / sizeof phi3_tensors[0]),
                                .forward = blocks_prenorm_forward};

@@ -41,5 +41,5 @@ const struct arch arch_qwen3 = {.name = "qwen3",
                                 .rope_neox_gguf = 1,
                                 .hf_config = qwen3_hf,
                                 .tensors = qwen3_tensors,
-                                .n_tensors = (int)(sizeof qwen3_tensors / sizeof qwen3_tensors[0]),
+                                .num_tensors = (int)(sizeof qwen3_tensors / sizeof qwen3_tensors[0]),
                                 .forward = blocks_prenorm_forward};

@@ -386,8 +386,8 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   if (!arch)
     return ERR("%s: no general.architecture", name);
   const struct arch *ar = arch_by_gguf(arch, alen);
-  int64_t n_exp = 0; /* GGUF "llama" with experts is Mixtral (llama.cpp's converter writes it so) */
-  if (ar == &arch_llama && gguf_get_int(g, "llama.expert_count", &n_exp) == 0 && n_exp > 0)
+  int64_t num_experts = 0; /* GGUF "llama" with experts is Mixtral (llama.cpp's converter writes it so) */
+  if (ar == &arch_llama && gguf_get_int(g, "llama.expert_count", &num_experts) == 0 && num_experts > 0)
     ar = &arch_mixtral;
   if (!ar)
     return ERR("%s: architecture \"%.*s\" is not supported (%s are)", name,
@@ -439,7 +439,7 @@ int config_from_gguf(struct model_config *c, const struct gguf_file *g, const ch
   const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
   if (tokens && tokens->type == GGUF_TYPE_ARRAY && tokens->len <= CONFIG_MAX_VOCAB)
     c->vocab_size = (int)tokens->len;
-  else if (emb && emb->n_dims == 2 && emb->ne[1] <= CONFIG_MAX_VOCAB)
+  else if (emb && emb->num_dims == 2 && emb->ne[1] <= CONFIG_MAX_VOCAB)
     c->vocab_size = (int)emb->ne[1];
   else
     return ERR("%s: no vocabulary size (neither tokenizer.ggml.tokens nor token_embd.weight)",

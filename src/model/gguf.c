@@ -149,7 +149,7 @@ static int read_tensor_info(struct cursor *c, struct gguf_tensor *t, uint64_t *o
     return -1;
   if (nd == 0 || nd > GGUF_MAX_DIMS)
     return ERR("%s: tensor '%s' has %u dimensions (1 to 4 supported)", c->name, t->name, nd);
-  t->n_dims = (int)nd;
+  t->num_dims = (int)nd;
   for (int i = 0; i < GGUF_MAX_DIMS; i++)
     t->ne[i] = 1;
   for (uint32_t i = 0; i < nd; i++) {
@@ -180,23 +180,23 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
     ERR("%s: GGUF version %u is not supported (2 and 3 are)", name, g->version);
     goto fail;
   }
-  uint64_t n_tensors = rd_u64(&c), n_kv = rd_u64(&c);
+  uint64_t num_tensors = rd_u64(&c), num_kv = rd_u64(&c);
   if (c.failed)
     goto fail;
   /* Each kv takes at least 12 bytes and each tensor info at least 28: bound before alloc. */
-  if (n_kv > g->map.size / 12 || n_tensors > g->map.size / 28) {
+  if (num_kv > g->map.size / 12 || num_tensors > g->map.size / 28) {
     ERR("%s: header claims %llu metadata keys and %llu tensors, more than the file can hold",
-        name, (unsigned long long)n_kv, (unsigned long long)n_tensors);
+        name, (unsigned long long)num_kv, (unsigned long long)num_tensors);
     goto fail;
   }
-  g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
-  g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
+  g->kv = calloc(num_kv ? num_kv : 1, sizeof *g->kv);
+  g->tensors = calloc(num_tensors ? num_tensors : 1, sizeof *g->tensors);
   if (!g->kv || !g->tensors) {
     ERR("%s: out of memory", name);
     goto fail;
   }
-  for (uint64_t i = 0; i < n_kv; i++) {
-    g->n_kv = (int64_t)i + 1;
+  for (uint64_t i = 0; i < num_kv; i++) {
+    g->num_kv = (int64_t)i + 1;
     if (read_kv(&c, &g->kv[i]) != 0)
       goto fail;
   }
@@ -209,20 +209,20 @@ static struct gguf_file *parse(struct gguf_file *g, const char *name) {
     }
     g->alignment = (uint32_t)al;
   }
-  uint64_t *offsets = calloc(n_tensors ? n_tensors : 1, sizeof(uint64_t));
+  uint64_t *offsets = calloc(num_tensors ? num_tensors : 1, sizeof(uint64_t));
   if (!offsets) {
     ERR("%s: out of memory", name);
     goto fail;
   }
-  for (uint64_t i = 0; i < n_tensors; i++) {
-    g->n_tensors = (int64_t)i + 1;
+  for (uint64_t i = 0; i < num_tensors; i++) {
+    g->num_tensors = (int64_t)i + 1;
     if (read_tensor_info(&c, &g->tensors[i], &offsets[i]) != 0) {
       free(offsets);
       goto fail;
     }
   }
   size_t data_start = (c.pos + g->alignment - 1) / g->alignment * g->alignment;
-  for (int64_t i = 0; i < g->n_tensors; i++) {
+  for (int64_t i = 0; i < g->num_tensors; i++) {
     struct gguf_tensor *t = &g->tensors[i];
     if (t->dtype < 0) {
       t->data = NULL;
@@ -288,13 +288,13 @@ struct gguf_file *gguf_open_memory(const void *data, size_t size, const char *na
 void gguf_close(struct gguf_file *g) {
   if (!g)
     return;
-  for (int64_t i = 0; i < g->n_kv; i++) {
+  for (int64_t i = 0; i < g->num_kv; i++) {
     free(g->kv[i].key);
     free(g->kv[i].str_offsets);
     free(g->kv[i].str_lens);
   }
   free(g->kv);
-  for (int64_t i = 0; i < g->n_tensors; i++)
+  for (int64_t i = 0; i < g->num_tensors; i++)
     free(g->tensors[i].name);
   free(g->tensors);
   if (g->map.path) /* mapped by gguf_open */
@@ -303,7 +303,7 @@ void gguf_close(struct gguf_file *g) {
 }
 
 const struct gguf_kv *gguf_find(const struct gguf_file *g, const char *key) {
-  for (int64_t i = 0; i < g->n_kv; i++)
+  for (int64_t i = 0; i < g->num_kv; i++)
     if (g->kv[i].key && strcmp(g->kv[i].key, key) == 0)
       return &g->kv[i];
   return NULL;
@@ -383,7 +383,7 @@ int gguf_arr_float(const struct gguf_kv *kv, uint64_t i, double *out) {
 }
 
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *g, const char *name) {
-  for (int64_t i = 0; i < g->n_tensors; i++)
+  for (int64_t i = 0; i < g->num_tensors; i++)
     if (strcmp(g->tensors[i].name, name) == 0)
       return &g->tensors[i];
   return NULL;

@@ -46,7 +46,7 @@ struct gguf_kv {
 
 struct gguf_tensor {
   char *name;                /* owned */
-  int n_dims;
+  int num_dims;
   int64_t ne[4];             /* ne[0] is the innermost (contiguous) dimension, as in ggml */
   uint32_t ggml_type;
   int dtype;                 /* enum dtype, or -1 when pagoda cannot read the type */
@@ -58,10 +58,10 @@ struct gguf_file {
   struct mapped_file map;
   uint32_t version;
   uint32_t alignment;
-  int64_t n_kv;
-  struct gguf_kv *kv;        /* (n_kv) */
-  int64_t n_tensors;
-  struct gguf_tensor *tensors; /* (n_tensors) */
+  int64_t num_kv;
+  struct gguf_kv *kv;        /* (num_kv) */
+  int64_t num_tensors;
+  struct gguf_tensor *tensors; /* (num_tensors) */
 };
 
 /* Opens and validates PATH: every offset, count and size is checked against the file, so a

@@ -66,7 +66,7 @@ struct model {
                            * two halves of ml.total, used in turn (asynchronous steps stage step
                            * N + 1 while step N's copy may still wait on the stream) */
   int meta_half;          /* the half the next stage_batch fills */
-  int n_hidden_rows;      /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
+  int num_hidden_rows;    /* rows gathered for logits by the last model_forward(..., NULL) (in xb2) */
   struct meta_layout ml;
 
   /* Tensor parallelism (docs/distributed.md). Every rank holds its shard (config: its heads, KV
@@ -89,7 +89,7 @@ struct model {
    * MIRROR, which sends it to the other processes and runs it here (model_run_call). */
   int (*mirror)(struct model *m, const struct step_msg *call, float *logits, void *user);
   void *mirror_user;
-  int n_shard_bufs;
+  int num_shard_bufs;
 };
 
 const struct model_config *model_get_config(const struct model *m) { return &m->config; }
@@ -154,7 +154,7 @@ static int shard_ranges(const struct model *m, enum arch_dim kind, int64_t *star
 
 /* A host buffer of BYTES the model keeps (freed with it); NULL with err_last() set. */
 static char *shard_buf(struct model *m, size_t bytes) {
-  void **bufs = realloc(m->shard_bufs, (size_t)(m->n_shard_bufs + 1) * sizeof *bufs);
+  void **bufs = realloc(m->shard_bufs, (size_t)(m->num_shard_bufs + 1) * sizeof *bufs);
   if (bufs)
     m->shard_bufs = bufs;
   char *buf = bufs ? malloc(bytes ? bytes : 1) : NULL;
@@ -162,7 +162,7 @@ static char *shard_buf(struct model *m, size_t bytes) {
     ERR("out of memory");
     return NULL;
   }
-  m->shard_bufs[m->n_shard_bufs++] = buf;
+  m->shard_bufs[m->num_shard_bufs++] = buf;
   return buf;
 }
 
@@ -333,7 +333,7 @@ void model_free(struct model *m) {
     m->be->ops->free(m->be, m->inv_freq);
   model_file_close(m->file);
   free(m->kv_scales);
-  for (int i = 0; i < m->n_shard_bufs; i++)
+  for (int i = 0; i < m->num_shard_bufs; i++)
     free(m->shard_bufs[i]);
   free(m->shard_bufs);
   free(m);
@@ -422,7 +422,7 @@ static struct model *load_model(const char *path, struct backend *be, const char
     goto fail; /* tensor parallelism without a vocabulary split: only rank 0 computes logits */
   }
   for (int l = 0; l < c->n_layers; l++)
-    for (int i = 0; i < m->arch->n_tensors; i++) {
+    for (int i = 0; i < m->arch->num_tensors; i++) {
       const struct arch_tensor *at = &m->arch->tensors[i];
       struct host_tensor ht;
       if (shard_tensor(m, (const struct host_tensor *)((const char *)&f->layers[l] + at->host_off), at->rows,
@@ -431,7 +431,7 @@ static struct model *load_model(const char *path, struct backend *be, const char
         goto fail;
     }
   /* RoPE frequencies, once, on the host, then to the backend. */
-  int half = c->rope_dim / 2, n_freq = c->rope_scaling == ROPE_SCALING_LONGROPE ? 2 * half : half;
+  int half = c->rope_dim / 2, num_freqs = c->rope_scaling == ROPE_SCALING_LONGROPE ? 2 * half : half;
   float *host_freq = malloc(sizeof(float) * (size_t)half * 2);
   if (!host_freq) {
     ERR("out of memory");
@@ -449,8 +449,8 @@ static struct model *load_model(const char *path, struct backend *be, const char
     dtype_to_f32(divisors, f->rope_freqs.data, f->rope_freqs.dtype, half);
   }
   compute_inv_freq(host_freq, c, divisors);
-  m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)n_freq);
-  if (!m->inv_freq || be->ops->upload(be, m->inv_freq, host_freq, sizeof(float) * (size_t)n_freq)) {
+  m->inv_freq = be->ops->alloc(be, sizeof(float) * (size_t)num_freqs);
+  if (!m->inv_freq || be->ops->upload(be, m->inv_freq, host_freq, sizeof(float) * (size_t)num_freqs)) {
     free(host_freq);
     goto fail;
   }
@@ -644,17 +644,17 @@ static void *alloc0(struct model *m, size_t bytes, const char *what) {
 static int alloc_fused(struct model *m, int max_tokens) {
   const struct model_config *c = &m->config;
   size_t cols = blocks_fused_cols(c, &m->layers[0]);
-  size_t n_idx = blocks_split_idx_count(c, &m->layers[0], max_tokens);
+  size_t num_idx = blocks_split_idx_count(c, &m->layers[0], max_tokens);
   size_t fb = (size_t)max_tokens * cols * dtype_row_bytes(m->be->act_dtype, 1);
-  int32_t *idx = malloc(n_idx * sizeof *idx);
+  int32_t *idx = malloc(num_idx * sizeof *idx);
   if (!idx)
     return ERR("out of memory");
   blocks_split_idx_fill(idx, c, &m->layers[0], max_tokens);
   int rc = -1;
   if ((m->fused = alloc0(m, fb, "activation workspace")) &&
-      (m->split_idx = alloc0(m, n_idx * sizeof *idx, "activation workspace")) &&
-      m->be->ops->upload(m->be, m->split_idx, idx, n_idx * sizeof *idx) == 0) {
-    m->workspace_bytes += fb + n_idx * sizeof *idx;
+      (m->split_idx = alloc0(m, num_idx * sizeof *idx, "activation workspace")) &&
+      m->be->ops->upload(m->be, m->split_idx, idx, num_idx * sizeof *idx) == 0) {
+    m->workspace_bytes += fb + num_idx * sizeof *idx;
     rc = 0;
   }
   free(idx);
@@ -1041,7 +1041,7 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
     const int short_ctx = be->caps.graph_short_ctx;
     if (op->graph_run(be, b.num_seqs * 2 + (short_ctx > 0 && b.max_seq_len <= short_ctx), forward_ops, &ctx))
       return -1;
-    m->n_hidden_rows = b.num_logits;
+    m->num_hidden_rows = b.num_logits;
     if (m->vocab_parallel) { /* the slices to rank 0, then Gemma 2's softcap on the whole vocabulary */
       TRY(op->gather_cols(be, rank0 ? m->logits_dev : NULL, m->logits_local, m->gather_scratch, b.num_logits,
                           m->vocab_local));
@@ -1076,7 +1076,7 @@ static int forward(struct model *m, const struct batch *batch, float *logits, in
   /* the first max_seqs rows into model_logits_device, the others later by model_logits_rows (the
    * hidden states stay in xb2); without LOGITS no sync */
   int first = n < m->max_seqs ? n : m->max_seqs;
-  m->n_hidden_rows = n;
+  m->num_hidden_rows = n;
   TRY(head_logits(m, m->logits_dev, m->xb2, first));
   if (!logits)
     return 0;
@@ -1096,9 +1096,9 @@ static int local_forward_graph(struct model *m, const struct batch *batch, float
 }
 
 static int local_logits_rows(struct model *m, int r0, int n) {
-  if (m->host_mem || r0 < 0 || n < 1 || n > m->max_seqs || r0 + n > m->n_hidden_rows)
+  if (m->host_mem || r0 < 0 || n < 1 || n > m->max_seqs || r0 + n > m->num_hidden_rows)
     return ERR("model_logits_rows: rows %d..%d of the %d kept (at most %d at a time)", r0, r0 + n,
-               m->n_hidden_rows, m->max_seqs);
+               m->num_hidden_rows, m->max_seqs);
   size_t off = (size_t)r0 * m->config.dim * dtype_row_bytes(m->be->act_dtype, 1);
   return head_logits(m, m->logits_dev, (char *)m->xb2 + off, n);
 }

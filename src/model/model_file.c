@@ -19,15 +19,15 @@ struct model_file_priv {
   struct gguf_file *gguf;       /* GGUF input, or NULL */
   struct safetensors_set *st;   /* HF input, or NULL */
   char *where;                  /* the file named in messages about missing tensors; owned */
-  void **copies;                /* (n_copies) aligned copies of misaligned tensors; owned */
-  int n_copies;
+  void **copies;                /* (num_copies) aligned copies of misaligned tensors; owned */
+  int num_copies;
 };
 
 /* One tensor as found in either format, before checking. */
 struct raw_tensor {
   int dtype;               /* enum dtype, or -1 when the format's type is unsupported */
   unsigned gguf_type;      /* GGUF only, for messages */
-  int n_dims;
+  int num_dims;
   int64_t rows, cols;      /* (rows, cols) = torch (out, in); 1-D: rows = 1 */
   int64_t extra;           /* 1 when any further dimensions are all 1, else 2 */
   int64_t ne2;             /* GGUF: the third dimension (ne[2]; stacked experts), else 1 */
@@ -44,14 +44,14 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
       return -1;
     r->dtype = t->dtype;
     r->gguf_type = t->ggml_type;
-    r->n_dims = t->n_dims;
+    r->num_dims = t->num_dims;
     /* ggml's ne[0] is the contiguous (input) dimension: torch (rows, cols) = (ne[1], ne[0]). */
     r->cols = t->ne[0];
     r->rows = t->ne[1];
     /* Only whether further dimensions exist matters; their product could overflow for the
      * tensors of unsupported types, whose sizes the parser does not bound. */
     r->extra = t->ne[2] == 1 && t->ne[3] == 1 ? 1 : 2;
-    r->ne2 = t->n_dims == 3 && t->ne[3] == 1 ? t->ne[2] : 1;
+    r->ne2 = t->num_dims == 3 && t->ne[3] == 1 ? t->ne[2] : 1;
     r->data = t->data;
     r->nbytes = t->nbytes;
     r->file = p->where;
@@ -61,11 +61,11 @@ static int find_raw(const struct model_file_priv *p, const char *name, struct ra
   if (!t)
     return -1;
   r->dtype = (int)t->dtype;
-  r->n_dims = t->n_dims;
-  r->rows = t->n_dims >= 2 ? t->shape[t->n_dims - 2] : 1;
-  r->cols = t->n_dims >= 1 ? t->shape[t->n_dims - 1] : 1;
+  r->num_dims = t->num_dims;
+  r->rows = t->num_dims >= 2 ? t->shape[t->num_dims - 2] : 1;
+  r->cols = t->num_dims >= 1 ? t->shape[t->num_dims - 1] : 1;
   r->extra = 1;
-  for (int i = 0; i + 2 < t->n_dims; i++)
+  for (int i = 0; i + 2 < t->num_dims; i++)
     if (t->shape[i] != 1)
       r->extra = 2;
   r->data = t->data;
@@ -94,14 +94,14 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
   if (one_d && dtype_is_quant((enum dtype)r.dtype))
     return ERR("%s: tensor '%s' is a vector stored as %s (norms and biases must be F32, F16 or "
                "BF16)", r.file, name, ggml_type_name((uint32_t)dtype_to_ggml((enum dtype)r.dtype)));
-  int dims_ok = one_d ? r.n_dims == 1 : r.n_dims == 2;
+  int dims_ok = one_d ? r.num_dims == 1 : r.num_dims == 2;
   if (!dims_ok || r.extra != 1 || r.rows != rows || r.cols != cols) {
     if (one_d)
       return ERR("%s: tensor '%s' has shape %s(%lld, %lld), expected a vector of %lld", r.file,
-                 name, r.n_dims == 1 ? "1-D " : "", (long long)r.rows, (long long)r.cols,
+                 name, r.num_dims == 1 ? "1-D " : "", (long long)r.rows, (long long)r.cols,
                  (long long)cols);
     return ERR("%s: tensor '%s' has %d-D shape (%lld, %lld), expected (%lld, %lld) from the "
-               "config", r.file, name, r.n_dims, (long long)r.rows, (long long)r.cols,
+               "config", r.file, name, r.num_dims, (long long)r.rows, (long long)r.cols,
                (long long)rows, (long long)cols);
   }
   out->dtype = (enum dtype)r.dtype;
@@ -110,7 +110,7 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
   out->data = r.data;
   /* The safetensors format does not promise alignment; consumers read elements directly. */
   if ((uintptr_t)r.data % dtype_align(out->dtype)) {
-    void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->n_copies + 1));
+    void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->num_copies + 1));
     void *copy = malloc(r.nbytes ? r.nbytes : 1);
     if (!nc || !copy) {
       free(copy);
@@ -120,7 +120,7 @@ static int take(struct model_file *mf, struct host_tensor *out, const char *name
     }
     p->copies = nc;
     memcpy(copy, r.data, r.nbytes);
-    p->copies[p->n_copies++] = copy;
+    p->copies[p->num_copies++] = copy;
     out->data = copy;
   }
   return 0;
@@ -165,9 +165,9 @@ static int take_experts(struct model_file *mf, struct host_tensor *out, const st
     if (r.dtype < 0)
       return ERR("%s: tensor '%s' has ggml type %u (%s), which pagoda cannot read", r.file, name,
                  r.gguf_type, ggml_type_name(r.gguf_type));
-    if (r.n_dims != 3 || r.ne2 != n || r.rows != per || r.cols != cols)
+    if (r.num_dims != 3 || r.ne2 != n || r.rows != per || r.cols != cols)
       return ERR("%s: tensor '%s' has %d-D shape (%lld, %lld, %lld), expected (%d, %lld, %lld) from "
-                 "the config (experts, rows, cols)", r.file, name, r.n_dims, (long long)r.ne2,
+                 "the config (experts, rows, cols)", r.file, name, r.num_dims, (long long)r.ne2,
                  (long long)r.rows, (long long)r.cols, n, (long long)per, (long long)cols);
     *out = (struct host_tensor){r.data, (enum dtype)r.dtype, rows, cols};
     return 0;
@@ -252,7 +252,7 @@ static int load_tensors(struct model_file *mf, int gguf) {
   if (!a)
     return ERR("%s: architecture %s has no tensor table", p_where(mf), c->arch);
   for (int i = 0; i < c->n_layers; i++)
-    for (int s = 0; s < a->n_tensors; s++) {
+    for (int s = 0; s < a->num_tensors; s++) {
       const struct arch_tensor *sp = &a->tensors[s];
       if (sp->need == AN_QKV_BIAS && !c->qkv_bias)
         continue;
@@ -290,8 +290,8 @@ static int scale_of(struct model_file *mf, int layer, const char *const *names, 
     snprintf(n, sizeof n, "model.layers.%d.%s", layer, names[k]);
     if (find_raw(p, n, &r) != 0)
       continue;
-    int64_t count = r.n_dims == 0 ? 1 : r.rows * r.cols;
-    if (r.extra != 1 || count != 1 || r.n_dims > 1 ||
+    int64_t count = r.num_dims == 0 ? 1 : r.rows * r.cols;
+    if (r.extra != 1 || count != 1 || r.num_dims > 1 ||
         (r.dtype != DTYPE_F32 && r.dtype != DTYPE_F16 && r.dtype != DTYPE_BF16))
       return ERR("%s: tensor '%s' must be one F32, F16 or BF16 value (a KV-cache scale)", r.file, n);
     uint32_t raw = 0; /* the mapping promises no alignment */
@@ -405,11 +405,11 @@ struct model_file *model_file_open(const char *path) {
 
 int model_file_own(struct model_file *mf, void *buf) {
   struct model_file_priv *p = mf->priv;
-  void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->n_copies + 1));
+  void **nc = realloc(p->copies, sizeof *nc * (size_t)(p->num_copies + 1));
   if (!nc)
     return ERR("out of memory");
   p->copies = nc;
-  p->copies[p->n_copies++] = buf;
+  p->copies[p->num_copies++] = buf;
   return 0;
 }
 
@@ -420,7 +420,7 @@ void model_file_close(struct model_file *mf) {
   if (p) {
     gguf_close(p->gguf);
     safetensors_set_close(p->st);
-    for (int i = 0; i < p->n_copies; i++)
+    for (int i = 0; i < p->num_copies; i++)
       free(p->copies[i]);
     free(p->copies);
     free(p->where);

@@ -116,7 +116,7 @@ int model_file_isq(struct model_file *f, enum dtype t, int num_threads) {
   const struct arch *a = arch_by_name(c->arch);
   if (!a)
     return ERR("isq: architecture %s has no tensor table", c->arch);
-  struct host_tensor **all = malloc(sizeof *all * (2 + (size_t)a->n_tensors * c->n_layers));
+  struct host_tensor **all = malloc(sizeof *all * (2 + (size_t)a->num_tensors * c->n_layers));
   if (!all)
     return ERR("isq: out of memory");
   int n = 0;
@@ -124,7 +124,7 @@ int model_file_isq(struct model_file *f, enum dtype t, int num_threads) {
   if (!tied)
     all[n++] = &f->lm_head;
   for (int l = 0; l < c->n_layers; l++)
-    for (int i = 0; i < a->n_tensors; i++)
+    for (int i = 0; i < a->num_tensors; i++)
       if (a->tensors[i].isq)
         all[n++] = (struct host_tensor *)((char *)&f->layers[l] + a->tensors[i].host_off);
   for (int i = 0; i < n; i++)

@@ -56,7 +56,7 @@ static int read_tensor(struct safetensors_file *f, const cJSON *item,
   if (nd > SAFETENSORS_MAX_DIMS)
     return ERR("%s: tensor '%s': %d dimensions (at most %d supported)", fn, tn, nd,
                SAFETENSORS_MAX_DIMS);
-  t->n_dims = nd;
+  t->num_dims = nd;
   /* Element count with overflow check: every dimension and the product stay below 2^53. */
   uint64_t n = 1;
   int i = 0;
@@ -168,10 +168,10 @@ static int parse(struct safetensors_file *f) {
         break;
       continue;
     }
-    struct safetensors_tensor *t = &f->tensors[f->n_tensors];
-    struct span *s = &spans[f->n_tensors];
+    struct safetensors_tensor *t = &f->tensors[f->num_tensors];
+    struct span *s = &spans[f->num_tensors];
     t->file = f->name;
-    s->idx = f->n_tensors++;
+    s->idx = f->num_tensors++;
     if ((rc = read_tensor(f, item, t, &s->begin, &s->end)) != 0)
       break;
     if (s->end > data_size) {
@@ -184,10 +184,10 @@ static int parse(struct safetensors_file *f) {
   }
   if (rc == 0) {
     /* No two tensors may share bytes (empty tensors take none). */
-    qsort(spans, (size_t)f->n_tensors, sizeof *spans, cmp_span);
+    qsort(spans, (size_t)f->num_tensors, sizeof *spans, cmp_span);
     uint64_t prev_end = 0;
     int prev = -1;
-    for (int i = 0; i < f->n_tensors; i++) {
+    for (int i = 0; i < f->num_tensors; i++) {
       if (spans[i].begin == spans[i].end)
         continue;
       if (prev >= 0 && spans[i].begin < prev_end) {
@@ -202,8 +202,8 @@ static int parse(struct safetensors_file *f) {
   free(spans);
   if (rc)
     return rc;
-  qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_tensor);
-  for (int i = 1; i < f->n_tensors; i++)
+  qsort(f->tensors, (size_t)f->num_tensors, sizeof *f->tensors, cmp_tensor);
+  for (int i = 1; i < f->num_tensors; i++)
     if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name))
       return ERR("%s: tensor '%s' appears twice in the header", fn, f->tensors[i].name);
   return 0;
@@ -247,7 +247,7 @@ struct safetensors_file *safetensors_open_memory(const void *data, size_t size, 
 void safetensors_close(struct safetensors_file *f) {
   if (!f)
     return;
-  for (int i = 0; i < f->n_tensors; i++)
+  for (int i = 0; i < f->num_tensors; i++)
     free(f->tensors[i].name);
   free(f->tensors);
   cJSON_Delete(f->header);
@@ -259,7 +259,7 @@ void safetensors_close(struct safetensors_file *f) {
 
 const struct safetensors_tensor *safetensors_find(const struct safetensors_file *f,
                                                   const char *name) {
-  int lo = 0, hi = f->n_tensors - 1;
+  int lo = 0, hi = f->num_tensors - 1;
   while (lo <= hi) {
     int mid = lo + (hi - lo) / 2, c = strcmp(f->tensors[mid].name, name);
     if (c == 0)
@@ -294,14 +294,14 @@ static char *join(const char *dir, const char *name) {
 }
 
 static int add_file(struct safetensors_set *s, const char *path) {
-  struct safetensors_file **nf = realloc(s->files, sizeof *nf * (size_t)(s->n_files + 1));
+  struct safetensors_file **nf = realloc(s->files, sizeof *nf * (size_t)(s->num_files + 1));
   if (!nf)
     return ERR("%s: out of memory", path);
   s->files = nf;
   struct safetensors_file *f = safetensors_open(path);
   if (!f)
     return -1;
-  s->files[s->n_files++] = f;
+  s->files[s->num_files++] = f;
   return 0;
 }
 
@@ -312,14 +312,14 @@ static int shard_index(struct safetensors_set *s, const char *dir, const char *n
   char *path = join(dir, name);
   if (!path)
     return ERR("out of memory");
-  for (int i = 0; i < s->n_files; i++)
+  for (int i = 0; i < s->num_files; i++)
     if (!strcmp(s->files[i]->name, path)) {
       free(path);
       return i;
     }
   int rc = add_file(s, path);
   free(path);
-  return rc ? -1 : s->n_files - 1;
+  return rc ? -1 : s->num_files - 1;
 }
 
 static int open_index(struct safetensors_set *s, const char *dir) {
@@ -360,8 +360,8 @@ static int open_index(struct safetensors_set *s, const char *dir) {
                e->string, s->index_path);
       break;
     }
-    s->entries[s->n_entries].name = t->name;
-    s->entries[s->n_entries++].tensor = t;
+    s->entries[s->num_entries].name = t->name;
+    s->entries[s->num_entries++].tensor = t;
   }
   cJSON_Delete(root);
   return rc;
@@ -386,15 +386,15 @@ struct safetensors_set *safetensors_set_open(const char *dir) {
     rc = add_file(s, single);
     if (rc == 0) {
       struct safetensors_file *f = s->files[0];
-      s->entries = calloc(f->n_tensors ? (size_t)f->n_tensors : 1, sizeof *s->entries);
+      s->entries = calloc(f->num_tensors ? (size_t)f->num_tensors : 1, sizeof *s->entries);
       if (!s->entries)
         rc = ERR("%s: out of memory", single);
-      for (int i = 0; rc == 0 && i < f->n_tensors; i++) {
+      for (int i = 0; rc == 0 && i < f->num_tensors; i++) {
         s->entries[i].name = f->tensors[i].name;
         s->entries[i].tensor = &f->tensors[i];
       }
       if (rc == 0)
-        s->n_entries = f->n_tensors;
+        s->num_entries = f->num_tensors;
     }
   } else {
     rc = ERR("%s: neither model.safetensors nor model.safetensors.index.json is there", dir);
@@ -402,8 +402,8 @@ struct safetensors_set *safetensors_set_open(const char *dir) {
   free(index);
   free(single);
   if (rc == 0) {
-    qsort(s->entries, (size_t)s->n_entries, sizeof *s->entries, cmp_entry);
-    for (int i = 1; i < s->n_entries; i++)
+    qsort(s->entries, (size_t)s->num_entries, sizeof *s->entries, cmp_entry);
+    for (int i = 1; i < s->num_entries; i++)
       if (!strcmp(s->entries[i - 1].name, s->entries[i].name))
         rc = ERR("%s: tensor '%s' is listed twice", s->index_path ? s->index_path : dir,
                  s->entries[i].name);
@@ -418,7 +418,7 @@ struct safetensors_set *safetensors_set_open(const char *dir) {
 void safetensors_set_close(struct safetensors_set *s) {
   if (!s)
     return;
-  for (int i = 0; i < s->n_files; i++)
+  for (int i = 0; i < s->num_files; i++)
     safetensors_close(s->files[i]);
   free(s->files);
   free(s->entries);
@@ -430,6 +430,6 @@ const struct safetensors_tensor *safetensors_set_find(const struct safetensors_s
                                                       const char *name) {
   struct safetensors_set_entry key = {name, NULL};
   const struct safetensors_set_entry *e =
-      bsearch(&key, s->entries, (size_t)s->n_entries, sizeof key, cmp_entry);
+      bsearch(&key, s->entries, (size_t)s->num_entries, sizeof key, cmp_entry);
   return e ? e->tensor : NULL;
 }

@@ -15,8 +15,8 @@
 struct safetensors_tensor {
   char *name;          /* owned */
   enum dtype dtype;    /* F32, F16 or BF16 (other dtypes are refused at open) */
-  int n_dims;          /* 0 (a scalar) to SAFETENSORS_MAX_DIMS */
-  int64_t shape[SAFETENSORS_MAX_DIMS]; /* (n_dims), outermost first as in torch */
+  int num_dims;        /* 0 (a scalar) to SAFETENSORS_MAX_DIMS */
+  int64_t shape[SAFETENSORS_MAX_DIMS]; /* (num_dims), outermost first as in torch */
   const void *data;    /* into the map, (nbytes) bytes; not necessarily aligned to the dtype
                           for files not written by the safetensors library */
   size_t nbytes;       /* product(shape) * element size == data_offsets span */
@@ -26,8 +26,8 @@ struct safetensors_tensor {
 struct safetensors_file {
   struct mapped_file map;
   char *name;                          /* path or caller's name, for messages; owned */
-  int n_tensors;
-  struct safetensors_tensor *tensors;  /* (n_tensors), sorted by name, names unique */
+  int num_tensors;
+  struct safetensors_tensor *tensors;  /* (num_tensors), sorted by name, names unique */
   void *header;                        /* the parsed JSON header (cJSON), owned; read
                                           "__metadata__" through safetensors_metadata */
 };
@@ -49,13 +49,13 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 /* A model's weights: one model.safetensors, or the shards listed by
  * model.safetensors.index.json's weight_map. */
 struct safetensors_set {
-  int n_files;
-  struct safetensors_file **files; /* (n_files), owned */
-  int n_entries;
+  int num_files;
+  struct safetensors_file **files; /* (num_files), owned */
+  int num_entries;
   struct safetensors_set_entry {
     const char *name;                       /* borrowed from the tensor */
     const struct safetensors_tensor *tensor;
-  } *entries;                               /* (n_entries), sorted by name */
+  } *entries;                               /* (num_entries), sorted by name */
   char *index_path;                         /* the index file, or NULL when unsharded; owned */
 };
 

@@ -101,7 +101,7 @@ static int cand_less(const struct bpe_candidate *a, const struct bpe_candidate *
 }
 
 static int heap_push(struct bpe_work *w, struct bpe_candidate c) {
-  if (w->n_heap == w->heap_cap) {
+  if (w->num_heap == w->heap_cap) {
     int cap = w->heap_cap ? w->heap_cap * 2 : 128;
     struct bpe_candidate *h = realloc(w->heap, (size_t)cap * sizeof *h);
     if (!h)
@@ -109,7 +109,7 @@ static int heap_push(struct bpe_work *w, struct bpe_candidate c) {
     w->heap = h;
     w->heap_cap = cap;
   }
-  int i = w->n_heap++;
+  int i = w->num_heap++;
   while (i > 0) {
     int p = (i - 1) / 2;
     if (!cand_less(&c, &w->heap[p]))
@@ -123,8 +123,8 @@ static int heap_push(struct bpe_work *w, struct bpe_candidate c) {
 
 static struct bpe_candidate heap_pop(struct bpe_work *w) {
   struct bpe_candidate top = w->heap[0];
-  struct bpe_candidate last = w->heap[--w->n_heap];
-  int n = w->n_heap, i = 0;
+  struct bpe_candidate last = w->heap[--w->num_heap];
+  int n = w->num_heap, i = 0;
   for (;;) {
     int c = 2 * i + 1;
     if (c >= n)
@@ -190,11 +190,11 @@ static int apply(struct bpe_work *w, const struct bpe_candidate *c) {
 }
 
 int bpe_merge_by_rank(const struct bpe_merges *m, struct bpe_work *w) {
-  w->n_heap = 0;
-  for (int i = 0; i + 1 < w->n_sym; i++)
+  w->num_heap = 0;
+  for (int i = 0; i + 1 < w->num_syms; i++)
     if (push_rank(m, w, i))
       return -1;
-  while (w->n_heap) {
+  while (w->num_heap) {
     struct bpe_candidate c = heap_pop(w);
     if (!apply(w, &c))
       continue;
@@ -205,11 +205,11 @@ int bpe_merge_by_rank(const struct bpe_merges *m, struct bpe_work *w) {
 }
 
 int bpe_merge_by_score(const struct vocab *v, const char *word, struct bpe_work *w) {
-  w->n_heap = 0;
-  for (int i = 0; i + 1 < w->n_sym; i++)
+  w->num_heap = 0;
+  for (int i = 0; i + 1 < w->num_syms; i++)
     if (push_score(v, word, w, i))
       return -1;
-  while (w->n_heap) {
+  while (w->num_heap) {
     struct bpe_candidate c = heap_pop(w);
     if (!apply(w, &c))
       continue;

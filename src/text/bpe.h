@@ -46,7 +46,7 @@ struct bpe_candidate {
 struct bpe_work {
   struct bpe_symbol *sym;    /* (cap) */
   struct bpe_candidate *heap; /* (heap_cap) */
-  int n_sym, cap, n_heap, heap_cap;
+  int num_syms, cap, num_heap, heap_cap;
 };
 
 void bpe_work_free(struct bpe_work *w);

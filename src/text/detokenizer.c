@@ -30,7 +30,7 @@ static void detok_init(struct detokenizer *d, const struct tokenizer *t, int ski
   memset(d, 0, sizeof *d);
   d->t = t;
   d->skip_special = skip_special;
-  for (int i = 0; i < t->n_dec; i++)
+  for (int i = 0; i < t->num_dec; i++)
     if (t->dec[i].kind == DECODE_STRIP)
       d->strip_left = t->dec[i].count;
 }
@@ -152,7 +152,7 @@ static int detok_end_run(struct detokenizer *d) {
 
 static int detok_steps(struct detokenizer *d, int from) {
   const struct tokenizer *t = d->t;
-  for (int i = from; i < t->n_dec; i++) {
+  for (int i = from; i < t->num_dec; i++) {
     if (t->dec[i].kind == DECODE_BYTE_FALLBACK) {
       d->bf_step = i;
       if (d->run.len && !is_byte_token(d->piece.data, d->piece.len) && detok_end_run(d))
@@ -168,7 +168,7 @@ static int detok_steps(struct detokenizer *d, int from) {
   if (text_buf_reserve(&d->out, d->piece.len * 4 + 8))
     return ERR("out of memory");
   char strip_ch = ' ';
-  for (int i = 0; i < t->n_dec; i++)
+  for (int i = 0; i < t->num_dec; i++)
     if (t->dec[i].kind == DECODE_STRIP)
       strip_ch = t->dec[i].ch;
   for (size_t i = 0; i < d->piece.len; i++) {

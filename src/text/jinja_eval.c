@@ -115,7 +115,7 @@ static struct jinja_value lookup(struct jinja_eval *ev, const char *name) {
 
 const struct jinja_value *jinja_arg(const struct jinja_args *a, size_t i, const char *name) {
   if (name)
-    for (size_t k = 0; k < a->n_kw; k++)
+    for (size_t k = 0; k < a->num_kw; k++)
       if (!strcmp(a->kwnames[k], name))
         return &a->kw[k];
   if (i < a->n)
@@ -387,10 +387,10 @@ static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_c
   struct jinja_frame *f = frame_new(st, c->closure);
   struct jinja_frame *saved = ev->frame;
   ev->frame = f;
-  for (size_t i = 0; i < m->n_kwargs; i++) {
+  for (size_t i = 0; i < m->num_kwargs; i++) {
     const char *pname = m->kwnames[i];
     const struct jinja_value *v = NULL;
-    for (size_t k = 0; k < a->n_kw; k++)
+    for (size_t k = 0; k < a->num_kw; k++)
       if (!strcmp(a->kwnames[k], pname))
         v = &a->kw[k];
     if (i < a->n)
@@ -404,15 +404,15 @@ static struct jinja_value call_macro(struct jinja_eval *ev, const struct jinja_c
       val = jinja_undefined(msg(st, "parameter '%s' was not provided", pname, NULL));
     jinja_frame_set(st, f, pname, val);
   }
-  size_t extra = a->n > m->n_kwargs ? a->n - m->n_kwargs : 0;
+  size_t extra = a->n > m->num_kwargs ? a->n - m->num_kwargs : 0;
   struct jinja_value varargs = jinja_list_new(st, extra, 1);
   for (size_t i = 0; i < extra; i++)
-    varargs.u.l->items[i] = a->pos[m->n_kwargs + i];
+    varargs.u.l->items[i] = a->pos[m->num_kwargs + i];
   jinja_frame_set(st, f, "varargs", varargs);
   struct jinja_value kwargs = jinja_dict_new(st);
-  for (size_t k = 0; k < a->n_kw; k++) {
+  for (size_t k = 0; k < a->num_kw; k++) {
     int known = 0;
-    for (size_t i = 0; i < m->n_kwargs; i++)
+    for (size_t i = 0; i < m->num_kwargs; i++)
       known |= !strcmp(a->kwnames[k], m->kwnames[i]);
     if (!known)
       jinja_dict_set(st, kwargs.u.d, jinja_str(st, a->kwnames[k]), a->kw[k]);
@@ -504,7 +504,7 @@ static struct jinja_value call_global(struct jinja_eval *ev, const char *name,
       jinja_dict_append(st, d.u.d, a->pos[0].u.d->keys[i], a->pos[0].u.d->vals[i]);
   else if (a->n >= 1)
     jinja_fail(st, "%s() positional argument must be a mapping", name);
-  for (size_t k = 0; k < a->n_kw; k++)
+  for (size_t k = 0; k < a->num_kw; k++)
     jinja_dict_set(st, d.u.d, jinja_str(st, a->kwnames[k]), a->kw[k]);
   if (!strcmp(name, "namespace"))
     d.type = JINJA_NAMESPACE;
@@ -554,14 +554,14 @@ struct jinja_value jinja_eval_call(struct jinja_eval *ev, struct jinja_value fn,
 }
 
 static void eval_args(struct jinja_eval *ev, const struct jinja_node *n, struct jinja_args *a) {
-  a->n = n->n_args;
-  a->pos = n->n_args ? jinja_alloc(ev->st, n->n_args * sizeof(struct jinja_value)) : NULL;
-  for (size_t i = 0; i < n->n_args; i++)
+  a->n = n->num_args;
+  a->pos = n->num_args ? jinja_alloc(ev->st, n->num_args * sizeof(struct jinja_value)) : NULL;
+  for (size_t i = 0; i < n->num_args; i++)
     a->pos[i] = eval(ev, n->args[i]);
-  a->n_kw = n->n_kwargs;
+  a->num_kw = n->num_kwargs;
   a->kwnames = n->kwnames;
-  a->kw = n->n_kwargs ? jinja_alloc(ev->st, n->n_kwargs * sizeof(struct jinja_value)) : NULL;
-  for (size_t i = 0; i < n->n_kwargs; i++)
+  a->kw = n->num_kwargs ? jinja_alloc(ev->st, n->num_kwargs * sizeof(struct jinja_value)) : NULL;
+  for (size_t i = 0; i < n->num_kwargs; i++)
     a->kw[i] = eval(ev, n->kwargs[i]);
 }
 
@@ -890,13 +890,13 @@ static struct jinja_value eval(struct jinja_eval *ev, const struct jinja_node *n
     break;
   case JINJA_N_LIST:
   case JINJA_N_TUPLE:
-    r = jinja_list_new(st, n->n_args, n->kind == JINJA_N_TUPLE);
-    for (size_t i = 0; i < n->n_args; i++)
+    r = jinja_list_new(st, n->num_args, n->kind == JINJA_N_TUPLE);
+    for (size_t i = 0; i < n->num_args; i++)
       r.u.l->items[i] = eval(ev, n->args[i]);
     break;
   case JINJA_N_DICT:
     r = jinja_dict_new(st);
-    for (size_t i = 0; i < n->n_args; i++) {
+    for (size_t i = 0; i < n->num_args; i++) {
       struct jinja_value k = eval(ev, n->args[i]);
       if (k.type == JINJA_LIST && !k.u.l->is_tuple)
         jinja_fail(st, "unhashable type: 'list'");
@@ -927,10 +927,10 @@ static void assign(struct jinja_eval *ev, struct jinja_frame *f, const struct ji
   } else if (target->kind == JINJA_N_TUPLE) {
     size_t count;
     struct jinja_value *items = jinja_eval_iterate(ev, v, &count);
-    if (count < target->n_args)
-      jinja_fail(st, "not enough values to unpack (expected %zu, got %zu)", target->n_args, count);
-    if (count > target->n_args)
-      jinja_fail(st, "too many values to unpack (expected %zu)", target->n_args);
+    if (count < target->num_args)
+      jinja_fail(st, "not enough values to unpack (expected %zu, got %zu)", target->num_args, count);
+    if (count > target->num_args)
+      jinja_fail(st, "too many values to unpack (expected %zu)", target->num_args);
     for (size_t i = 0; i < count; i++)
       assign(ev, f, target->args[i], items[i]);
   } else {
@@ -1008,7 +1008,7 @@ static struct jinja_value call_loop(struct jinja_eval *ev, struct jinja_loop *l,
   struct jinja_state *st = ev->st;
   if (!l->node || !l->node->op)
     jinja_fail(st, "The loop must have the 'recursive' marker to be called recursively.");
-  if (a->n != 1 || a->n_kw)
+  if (a->n != 1 || a->num_kw)
     jinja_fail(st, "loop() takes exactly one argument, the items to recurse into");
   if (++st->depth > JINJA_MAX_DEPTH)
     jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
@@ -1099,7 +1099,7 @@ static int exec_stmt(struct jinja_eval *ev, const struct jinja_node *n) {
   }
   case JINJA_N_WITH: {
     struct jinja_frame *outer = ev->frame, *f = frame_new(st, outer);
-    for (size_t i = 0; i < n->n_kwargs; i++)
+    for (size_t i = 0; i < n->num_kwargs; i++)
       jinja_frame_set(st, f, n->kwnames[i], eval(ev, n->kwargs[i]));
     ev->frame = f;
     int flow = exec_body(ev, n->body);
@@ -1120,7 +1120,7 @@ static int exec_body(struct jinja_eval *ev, const struct jinja_node *body) {
   if (++st->depth > JINJA_MAX_DEPTH)
     jinja_fail(st, "template nesting exceeds the limit of %d", JINJA_MAX_DEPTH);
   int flow = JINJA_FLOW_NORMAL;
-  for (size_t i = 0; i < body->n_args && flow == JINJA_FLOW_NORMAL; i++)
+  for (size_t i = 0; i < body->num_args && flow == JINJA_FLOW_NORMAL; i++)
     flow = exec_stmt(ev, body->args[i]);
   st->depth--;
   return flow;

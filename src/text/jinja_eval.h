@@ -35,9 +35,9 @@ struct jinja_callable {
 struct jinja_args {
   struct jinja_value *pos; /* (n) */
   size_t n;
-  const char **kwnames;   /* (n_kw) */
-  struct jinja_value *kw; /* (n_kw) */
-  size_t n_kw;
+  const char **kwnames;   /* (num_kw) */
+  struct jinja_value *kw; /* (num_kw) */
+  size_t num_kw;
 };
 
 struct jinja_eval {

@@ -340,7 +340,7 @@ static struct jinja_value map_items(struct jinja_eval *ev, struct jinja_value se
     jinja_fail(st, "map requires a filter argument");
   const char *filter = jinja_arg_str(ev, &a->pos[0], "filter name");
   struct jinja_args fargs = {
-      .pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .n_kw = a->n_kw};
+      .pos = a->pos + 1, .n = a->n - 1, .kwnames = a->kwnames, .kw = a->kw, .num_kw = a->num_kw};
   for (size_t i = 0; i < n; i++)
     out.u.l->items[i] = jinja_filter_apply(ev, filter, items[i], &fargs);
   out.u.l->view = JINJA_VIEW_GENERATOR;

@@ -12,7 +12,7 @@ struct jinja_lexer {
   int line;
   int line_starting; /* the last consumed piece ended with \n (or nothing consumed yet) */
   struct jinja_token *toks;
-  size_t n_toks, cap;
+  size_t num_toks, cap;
 };
 
 static int jinja_is_space(char c) {
@@ -20,15 +20,15 @@ static int jinja_is_space(char c) {
 }
 
 static struct jinja_token *jinja_lex_push(struct jinja_lexer *lx, enum jinja_tok type) {
-  if (lx->n_toks == lx->cap) {
+  if (lx->num_toks == lx->cap) {
     size_t cap = lx->cap ? lx->cap * 2 : 64;
     struct jinja_token *t = jinja_alloc(lx->st, cap * sizeof(*t));
-    if (lx->n_toks)
-      memcpy(t, lx->toks, lx->n_toks * sizeof(*t));
+    if (lx->num_toks)
+      memcpy(t, lx->toks, lx->num_toks * sizeof(*t));
     lx->toks = t;
     lx->cap = cap;
   }
-  struct jinja_token *t = &lx->toks[lx->n_toks++];
+  struct jinja_token *t = &lx->toks[lx->num_toks++];
   memset(t, 0, sizeof(*t));
   t->type = type;
   t->line = lx->line;
@@ -421,7 +421,7 @@ static void jinja_lex_raw(struct jinja_lexer *lx, size_t body) {
   jinja_fail(lx->st, "Missing end of raw directive");
 }
 
-struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n, size_t *n_tokens) {
+struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n, size_t *num_tokens) {
   /* Jinja2 reads \r\n and \r as \n and drops one trailing newline (keep_trailing_newline=False). */
   char *norm = jinja_alloc(st, n + 1);
   size_t m = 0;
@@ -496,6 +496,6 @@ struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n,
     jinja_lex_tag(&lx, kind == '%');
   }
   jinja_lex_push(&lx, JINJA_TOK_EOF);
-  *n_tokens = lx.n_toks;
+  *num_tokens = lx.num_toks;
   return lx.toks;
 }

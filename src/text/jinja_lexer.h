@@ -29,6 +29,6 @@ struct jinja_token {
 
 /* Tokenizes SRC (N bytes); the token array (ending in JINJA_TOK_EOF) lives in ST's arena.
  * Fails through jinja_fail on malformed input. */
-struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n, size_t *n_tokens);
+struct jinja_token *jinja_lex(struct jinja_state *st, const char *src, size_t n, size_t *num_tokens);
 
 #endif

@@ -168,7 +168,7 @@ static struct jinja_node *parse_tuple(struct jinja_parser *p, int with_condexpr,
   }
   struct jinja_node *n = node_new(p, JINJA_N_TUPLE);
   n->args = items.v;
-  n->n_args = items.n;
+  n->num_args = items.n;
   return n;
 }
 
@@ -199,10 +199,10 @@ static void parse_call_args(struct jinja_parser *p, struct jinja_node *n) {
   }
   expect_op(p, ")");
   n->args = args.v;
-  n->n_args = args.n;
+  n->num_args = args.n;
   n->kwargs = kwargs.v;
   n->kwnames = kwnames.v;
-  n->n_kwargs = kwargs.n;
+  n->num_kwargs = kwargs.n;
 }
 
 static const char *parse_dotted_name(struct jinja_parser *p) {
@@ -256,7 +256,7 @@ static struct jinja_node *parse_test(struct jinja_parser *p, struct jinja_node *
     struct jinja_node *arg = parse_postfix(p, parse_primary(p));
     t->args = jinja_alloc(p->st, sizeof(struct jinja_node *));
     t->args[0] = arg;
-    t->n_args = 1;
+    t->num_args = 1;
   }
   return t;
 }
@@ -326,7 +326,7 @@ static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_nod
       } else {
         g->b = node_new(p, JINJA_N_TUPLE);
         g->b->args = args.v;
-        g->b->n_args = args.n;
+        g->b->num_args = args.n;
       }
       node = g;
     } else if (is_op(t, "(")) {
@@ -405,7 +405,7 @@ static struct jinja_node *parse_primary(struct jinja_parser *p) {
     expect_op(p, "]");
     n = node_new(p, JINJA_N_LIST);
     n->args = items.v;
-    n->n_args = items.n;
+    n->num_args = items.n;
   } else if (is_op(t, "{")) {
     advance(p);
     struct jinja_nodes keys = {0}, vals = {0};
@@ -421,9 +421,9 @@ static struct jinja_node *parse_primary(struct jinja_parser *p) {
     expect_op(p, "}");
     n = node_new(p, JINJA_N_DICT);
     n->args = keys.v;
-    n->n_args = keys.n;
+    n->num_args = keys.n;
     n->kwargs = vals.v;
-    n->n_kwargs = vals.n;
+    n->num_kwargs = vals.n;
   } else {
     unexpected(p, NULL);
   }
@@ -623,7 +623,7 @@ static struct jinja_node *parse_assign_target(struct jinja_parser *p, int with_n
     return items.v[0];
   struct jinja_node *t = node_new(p, JINJA_N_TUPLE);
   t->args = items.v;
-  t->n_args = items.n;
+  t->num_args = items.n;
   return t;
 }
 
@@ -648,7 +648,7 @@ static void parse_signature(struct jinja_parser *p, struct jinja_node *n) {
   expect_op(p, ")");
   n->kwnames = names.v;
   n->kwargs = defaults.v;
-  n->n_kwargs = names.n;
+  n->num_kwargs = names.n;
 }
 
 static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *ends);
@@ -709,7 +709,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
         struct jinja_node *wrap = node_new(p, JINJA_N_BODY);
         wrap->args = jinja_alloc(p->st, sizeof(struct jinja_node *));
         wrap->args[0] = e;
-        wrap->n_args = 1;
+        wrap->num_args = 1;
         last->else_body = wrap;
         last = e;
       } else if (is_name(cur(p), "else")) {
@@ -781,7 +781,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
     }
     n->kwnames = names.v;
     n->kwargs = vals.v;
-    n->n_kwargs = names.n;
+    n->num_kwargs = names.n;
     expect_block_end(p);
     static const char *const ends[] = {"endwith", NULL};
     n->body = parse_body(p, ends);
@@ -844,7 +844,7 @@ static struct jinja_node *parse_body(struct jinja_parser *p, const char *const *
     }
   }
   body->args = stmts.v;
-  body->n_args = stmts.n;
+  body->num_args = stmts.n;
   leave(p);
   return body;
 }
@@ -859,9 +859,9 @@ static void fix_positions(struct jinja_node *n) {
   fix_positions(n->c);
   fix_positions(n->body);
   fix_positions(n->else_body);
-  for (size_t i = 0; i < n->n_args; i++)
+  for (size_t i = 0; i < n->num_args; i++)
     fix_positions(n->args[i]);
-  for (size_t i = 0; i < n->n_kwargs; i++)
+  for (size_t i = 0; i < n->num_kwargs; i++)
     fix_positions(n->kwargs[i]);
   if (n->a && n->a->pos < n->pos)
     n->pos = n->a->pos;

@@ -72,11 +72,11 @@ struct jinja_node {
   struct jinja_value value;
   struct jinja_node *a, *b, *c;
   struct jinja_node *body, *else_body;
-  struct jinja_node **args; /* (n_args) */
-  size_t n_args;
-  const char **kwnames;       /* (n_kwargs) */
-  struct jinja_node **kwargs; /* (n_kwargs) entries may be NULL (parameters without defaults) */
-  size_t n_kwargs;
+  struct jinja_node **args; /* (num_args) */
+  size_t num_args;
+  const char **kwnames;       /* (num_kwargs) */
+  struct jinja_node **kwargs; /* (num_kwargs) entries may be NULL (parameters without defaults) */
+  size_t num_kwargs;
 };
 
 /* Parses tokens into a JINJA_N_BODY tree in ST's arena; fails through jinja_fail. */

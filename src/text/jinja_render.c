@@ -157,9 +157,9 @@ char *jinja_render_at(const char *template_src, const cJSON *context, const stru
   }
   if (!template_src)
     jinja_fail(&st, "no template");
-  size_t n_tokens;
-  struct jinja_token *toks = jinja_lex(&st, template_src, strlen(template_src), &n_tokens);
-  struct jinja_node *root = jinja_parse(&st, toks, n_tokens);
+  size_t num_tokens;
+  struct jinja_token *toks = jinja_lex(&st, template_src, strlen(template_src), &num_tokens);
+  struct jinja_node *root = jinja_parse(&st, toks, num_tokens);
 
   st.at = SIZE_MAX; /* context errors have no place in the template */
   struct jinja_frame *globals = jinja_alloc(&st, sizeof(*globals));

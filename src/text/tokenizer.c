@@ -109,11 +109,11 @@ void tokenizer_free(struct tokenizer *t) {
   bpe_merges_free(&t->merges);
   normalizer_free(&t->norm);
   pretokenizer_free(&t->pre);
-  for (int i = 0; i < t->n_added; i++)
+  for (int i = 0; i < t->num_added; i++)
     free(t->added[i].text);
   free(t->added);
   free(t->added_index);
-  for (int i = 0; i < t->n_dec; i++) {
+  for (int i = 0; i < t->num_dec; i++) {
     free(t->dec[i].a);
     free(t->dec[i].b);
   }
@@ -133,7 +133,7 @@ int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_
     return 0; /* an empty pattern would match everywhere */
   if (id < 0 || id >= t->vocab.n)
     return ERR("added token id %d out of range", id);
-  struct added_token *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
+  struct added_token *a = realloc(t->added, (size_t)(t->num_added + 1) * sizeof *a);
   if (!a)
     return ERR("out of memory");
   t->added = a;
@@ -142,22 +142,22 @@ int tokenizer_add_added(struct tokenizer *t, int32_t id, const char *text, size_
     return ERR("out of memory");
   memcpy(s, text, len);
   s[len] = 0;
-  t->added[t->n_added++] = (struct added_token){id, s, (uint32_t)len, (uint8_t)!!special,
+  t->added[t->num_added++] = (struct added_token){id, s, (uint32_t)len, (uint8_t)!!special,
                                                 (uint8_t)!!lstrip, (uint8_t)!!rstrip,
                                                 (uint8_t)!!single_word, (uint8_t)!!normalized};
-  t->n_added_normalized += !!normalized;
+  t->num_added_normalized += !!normalized;
   return 0;
 }
 
 int tokenizer_add_decode(struct tokenizer *t, struct decode_step step) {
-  struct decode_step *d = realloc(t->dec, (size_t)(t->n_dec + 1) * sizeof *d);
+  struct decode_step *d = realloc(t->dec, (size_t)(t->num_dec + 1) * sizeof *d);
   if (!d) {
     free(step.a);
     free(step.b);
     return ERR("out of memory");
   }
   t->dec = d;
-  t->dec[t->n_dec++] = step;
+  t->dec[t->num_dec++] = step;
   return 0;
 }
 
@@ -180,7 +180,7 @@ static int cmp_added_id(const void *a, const void *b, void *ctx) {
 
 const char *tokenizer_decode_text(const struct tokenizer *t, int32_t id, size_t *len) {
   if (t->norm_added && t->norm_added[id]) {
-    int lo = 0, hi = t->n_norm_by_id - 1;
+    int lo = 0, hi = t->num_norm_by_id - 1;
     while (lo <= hi) {
       int mid = (lo + hi) / 2;
       const struct added_token *a = &t->added[t->norm_by_id[mid]];
@@ -215,7 +215,7 @@ int tokenizer_finish(struct tokenizer *t) {
     t->eog = calloc((size_t)n, 1);
   if (!t->special || !t->eog)
     return ERR("out of memory");
-  for (int i = 0; i < t->n_added; i++)
+  for (int i = 0; i < t->num_added; i++)
     if (t->added[i].special)
       t->special[t->added[i].id] = 1;
   if (t->eos_id >= n || t->bos_id >= n || t->unk_id >= n)
@@ -225,16 +225,16 @@ int tokenizer_finish(struct tokenizer *t) {
   tokenizer_mark_eog_by_text(t);
 
   /* HF matches a `normalized` added token by its content passed through the normalizer. */
-  int n_norm = 0;
-  if (t->n_added_normalized && t->norm.n) {
+  int num_norm = 0;
+  if (t->num_added_normalized && t->norm.n) {
     t->norm_added = calloc((size_t)n, 1);
-    t->norm_by_id = malloc((size_t)t->n_added_normalized * sizeof *t->norm_by_id);
+    t->norm_by_id = malloc((size_t)t->num_added_normalized * sizeof *t->norm_by_id);
     if (!t->norm_added || !t->norm_by_id)
       return ERR("out of memory");
     struct regex_ctx *rc = regex_ctx_create();
     struct text_buf out = {0}, tmp = {0};
     int bad = !rc;
-    for (int i = 0; i < t->n_added && !bad; i++) {
+    for (int i = 0; i < t->num_added && !bad; i++) {
       struct added_token *a = &t->added[i];
       if (!a->normalized)
         continue;
@@ -255,7 +255,7 @@ int tokenizer_finish(struct tokenizer *t) {
         break;
       }
       t->norm_added[a->id] = 1;
-      t->norm_by_id[n_norm++] = i;
+      t->norm_by_id[num_norm++] = i;
       free(a->text);
       a->text = m;
       a->len = (uint32_t)out.len;
@@ -265,25 +265,25 @@ int tokenizer_finish(struct tokenizer *t) {
     text_buf_free(&tmp);
     if (bad)
       return ERR("cannot normalize the added tokens");
-    qsort_r(t->norm_by_id, (size_t)n_norm, sizeof *t->norm_by_id, cmp_added_id, t);
-    t->n_norm_by_id = n_norm;
+    qsort_r(t->norm_by_id, (size_t)num_norm, sizeof *t->norm_by_id, cmp_added_id, t);
+    t->num_norm_by_id = num_norm;
   }
 
   /* Added tokens grouped by first byte, longest first: the first hit at a position is the
    * leftmost-longest match HF's Aho-Corasick finds. */
-  t->added_index = malloc((size_t)(t->n_added ? t->n_added : 1) * sizeof *t->added_index);
+  t->added_index = malloc((size_t)(t->num_added ? t->num_added : 1) * sizeof *t->added_index);
   if (!t->added_index)
     return ERR("out of memory");
-  for (int i = 0; i < t->n_added; i++)
+  for (int i = 0; i < t->num_added; i++)
     t->added_index[i] = i;
-  qsort_r(t->added_index, (size_t)t->n_added, sizeof *t->added_index, cmp_added_len, t);
+  qsort_r(t->added_index, (size_t)t->num_added, sizeof *t->added_index, cmp_added_len, t);
   memset(t->added_start, 0, sizeof t->added_start);
-  for (int i = 0; i < t->n_added; i++)
+  for (int i = 0; i < t->num_added; i++)
     t->added_start[(uint8_t)t->added[i].text[0] + 1]++;
   for (int b = 0; b < 256; b++)
     t->added_start[b + 1] += t->added_start[b];
   memset(t->added_second, 0, sizeof t->added_second);
-  for (int i = 0; i < t->n_added; i++) {
+  for (int i = 0; i < t->num_added; i++) {
     const struct added_token *a = &t->added[i];
     uint8_t b0 = (uint8_t)a->text[0];
     if (a->len == 1)
@@ -341,7 +341,7 @@ const char *tokenizer_chat_template(const struct tokenizer *t) { return t->chat_
 
 struct cache_entry {
   uint32_t serial; /* 0 = empty */
-  uint8_t len, n_ids;
+  uint8_t len, num_ids;
   char word[CACHE_WORD];
   int32_t ids[CACHE_IDS];
 };
@@ -423,23 +423,23 @@ static int emit(struct encode_ws *w, int32_t id) {
 }
 
 static int emit_symbols(struct encode_ws *w) {
-  for (int i = 0; i >= 0 && w->bw.n_sym > 0; i = w->bw.sym[i].next)
+  for (int i = 0; i >= 0 && w->bw.num_syms > 0; i = w->bw.sym[i].next)
     if (emit(w, w->bw.sym[i].id))
       return -1;
   return 0;
 }
 
 static void link_symbols(struct bpe_work *bw) {
-  for (int i = 0; i < bw->n_sym; i++) {
+  for (int i = 0; i < bw->num_syms; i++) {
     bw->sym[i].prev = i - 1;
-    bw->sym[i].next = i + 1 < bw->n_sym ? i + 1 : -1;
+    bw->sym[i].next = i + 1 < bw->num_syms ? i + 1 : -1;
   }
 }
 
 static int add_symbol(struct bpe_work *bw, int32_t id, uint32_t start, uint32_t len) {
-  if (bpe_work_reserve(bw, bw->n_sym + 1))
+  if (bpe_work_reserve(bw, bw->num_syms + 1))
     return -1;
-  bw->sym[bw->n_sym++] = (struct bpe_symbol){id, start, len, 0, 0};
+  bw->sym[bw->num_syms++] = (struct bpe_symbol){id, start, len, 0, 0};
   return 0;
 }
 
@@ -447,7 +447,7 @@ static int add_symbol(struct bpe_work *bw, int32_t id, uint32_t start, uint32_t 
 static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, const char *s, size_t len) {
   const uint8_t *p = (const uint8_t *)s;
   struct bpe_work *bw = &w->bw;
-  bw->n_sym = 0;
+  bw->num_syms = 0;
   if (t->ignore_merges) {
     int32_t id = vocab_find(&t->vocab, s, len);
     if (id >= 0 && !(t->added_only && t->added_only[id]))
@@ -477,7 +477,7 @@ static int encode_chunk_bpe(const struct tokenizer *t, struct encode_ws *w, cons
         prev_unk = 0;
       } else if (t->unk_id >= 0) {
         if (t->fuse_unk && prev_unk) {
-          bw->sym[bw->n_sym - 1].len += (uint32_t)l;
+          bw->sym[bw->num_syms - 1].len += (uint32_t)l;
         } else if (add_symbol(bw, t->unk_id, (uint32_t)i, (uint32_t)l)) {
           return -1;
         }
@@ -504,7 +504,7 @@ static int cache_lookup(const struct tokenizer *t, struct encode_ws *w, const ch
   if (e->serial != t->serial || e->len != len || memcmp(e->word, s, len))
     return 0;
   *rc = 0;
-  for (int i = 0; i < e->n_ids && !*rc; i++)
+  for (int i = 0; i < e->num_ids && !*rc; i++)
     *rc = emit(w, e->ids[i]);
   return 1;
 }
@@ -517,7 +517,7 @@ static void cache_store(const struct tokenizer *t, struct encode_ws *w, const ch
   struct cache_entry *e = cache_slot(t, w, s, len);
   e->serial = t->serial;
   e->len = (uint8_t)len;
-  e->n_ids = (uint8_t)n;
+  e->num_ids = (uint8_t)n;
   memcpy(e->word, s, len);
   memcpy(e->ids, w->ids + first, (size_t)n * sizeof *e->ids);
 }
@@ -550,7 +550,7 @@ static int encode_word_bpe(const struct tokenizer *t, struct encode_ws *w, const
 static int encode_chunk_spm(const struct tokenizer *t, struct encode_ws *w, const char *word, size_t n) {
   const uint8_t *p = (const uint8_t *)word;
   struct bpe_work *bw = &w->bw;
-  bw->n_sym = 0;
+  bw->num_syms = 0;
   if (bpe_work_reserve(bw, (int)n + 1))
     return -1;
   for (size_t i = 0; i < n;) {
@@ -558,14 +558,14 @@ static int encode_chunk_spm(const struct tokenizer *t, struct encode_ws *w, cons
     int l = unicode_utf8_decode(p + i, n - i, &cp);
     if (!l)
       l = 1;
-    bw->sym[bw->n_sym++] = (struct bpe_symbol){vocab_find(&t->vocab, word + i, (size_t)l), (uint32_t)i,
+    bw->sym[bw->num_syms++] = (struct bpe_symbol){vocab_find(&t->vocab, word + i, (size_t)l), (uint32_t)i,
                                                (uint32_t)l, 0, 0};
     i += (size_t)l;
   }
   link_symbols(bw);
   if (bpe_merge_by_score(&t->vocab, word, bw))
     return -1;
-  for (int i = 0; i >= 0 && bw->n_sym > 0; i = bw->sym[i].next) {
+  for (int i = 0; i >= 0 && bw->num_syms > 0; i = bw->sym[i].next) {
     struct bpe_symbol *sy = &bw->sym[i];
     if (sy->id >= 0) {
       if (emit(w, sy->id))
@@ -633,7 +633,7 @@ static int encode_segment(const struct tokenizer *t, struct encode_ws *w, const 
     return encode_segment_spm(t, w, s, len);
   if (normalizer_apply(&t->norm, w->rc, s, len, &w->norm, &w->tmp))
     return -1;
-  if (!t->n_added_normalized)
+  if (!t->num_added_normalized)
     return encode_normalized(t, w, w->norm.data, w->norm.len, at_origin);
   /* HF's second pass: added tokens with `normalized` are found in the normalized text. */
   const char *n = w->norm.data;
@@ -742,7 +742,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len, in
   size_t seg = 0;
   while (seg <= len) {
     size_t ms = len, me = len;
-    int k = t->n_added ? find_added(t, text, len, seg, parse_special, 0, &ms, &me) : -1;
+    int k = t->num_added ? find_added(t, text, len, seg, parse_special, 0, &ms, &me) : -1;
     if ((rc = encode_segment(t, w, text + seg, ms - seg, seg == 0, parse_special)))
       goto done;
     if (k < 0)

@@ -244,7 +244,7 @@ int tokenizer_load_gguf(struct tokenizer *t, const char *path) {
   for (size_t i = 0; name && i < name_len && i + 1 < sizeof lname; i++)
     lname[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
   if (strstr(lname, "phi-3") || strstr(lname, "phi3")) {
-    for (int i = 0; i < t->n_added; i++) {
+    for (int i = 0; i < t->num_added; i++) {
       const char *x = t->added[i].text;
       t->added[i].rstrip = strcmp(x, "<unk>") && strcmp(x, "<s>") && strcmp(x, "<|endoftext|>");
     }

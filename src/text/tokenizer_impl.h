@@ -67,16 +67,16 @@ struct tokenizer {
   struct normalizer norm;
   struct pretokenizer pre;
 
-  struct added_token *added;  /* (n_added) owned */
-  int n_added;
-  int n_added_normalized;     /* how many of them have `normalized` */
-  int32_t *added_index;       /* (n_added) indices into added grouped by first byte, longest first */
+  struct added_token *added;  /* (num_added) owned */
+  int num_added;
+  int num_added_normalized;   /* how many of them have `normalized` */
+  int32_t *added_index;       /* (num_added) indices into added grouped by first byte, longest first */
   int32_t added_start[257];   /* added_index[added_start[b] .. added_start[b+1]) start with b */
   uint8_t added_second[256][32]; /* bit c of [b]: some added token starts with bytes b, c (or
                                     is the single byte b) - a quick "no match here" test */
 
-  struct decode_step *dec;    /* (n_dec) owned */
-  int n_dec;
+  struct decode_step *dec;    /* (num_dec) owned */
+  int num_dec;
 
   uint8_t *special;           /* (vocab.n) 1 for special tokens (skip_special drops them) */
   uint8_t *eog;               /* (vocab.n) 1 for end-of-generation tokens */
@@ -84,8 +84,8 @@ struct tokenizer {
                                  model's vocab, which the BPE model itself never produces */
   uint8_t *norm_added;        /* (vocab.n) 1 when the id is a `normalized` added token: HF
                                  decodes it as its normalized content (norm_by_id) */
-  int32_t *norm_by_id;        /* (n_norm_by_id) indices into added, sorted by id */
-  int n_norm_by_id;
+  int32_t *norm_by_id;        /* (num_norm_by_id) indices into added, sorted by id */
+  int num_norm_by_id;
   int32_t bos_id, eos_id;
   int add_bos, add_eos;
   char *chat_template;        /* owned or NULL */

@@ -99,29 +99,29 @@ int unicode_utf8_valid(const char *s, size_t n) {
 
 int utf8_stream_push(struct utf8_stream *s, uint8_t b, char *out) {
   int w = 0;
-  if (s->n_pending) {
+  if (s->num_pending) {
     uint8_t lead = s->pending[0];
     uint8_t lo = 0x80, hi = 0xBF;
-    if (s->n_pending == 1)
+    if (s->num_pending == 1)
       second_byte_range(lead, &lo, &hi);
     if (b >= lo && b <= hi) {
-      s->pending[s->n_pending++] = b;
-      if (s->n_pending == unicode_utf8_len(lead)) {
-        memcpy(out, s->pending, (size_t)s->n_pending);
-        w = s->n_pending;
-        s->n_pending = 0;
+      s->pending[s->num_pending++] = b;
+      if (s->num_pending == unicode_utf8_len(lead)) {
+        memcpy(out, s->pending, (size_t)s->num_pending);
+        w = s->num_pending;
+        s->num_pending = 0;
       }
       return w;
     }
     /* The held bytes are a maximal invalid subpart: one U+FFFD, then B starts afresh. */
     w = unicode_utf8_encode(UNICODE_REPLACEMENT, out);
-    s->n_pending = 0;
+    s->num_pending = 0;
   }
   if (b < 0x80) {
     out[w++] = (char)b;
   } else if (b >= 0xC2 && b <= 0xF4) {
     s->pending[0] = b;
-    s->n_pending = 1;
+    s->num_pending = 1;
   } else {
     w += unicode_utf8_encode(UNICODE_REPLACEMENT, out + w);
   }
@@ -129,9 +129,9 @@ int utf8_stream_push(struct utf8_stream *s, uint8_t b, char *out) {
 }
 
 int utf8_stream_flush(struct utf8_stream *s, char *out) {
-  if (!s->n_pending)
+  if (!s->num_pending)
     return 0;
-  s->n_pending = 0;
+  s->num_pending = 0;
   return unicode_utf8_encode(UNICODE_REPLACEMENT, out);
 }
 

@@ -24,7 +24,7 @@ size_t unicode_utf8_repair(const char *s, size_t n, char *out);
 /* Streaming form of unicode_utf8_repair: holds at most 3 bytes of an incomplete sequence. */
 struct utf8_stream {
   uint8_t pending[4];
-  int n_pending;
+  int num_pending;
 };
 /* Feeds byte B; appends complete output (at most 7 bytes) to OUT and returns its length. */
 int utf8_stream_push(struct utf8_stream *s, uint8_t b, char *out);

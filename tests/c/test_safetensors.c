@@ -50,7 +50,7 @@ static unsigned char *build(const char *header, int pad, const void *data, size_
 }
 
 static void check_valid(const struct safetensors_file *f) {
-  CHECK(f->n_tensors == 3, "3 tensors, got %d", f->n_tensors);
+  CHECK(f->num_tensors == 3, "3 tensors, got %d", f->num_tensors);
   const char *fmt = safetensors_metadata(f, "format");
   CHECK(fmt && !strcmp(fmt, "pt"), "metadata format");
   CHECK(safetensors_metadata(f, "nope") == NULL, "absent metadata key");
@@ -61,10 +61,10 @@ static void check_valid(const struct safetensors_file *f) {
     CHECK(0, "tensors a, b, c found");
     return;
   }
-  CHECK(a->dtype == DTYPE_F32 && a->n_dims == 2 && a->shape[0] == 2 && a->shape[1] == 3 &&
+  CHECK(a->dtype == DTYPE_F32 && a->num_dims == 2 && a->shape[0] == 2 && a->shape[1] == 3 &&
             a->nbytes == 24, "a is f32 (2, 3)");
-  CHECK(b->dtype == DTYPE_F16 && b->n_dims == 1 && b->shape[0] == 4 && b->nbytes == 8, "b f16");
-  CHECK(c->dtype == DTYPE_BF16 && c->n_dims == 2 && c->nbytes == 8, "c bf16");
+  CHECK(b->dtype == DTYPE_F16 && b->num_dims == 1 && b->shape[0] == 4 && b->nbytes == 8, "b f16");
+  CHECK(c->dtype == DTYPE_BF16 && c->num_dims == 2 && c->nbytes == 8, "c bf16");
   /* The data section need not be aligned (these headers are not padded): copy out first. */
   float out[6], tmp[6];
   memcpy(tmp, a->data, 24);
@@ -155,16 +155,16 @@ static void test_damage(void) {
   size_t size;
   unsigned char *ok = build("{}", 6, NULL, 0, &size);
   f = safetensors_open_memory(ok, size, NAME);
-  CHECK(f && f->n_tensors == 0, "empty header accepted: %s", err_last());
+  CHECK(f && f->num_tensors == 0, "empty header accepted: %s", err_last());
   safetensors_close(f);
   free(ok);
   ok = build("{\"e\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
              "\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", 0, data40, 4, &size);
   f = safetensors_open_memory(ok, size, NAME);
-  CHECK(f && f->n_tensors == 2, "empty and scalar tensors: %s", err_last());
+  CHECK(f && f->num_tensors == 2, "empty and scalar tensors: %s", err_last());
   if (f) {
     const struct safetensors_tensor *s = safetensors_find(f, "s");
-    CHECK(s && s->n_dims == 0 && s->nbytes == 4, "scalar");
+    CHECK(s && s->num_dims == 0 && s->nbytes == 4, "scalar");
   }
   safetensors_close(f);
   free(ok);
@@ -220,7 +220,7 @@ static void test_file_and_truncations(void) {
       memcpy(m, img, size);
       m[at] = vals[v];
       f = safetensors_open_memory(m, size, NAME);
-      for (int i = 0; f && i < f->n_tensors; i++) {
+      for (int i = 0; f && i < f->num_tensors; i++) {
         const struct safetensors_tensor *t = &f->tensors[i];
         CHECK((const unsigned char *)t->data >= m + 8 &&
                   (const unsigned char *)t->data + t->nbytes <= m + size,
@@ -258,7 +258,7 @@ static void test_sets(void) {
   struct safetensors_set *s = safetensors_set_open(dir);
   CHECK(s != NULL, "sharded set opens: %s", err_last());
   if (s) {
-    CHECK(s->n_files == 2 && s->n_entries == 3, "2 files, 3 tensors");
+    CHECK(s->num_files == 2 && s->num_entries == 3, "2 files, 3 tensors");
     const struct safetensors_tensor *c = safetensors_set_find(s, "c");
     CHECK(c && c->dtype == DTYPE_BF16 && strstr(c->file, "two.safetensors"), "c in shard two");
     float out[4], tmp[2];
@@ -313,9 +313,9 @@ static void test_fixtures(void) {
   }
   const char *fmt = safetensors_metadata(f, "format");
   CHECK(fmt && !strcmp(fmt, "pt"), "library writes format=pt");
-  CHECK(f->n_tensors == 2 * 9 + 3, "llama fixture has 21 tensors, got %d", f->n_tensors);
+  CHECK(f->num_tensors == 2 * 9 + 3, "llama fixture has 21 tensors, got %d", f->num_tensors);
   const struct safetensors_tensor *e = safetensors_find(f, "model.embed_tokens.weight");
-  CHECK(e && e->dtype == DTYPE_F32 && e->n_dims == 2 && e->shape[0] == 256 && e->shape[1] == 64,
+  CHECK(e && e->dtype == DTYPE_F32 && e->num_dims == 2 && e->shape[0] == 256 && e->shape[1] == 64,
         "embed (256, 64) f32");
   /* The library aligns the data section to 8 bytes. */
   CHECK(e && (uintptr_t)e->data % 8 == 0, "aligned data");
@@ -323,12 +323,12 @@ static void test_fixtures(void) {
   snprintf(p, sizeof p, "%s/llama_bf16/model.safetensors", test_fixture_path(""));
   f = safetensors_open(p);
   CHECK(f != NULL, "bf16 fixture: %s", err_last());
-  for (int i = 0; f && i < f->n_tensors; i++)
+  for (int i = 0; f && i < f->num_tensors; i++)
     CHECK(f->tensors[i].dtype == DTYPE_BF16, "%s is bf16", f->tensors[i].name);
   safetensors_close(f);
   snprintf(p, sizeof p, "%s/llama_sharded", test_fixture_path(""));
   struct safetensors_set *s = safetensors_set_open(p);
-  CHECK(s && s->n_files == 2 && s->n_entries == 21, "sharded fixture: %s", err_last());
+  CHECK(s && s->num_files == 2 && s->num_entries == 21, "sharded fixture: %s", err_last());
   safetensors_set_close(s);
 }
 

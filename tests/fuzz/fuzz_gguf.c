@@ -11,7 +11,7 @@ int fuzz_one(const uint8_t *data, size_t size) {
     return 0;
   /* Touch everything the loaders touch. */
   volatile uint64_t sink = 0;
-  for (int64_t i = 0; i < g->n_kv; i++) {
+  for (int64_t i = 0; i < g->num_kv; i++) {
     const struct gguf_kv *kv = &g->kv[i];
     int64_t iv;
     double fv;
@@ -36,7 +36,7 @@ int fuzz_one(const uint8_t *data, size_t size) {
         sink += (uint8_t)s[0] + (uint8_t)s[len - 1];
     }
   }
-  for (int64_t i = 0; i < g->n_tensors; i++) {
+  for (int64_t i = 0; i < g->num_tensors; i++) {
     const struct gguf_tensor *t = &g->tensors[i];
     if (t->data && t->nbytes)
       sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];

@@ -11,7 +11,7 @@ int fuzz_one(const uint8_t *data, size_t size) {
     return 0;
   /* Touch every accepted tensor's first and last byte and look each one up by name. */
   volatile uint64_t sink = 0;
-  for (int i = 0; i < f->n_tensors; i++) {
+  for (int i = 0; i < f->num_tensors; i++) {
     const struct safetensors_tensor *t = &f->tensors[i];
     if (t->nbytes)
       sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
