@@ -108,7 +108,7 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->logits_idx = malloc((size_t)(B + T) * 4); /* sampling rows + prompt-logprob rows */
   e->lp_row0 = malloc((size_t)B * 4);
   e->lp_pos0 = malloc((size_t)B * 4);
-  e->lp_n = malloc((size_t)B * 4);
+  e->lp_num_rows = malloc((size_t)B * 4);
   e->logits_cap = B;
   e->logit_row = malloc((size_t)B * 4);
   e->logits = malloc((size_t)B * e->vocab * sizeof(float));
@@ -121,8 +121,9 @@ static int alloc_batch(struct pagoda_engine *e) {
   e->lp_value = malloc((size_t)T * sizeof(float));
   if (!e->dev_params || !e->dev_tokens || !e->lp_target || !e->lp_value)
     return ERR("out of memory for the step buffers (lower --max-num-seqs)");
-  if (!e->picked ||!e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens || !e->block_tables ||
-      !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst || !e->lp_row0 || !e->lp_pos0 || !e->lp_n)
+  if (!e->picked || !e->input_ids || !e->positions || !e->slots || !e->query_start || !e->seq_lens ||
+      !e->block_tables || !e->logits_idx || !e->logit_row || !e->logits || !e->copy_src || !e->copy_dst ||
+      !e->lp_row0 || !e->lp_pos0 || !e->lp_num_rows)
     return ERR("out of memory for the step buffers (lower --max-num-batched-tokens or --max-num-seqs)");
   return 0;
 }
@@ -518,7 +519,7 @@ void pagoda_engine_free(pagoda_engine_t *e) {
   free(e->logits_idx);
   free(e->lp_row0);
   free(e->lp_pos0);
-  free(e->lp_n);
+  free(e->lp_num_rows);
   free(e->logit_row);
   free(e->logits);
   free(e->copy_src);

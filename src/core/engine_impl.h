@@ -61,9 +61,9 @@ struct pagoda_engine {
   int32_t *logit_row;      /* (max_num_seqs) logits row of each scheduled item, -1: none */
   float *logits;           /* (logits_cap, vocab): max_num_seqs rows, more while prompt logprobs run */
   int logits_cap;
-  /* Prompt logprobs of scheduled item b: rows [lp_row0[b], + lp_n[b]) score prompt positions
+  /* Prompt logprobs of scheduled item b: rows [lp_row0[b], + lp_num_rows[b]) score prompt positions
    * lp_pos0[b].. (each row predicts the next prompt token). */
-  int32_t *lp_row0, *lp_pos0, *lp_n; /* (max_num_seqs) */
+  int32_t *lp_row0, *lp_pos0, *lp_num_rows; /* (max_num_seqs) */
   int32_t *copy_src, *copy_dst; /* (max_num_seqs) */
   /* Sampling where the logits are (caps.device_sampling; PAGODA_DEVICE_SAMPLING=0 turns it off):
    * dev_logits says this step's logits stayed on the device (no prompt-logprob rows); the rows of

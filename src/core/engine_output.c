@@ -7,11 +7,11 @@
 
 void engine_prompt_logprobs(struct pagoda_engine *e, const struct scheduler_output *o) {
   for (int b = 0; b < o->num_items; b++) {
-    if (!e->lp_n[b])
+    if (!e->lp_num_rows[b])
       continue;
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
     struct request *r = s->req;
-    int n = e->lp_n[b], pos0 = e->lp_pos0[b], row0 = e->lp_row0[b], V = e->vocab;
+    int n = e->lp_num_rows[b], pos0 = e->lp_pos0[b], row0 = e->lp_row0[b], V = e->vocab;
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int j = 0; j < n; j++) {
       const float *lg = e->logits + (size_t)(row0 + j) * V;
@@ -32,7 +32,7 @@ int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct schedule
   int n = 0; /* the rows after the sampling ones, in item order, as run_batch laid them out */
   for (int b = 0; b < o->num_items; b++) {
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
-    for (int j = 0; j < e->lp_n[b]; j++)
+    for (int j = 0; j < e->lp_num_rows[b]; j++)
       e->lp_target[n++] = s->s.tokens[e->lp_pos0[b] + j + 1];
   }
   if (n == 0)
@@ -46,13 +46,13 @@ int engine_prompt_logprobs_device(struct pagoda_engine *e, const struct schedule
   }
   n = 0;
   for (int b = 0; b < o->num_items; b++) {
-    if (!e->lp_n[b])
+    if (!e->lp_num_rows[b])
       continue;
     const struct sequence *s = (const struct sequence *)o->items[b].seq;
     struct request *r = s->req;
-    for (int j = 0; j < e->lp_n[b]; j++)
+    for (int j = 0; j < e->lp_num_rows[b]; j++)
       r->prompt_lp[e->lp_pos0[b] + j] = e->lp_value[n++];
-    if (e->lp_pos0[b] + e->lp_n[b] == r->num_prompt - 1)
+    if (e->lp_pos0[b] + e->lp_num_rows[b] == r->num_prompt - 1)
       r->prompt_lp_done = 1;
   }
   return 0;

@@ -140,12 +140,12 @@ static int run_batch(struct pagoda_engine *e, const struct scheduler_output *o) 
     int start = s->num_computed, end = start + o->items[b].num_new;
     if (end > s->num_prompt - 1)
       end = s->num_prompt - 1;
-    e->lp_n[b] = 0;
+    e->lp_num_rows[b] = 0;
     if (!((const struct sequence *)s)->req->prompt_lp || end <= start)
       continue;
     e->lp_row0[b] = nl;
     e->lp_pos0[b] = start;
-    e->lp_n[b] = end - start;
+    e->lp_num_rows[b] = end - start;
     for (int j = start; j < end; j++)
       e->logits_idx[nl++] = e->query_start[b] + (j - start);
   }
