@@ -22,15 +22,16 @@ static void set_omp_wait_policy(char **argv) {
   execv("/proc/self/exe", argv); /* on failure: go on with the default policy */
 }
 
-/* CUDA loads a kernel on its first launch by default (lazy loading): each of libpagoda-cuda.so's
- * ~1,700 kernels would then stall a step in the middle of serving the first time a batch size or
- * request kind needs it (1B shape: the first request's TTFT 206-283 ms instead of 18-22 ms, 64 x
- * (512, 256) at 54-56k instead of 74-75k tokens/s; bench/RESULTS.md, session 19). So the command
- * asks for eager loading, all kernels when the CUDA context is created (2-3 s more start-up, about
- * 0.48 GiB of device memory per GPU with cuBLAS's kernels), unless CUDA_MODULE_LOADING is set
- * (LAZY keeps CUDA's default). CUDA reads the variable when it starts, which is later than this,
- * in the backend module. Set here and not in the library: a library must not change its host
- * process's environment (another thread may read it; it would reach torch and child processes). */
+/* CUDA loads a kernel on its first launch by default (lazy loading). The backend then loads its own
+ * kernels on a background thread during the weights' upload (cuda_preload.cu), but cuBLAS's still
+ * load mid-run, the first time a batch meets a new GEMM shape: 1-2 s runs of 64-256 parallel
+ * requests on the 1B shape ran at 0.93-1.01x the throughput of eager loading (median 0.99x) and a
+ * first 16-token prompt 10-13 ms later (bench/RESULTS.md, session 20). So the command asks for eager
+ * loading, all kernels when the CUDA context is created (2-4.5 s more start-up, about 0.4 GiB less
+ * KV pool per GPU), unless CUDA_MODULE_LOADING is set (LAZY keeps CUDA's default). CUDA reads the
+ * variable when it starts, which is later than this, in the backend module. Set here and not in
+ * the library: a library must not change its host process's environment (another thread may read
+ * it; it would reach torch and child processes). */
 static void set_cuda_module_loading(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
 
 struct command {

@@ -202,3 +202,5 @@ void cuda_peer_ar_free(struct cuda_backend *cb) {
   cudaFree(cb->peer_ar.flags);
   memset(&cb->peer_ar, 0, sizeof cb->peer_ar);
 }
+
+CUDA_PRELOAD_ANCHOR(allreduce)

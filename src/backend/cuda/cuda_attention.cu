@@ -385,3 +385,5 @@ int cuda_op_attention(struct backend *be, void *out, const void *q, const struct
   CUDA_LAUNCH_CHECK();
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(attention)

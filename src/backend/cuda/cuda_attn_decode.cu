@@ -975,3 +975,5 @@ int cuda_attention_decode(struct backend *be, attn_args *a, int bs, int f8, int 
                                *a));
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(attn_decode)

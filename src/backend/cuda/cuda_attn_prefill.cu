@@ -474,3 +474,5 @@ int cuda_attention_prefill(struct backend *be, const attn_args *a, int bs, int f
   CUDA_LAUNCH_CHECK();
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(attn_prefill)

@@ -343,3 +343,5 @@ int cuda_attention_prefill_wgmma(const attn_args *a, int bs, int max_query_len, 
     wg_launch<3, 3, 64>(a, bs, max_query_len, st);
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(attn_wgmma)

@@ -1,8 +1,6 @@
 /* cuda_backend.cu - the CUDA backend: device memory, the stream, cuBLAS GEMMs and the ops table. */
 #include "backend/cuda/cuda_backend.h"
 
-#include <cuda.h> /* CUmoduleLoadingMode (the function itself comes from the runtime, not libcuda) */
-
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -276,6 +274,7 @@ static int cuda_alloc_sample_staging(struct cuda_backend *cb, int rows) {
 static int cuda_reserve(struct backend *be, int max_tokens, int max_seqs, int max_blocks) {
   struct cuda_backend *cb = cuda_be(be);
   (void)max_tokens;
+  cuda_preload_join(cb); /* the modules' memory is in use before the profiling step measures */
   if (cuda_attention_reserve(be, max_seqs, max_blocks * 32)) /* 32: the largest block size */
     return -1;
   if (max_seqs > cb->sample_cap) {
@@ -290,6 +289,7 @@ static void cuda_destroy(struct backend *be) {
   struct cuda_backend *cb = cuda_be(be);
   if (!cb)
     return;
+  cuda_preload_join(cb);
   if (cb->stream) /* drained before the staging the peers read is freed */
     cudaStreamSynchronize(cb->stream);
   cuda_comm_free(cb);
@@ -378,30 +378,22 @@ static const struct backend_ops cuda_ops = {
 #endif
 };
 
-/* ", kernels loaded at start-up" or ", kernels loaded on first use (...)": the context's module
- * loading mode (the pagoda command asks for eager loading, src/cli/main.c; the driver says what
- * it is, since CUDA may have started before pagoda was loaded). Empty when the driver or the
- * runtime (before CUDA 12.5) cannot say. */
-static const char *loading_mode_note(void) {
-#if CUDART_VERSION >= 12050
-  typedef CUresult (*get_mode_fn)(CUmoduleLoadingMode *);
-  void *fn = NULL;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || !fn) {
-    cudaGetLastError();
+/* How the context loads kernels, for the start-up line: the pagoda command asks for eager loading
+ * (src/cli/main.c), but CUDA may have started before pagoda was loaded; under lazy loading pagoda's
+ * own kernels are preloaded (cuda_preload.cu) unless PAGODA_CUDA_PRELOAD=0. Empty when the driver
+ * or the runtime (before CUDA 12.5) cannot say. */
+static const char *loading_mode_note(const struct cuda_backend *cb) {
+  switch (cuda_loading_lazy()) {
+  case 0:
+    return ", kernels loaded at start-up";
+  case 1:
+    return cb->preload ? ", pagoda's kernels loading in the background (lazy loading: CUDA_MODULE_LOADING is not "
+                         "EAGER, or CUDA started before pagoda; other libraries' kernels load on first use)"
+                       : ", kernels loaded on first use (lazy: CUDA_MODULE_LOADING is not EAGER, or CUDA started "
+                         "before pagoda; PAGODA_CUDA_PRELOAD=0)";
+  default:
     return "";
   }
-  CUmoduleLoadingMode mode;
-  if (((get_mode_fn)fn)(&mode) != CUDA_SUCCESS)
-    return "";
-  return mode == CU_MODULE_EAGER_LOADING ? ", kernels loaded at start-up"
-                                         : ", kernels loaded on first use (lazy: CUDA_MODULE_LOADING is not "
-                                           "EAGER, or CUDA started before pagoda)";
-#else
-  return "";
-#endif
 }
 
 /* The plain reason there is no usable GPU, for users: no driver, a driver older than the runtime,
@@ -588,11 +580,12 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     cb->qgemv_max_t = atoi(qmax);
   if (cuda_alloc_sample_staging(cb, CUDA_SAMPLE_CAP))
     return -1;
+  cuda_preload_start(cb);
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s%s", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
-           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note());
+           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note(cb));
   return 0;
 }
 

@@ -213,8 +213,28 @@ struct cuda_backend {
     size_t max_bytes;          /* all-reduces of at most this many bytes take the peer kernel */
     struct cuda_backend *ids_src; /* ranks > 0: rank 0's backend, whose sampled ids resolve_ids reads */
   } peer_ar;
+  struct cuda_preload *preload; /* the kernel-preloading thread while it may run (cuda_preload.cu), or NULL */
 };
 
+
+/* Kernel preloading under lazy loading (cuda_preload.cu says why and when). Every .cu file of the
+ * backend that defines kernels ends with CUDA_PRELOAD_ANCHOR(its name) and is named in
+ * CUDA_PRELOAD_MODULES: a file missing from the list only loads its kernels on first use. The
+ * anchor is an empty kernel, by which the preloading thread finds the file's module. */
+#define CUDA_PRELOAD_MODULES(X)                                                                     \
+  X(allreduce) X(attention) X(attn_decode) X(attn_prefill) X(attn_wgmma) X(gemv) X(moe_act) X(nccl) \
+  X(ops) X(quant_gemm) X(quant_gemv) X(sample)
+#define CUDA_PRELOAD_ANCHOR(name)                                \
+  static __global__ void cuda_preload_anchor_kernel(void) {}     \
+  extern "C" const void *cuda_preload_anchor_##name(void) {      \
+    return (const void *)cuda_preload_anchor_kernel;              \
+  }
+/* 1: the context loads kernels lazily; 0: eagerly; -1: the driver cannot say (before CUDA 12.5). */
+extern "C" int cuda_loading_lazy(void);
+/* Starts the preloading thread (end of cuda_init) when loading is lazy and PAGODA_CUDA_PRELOAD is
+ * not 0; cuda_preload_join waits for it (cuda_reserve, cuda_destroy; a no-op when none runs). */
+extern "C" void cuda_preload_start(struct cuda_backend *cb);
+extern "C" void cuda_preload_join(struct cuda_backend *cb);
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
 extern "C" int cuda_backend_available(void);

@@ -1391,3 +1391,5 @@ int cuda_op_matmul_qkv_rope(struct backend *be, void *q, void *k, void *v, const
   CUDA_CHECK(err);
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(gemv)

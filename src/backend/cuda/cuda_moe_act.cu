@@ -244,3 +244,5 @@ int cuda_op_moe_combine(struct backend *be, void *out, const void *y, const int3
   CUDA_LAUNCH_CHECK();
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(moe_act)

@@ -145,3 +145,5 @@ void cuda_comm_free(struct cuda_backend *cb) {
 #else
 void cuda_comm_free(struct cuda_backend *cb) { cuda_peer_ar_free(cb); }
 #endif
+
+CUDA_PRELOAD_ANCHOR(nccl)

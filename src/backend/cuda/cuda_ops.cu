@@ -374,3 +374,5 @@ int cuda_op_add_bias(struct backend *be, void *out, int out_f32, const struct we
                              (const void *)bias->data, (int)(bias->dtype == DTYPE_F32), N, n));
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(ops)

@@ -190,3 +190,5 @@ int cuda_quant_weight_upload(struct backend *be, struct weight *w, const void *h
   }
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(quant_gemm)

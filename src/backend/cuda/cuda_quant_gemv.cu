@@ -1402,3 +1402,5 @@ int cuda_quant_embed(struct backend *be, void *out, const struct weight *emb, co
   CUDA_CHECK(err);
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(quant_gemv)

@@ -647,3 +647,5 @@ int cuda_op_topk_rows(struct backend *be, int32_t *ids, float *lps, float *tlp, 
     memcpy(tlp, h + up + (sizeof(int32_t) + sizeof(float)) * (size_t)n * k, sizeof(float) * n);
   return 0;
 }
+
+CUDA_PRELOAD_ANCHOR(sample)
