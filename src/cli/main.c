@@ -27,7 +27,7 @@ static void set_omp_wait_policy(char **argv) {
  * load mid-run, the first time a batch meets a new GEMM shape: 1-2 s runs of 64-256 parallel
  * requests on the 1B shape ran at 0.93-1.01x the throughput of eager loading (median 0.99x) and a
  * first 16-token prompt 10-13 ms later (bench/RESULTS.md, session 20). So the command asks for eager
- * loading, all kernels when the CUDA context is created (2-4.5 s more start-up, about 0.4 GiB less
+ * loading, all kernels when the CUDA context is created (1.7-4.5 s more start-up, about 0.4 GiB less
  * KV pool per GPU), unless CUDA_MODULE_LOADING is set (LAZY keeps CUDA's default). CUDA reads the
  * variable when it starts, which is later than this, in the backend module. Set here and not in
  * the library: a library must not change its host process's environment (another thread may read

@@ -380,17 +380,20 @@ static const struct backend_ops cuda_ops = {
 
 /* How the context loads kernels, for the start-up line: the pagoda command asks for eager loading
  * (src/cli/main.c), but CUDA may have started before pagoda was loaded; under lazy loading pagoda's
- * own kernels are preloaded (cuda_preload.cu) unless PAGODA_CUDA_PRELOAD=0. Empty when the driver
- * or the runtime (before CUDA 12.5) cannot say. */
-static const char *loading_mode_note(const struct cuda_backend *cb) {
+ * own kernels are preloaded (cuda_preload.cu), or the line says why not (written into NOTE when
+ * so). Empty when the driver or the runtime (before CUDA 12.5) cannot say. */
+static const char *loading_mode_note(const struct cuda_backend *cb, char *note, size_t size) {
   switch (cuda_loading_lazy()) {
   case 0:
     return ", kernels loaded at start-up";
   case 1:
-    return cb->preload ? ", pagoda's kernels loading in the background (lazy loading: CUDA_MODULE_LOADING is not "
-                         "EAGER, or CUDA started before pagoda; other libraries' kernels load on first use)"
-                       : ", kernels loaded on first use (lazy: CUDA_MODULE_LOADING is not EAGER, or CUDA started "
-                         "before pagoda; PAGODA_CUDA_PRELOAD=0)";
+    if (cb->preload)
+      return ", pagoda's kernels loading in the background (lazy loading: CUDA_MODULE_LOADING is not EAGER, or "
+             "CUDA started before pagoda; other libraries' kernels load on first use)";
+    snprintf(note, size,
+             ", kernels loaded on first use (lazy: CUDA_MODULE_LOADING is not EAGER, or CUDA started before pagoda; "
+             "not preloaded: %s)", cb->preload_skip ? cb->preload_skip : "?");
+    return note;
   default:
     return "";
   }
@@ -523,6 +526,7 @@ static int cuda_init(struct cuda_backend *cb, int device) {
       (cb->attn_cluster = env_int("PAGODA_ATTN_CLUSTER", CUDA_ATTN_CLUSTER, 0, 16,
                                   "blocks per cluster, 2..16 (0: off)")) < 0 ||
       (cb->rope_kv_split = env_flag("PAGODA_ROPE_KV_SPLIT", CUDA_ROPE_KV_SPLIT)) < 0 ||
+      (cb->preload_on = env_flag("PAGODA_CUDA_PRELOAD", 1)) < 0 ||
       (cb->qg_evict_first = env_flag("PAGODA_QG_EVICT_FIRST", CUDA_QG_EVICT_FIRST)) < 0 ||
       (cb->gemv_ring = env_flag("PAGODA_GEMV_RING", CUDA_GEMV_RING)) < 0 ||
       (cb->gemv_ring_late = env_flag("PAGODA_GEMV_RING_LATE", CUDA_GEMV_RING_LATE)) < 0 ||
@@ -580,12 +584,13 @@ static int cuda_init(struct cuda_backend *cb, int device) {
     cb->qgemv_max_t = atoi(qmax);
   if (cuda_alloc_sample_staging(cb, CUDA_SAMPLE_CAP))
     return -1;
-  cuda_preload_start(cb);
+  cb->preload_skip = cuda_preload_start(cb);
+  char note[256];
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s%s", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
-           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note(cb));
+           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note(cb, note, sizeof note));
   return 0;
 }
 

@@ -213,7 +213,9 @@ struct cuda_backend {
     size_t max_bytes;          /* all-reduces of at most this many bytes take the peer kernel */
     struct cuda_backend *ids_src; /* ranks > 0: rank 0's backend, whose sampled ids resolve_ids reads */
   } peer_ar;
+  int preload_on;            /* 1 unless PAGODA_CUDA_PRELOAD=0 (read at create) */
   struct cuda_preload *preload; /* the kernel-preloading thread while it may run (cuda_preload.cu), or NULL */
+  const char *preload_skip;  /* why no thread was started (cuda_preload_start), for the start-up line */
 };
 
 
@@ -229,11 +231,13 @@ struct cuda_backend {
   extern "C" const void *cuda_preload_anchor_##name(void) {      \
     return (const void *)cuda_preload_anchor_kernel;              \
   }
-/* 1: the context loads kernels lazily; 0: eagerly; -1: the driver cannot say (before CUDA 12.5). */
+/* 1: the context loads kernels lazily; 0: eagerly; -1: unknown (a build with a toolkit before CUDA
+ * 12.5, or a driver that cannot say). */
 extern "C" int cuda_loading_lazy(void);
-/* Starts the preloading thread (end of cuda_init) when loading is lazy and PAGODA_CUDA_PRELOAD is
- * not 0; cuda_preload_join waits for it (cuda_reserve, cuda_destroy; a no-op when none runs). */
-extern "C" void cuda_preload_start(struct cuda_backend *cb);
+/* Starts the preloading thread (end of cuda_init) when loading is lazy, cb->preload_on and the
+ * driver has what it needs; returns NULL when it started, else why not (plain words).
+ * cuda_preload_join waits for it (cuda_reserve, cuda_destroy; a no-op when none runs). */
+extern "C" const char *cuda_preload_start(struct cuda_backend *cb);
 extern "C" void cuda_preload_join(struct cuda_backend *cb);
 
 /* The module's two entry points (cuda_module.c hands them to the host): see struct backend_module. */
