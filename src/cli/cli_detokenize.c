@@ -64,68 +64,31 @@ static int parse_ids(const char *text, int32_t **ids_out) {
 }
 
 int cli_detokenize(int argc, char **argv) {
-  const char *path = NULL, *revision = NULL, *hf_file = NULL;
-  int skip_special = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) {
-      if (++i >= argc) {
-        fprintf(stderr, "error: %s needs a path\n", argv[i - 1]);
-        return 2;
-      }
-      path = argv[i];
-    } else if (!strcmp(argv[i], "--revision") || !strcmp(argv[i], "--hf-file")) {
-      if (++i >= argc) {
-        fprintf(stderr, "error: %s needs a value\n", argv[i - 1]);
-        return 2;
-      }
-      *(argv[i - 1][2] == 'r' ? &revision : &hf_file) = argv[i];
-    } else if (!strcmp(argv[i], "--skip-special")) {
-      skip_special = 1;
-    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (!path) {
-    fprintf(stderr, "error: -m PATH is required\n");
-    usage(stderr);
-    return 2;
-  }
-  pagoda_tokenizer_t *t = cli_load_tokenizer(path, revision, hf_file);
-  if (!t)
-    return 1;
-  size_t len;
-  char *text = cli_read_stdin(&len);
-  if (!text) {
-    fprintf(stderr, "error: cannot read stdin\n");
-    pagoda_tokenizer_free(t);
-    return 1;
-  }
-  int rc = 1;
+  int skip_special = 0, rc;
+  const struct cli_switch switches[] = {{"--skip-special", &skip_special}, {NULL, NULL}};
+  struct cli_tokenizer_input in;
+  if (cli_tokenizer_setup(argc, argv, switches, usage, &in, &rc))
+    return rc;
+  rc = 1;
   int32_t *ids = NULL;
-  int n = strlen(text) == len ? parse_ids(text, &ids) : -1;
-  if (n < 0 && strlen(text) != len)
+  int n = strlen(in.text) == in.len ? parse_ids(in.text, &ids) : -1;
+  if (n < 0 && strlen(in.text) != in.len)
     fprintf(stderr, "error: NUL byte in the input\n");
   if (n >= 0) {
-    int need = pagoda_tokenizer_decode(t, ids, n, skip_special, NULL, 0);
+    int need = pagoda_tokenizer_decode(in.tokenizer, ids, n, skip_special, NULL, 0);
     char *out = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (need < 0) {
       fprintf(stderr, "error: %s\n", pagoda_last_error());
     } else if (!out) {
       fprintf(stderr, "error: out of memory\n");
     } else {
-      pagoda_tokenizer_decode(t, ids, n, skip_special, out, (size_t)need + 1);
+      pagoda_tokenizer_decode(in.tokenizer, ids, n, skip_special, out, (size_t)need + 1);
       fwrite(out, 1, (size_t)need, stdout);
       rc = fflush(stdout) ? fprintf(stderr, "error: cannot write the output to stdout\n"), 1 : 0;
     }
     free(out);
   }
   free(ids);
-  free(text);
-  pagoda_tokenizer_free(t);
+  cli_tokenizer_input_free(&in);
   return rc;
 }

@@ -94,6 +94,19 @@ struct jinja_value jinja_filter_items(struct jinja_eval *ev, struct jinja_value 
   return l;
 }
 
+/* The W spaces (none for W < 0) that an integer indent stands for, NUL-terminated; past 1000 fails with the message
+ * TOO_LARGE. */
+static const char *spaces(struct jinja_state *st, int64_t w, const char *too_large) {
+  if (w < 0)
+    w = 0;
+  if (w > 1000)
+    jinja_fail_msg(st, too_large);
+  char *sp = jinja_alloc(st, (size_t)w + 1);
+  memset(sp, ' ', (size_t)w);
+  sp[w] = 0;
+  return sp;
+}
+
 static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v,
                                  const struct jinja_args *a) {
   struct jinja_state *st = ev->st;
@@ -106,15 +119,7 @@ static struct jinja_value tojson(struct jinja_eval *ev, struct jinja_value v,
     if (ind->type == JINJA_STRING) {
       indent = ind->u.s->data;
     } else {
-      int64_t w = jinja_arg_int(ev, ind, 0);
-      if (w < 0)
-        w = 0;
-      if (w > 1000)
-        jinja_fail(st, "tojson indent is too large");
-      char *sp = jinja_alloc(st, (size_t)w + 1);
-      memset(sp, ' ', (size_t)w);
-      sp[w] = 0;
-      indent = sp;
+      indent = spaces(st, jinja_arg_int(ev, ind, 0), "tojson indent is too large");
     }
   }
   const char *item_sep = indent ? "," : ", ", *key_sep = ": ";
@@ -169,14 +174,8 @@ static struct jinja_value indent(struct jinja_eval *ev, struct jinja_value v,
   if (w && w->type == JINJA_STRING) {
     pad = *w;
   } else {
-    int64_t k = jinja_arg_int(ev, w, 4);
-    if (k < 0)
-      k = 0;
-    if (k > 1000)
-      jinja_fail(st, "indent width is too large");
-    char *sp = jinja_alloc(st, (size_t)k + 1);
-    memset(sp, ' ', (size_t)k);
-    pad = jinja_str_n(st, sp, (size_t)k);
+    const char *sp = spaces(st, jinja_arg_int(ev, w, 4), "indent width is too large");
+    pad = jinja_str_n(st, sp, strlen(sp));
   }
   v = str_of(ev, v);
   /* Jinja2: lines = (s + "\n").splitlines(); the first line as is, each later one after "\n"
@@ -226,17 +225,23 @@ struct jinja_value jinja_html_escape(struct jinja_eval *ev, struct jinja_value v
   return r;
 }
 
+/* Whether a number read from S ends at END as int() and float() want it: something was read and only
+ * whitespace follows. */
+static int read_whole(const char *s, const char *end) {
+  if (end == s)
+    return 0;
+  while (*end == ' ' || *end == '\t' || *end == '\n')
+    end++;
+  return !*end;
+}
+
 /* Parses a Python int literal from a string (int("12")); 0 on failure. */
 static int parse_int(const char *s, int base, int64_t *out) {
   while (*s == ' ' || *s == '\t' || *s == '\n')
     s++;
   char *end;
   long long v = strtoll(s, &end, base);
-  if (end == s)
-    return 0;
-  while (*end == ' ' || *end == '\t' || *end == '\n')
-    end++;
-  if (*end)
+  if (!read_whole(s, end))
     return 0;
   *out = v;
   return 1;
@@ -245,11 +250,7 @@ static int parse_int(const char *s, int base, int64_t *out) {
 static int parse_float(const char *s, double *out) {
   char *end;
   double v = strtod(s, &end);
-  if (end == s)
-    return 0;
-  while (*end == ' ' || *end == '\t' || *end == '\n')
-    end++;
-  if (*end)
+  if (!read_whole(s, end))
     return 0;
   *out = v;
   return 1;

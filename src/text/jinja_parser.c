@@ -12,38 +12,37 @@ struct jinja_parser {
   size_t n, pos;
 };
 
-/* A growable array of node pointers in the arena. */
+/* Growable arrays of node pointers and of names in the arena. */
 struct jinja_nodes {
   struct jinja_node **v;
   size_t n, cap;
 };
-
-static void jinja_nodes_push(struct jinja_state *st, struct jinja_nodes *a, struct jinja_node *x) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 4;
-    struct jinja_node **v = jinja_alloc(st, cap * sizeof(*v));
-    if (a->n)
-      memcpy(v, a->v, a->n * sizeof(*v));
-    a->v = v;
-    a->cap = cap;
-  }
-  a->v[a->n++] = x;
-}
 
 struct jinja_names {
   const char **v;
   size_t n, cap;
 };
 
+/* Room for one more element in the arena array V holding NUM_ITEMS of *CAP elements of SIZE bytes: V itself
+ * while it has room, else a copy of twice the capacity (*CAP updated; the arena frees the old one with the rest). */
+static void *arena_grow(struct jinja_state *st, void *v, size_t num_items, size_t *cap, size_t size) {
+  if (num_items < *cap)
+    return v;
+  size_t new_cap = *cap ? *cap * 2 : 4;
+  void *nv = jinja_alloc(st, new_cap * size);
+  if (num_items)
+    memcpy(nv, v, num_items * size);
+  *cap = new_cap;
+  return nv;
+}
+
+static void jinja_nodes_push(struct jinja_state *st, struct jinja_nodes *a, struct jinja_node *x) {
+  a->v = arena_grow(st, a->v, a->n, &a->cap, sizeof *a->v);
+  a->v[a->n++] = x;
+}
+
 static void jinja_names_push(struct jinja_state *st, struct jinja_names *a, const char *x) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 4;
-    const char **v = jinja_alloc(st, cap * sizeof(*v));
-    if (a->n)
-      memcpy(v, a->v, a->n * sizeof(*v));
-    a->v = v;
-    a->cap = cap;
-  }
+  a->v = arena_grow(st, a->v, a->n, &a->cap, sizeof *a->v);
   a->v[a->n++] = x;
 }
 
@@ -108,6 +107,19 @@ static const char *expect_name(struct jinja_parser *p) {
   const char *s = cur(p)->text;
   advance(p);
   return s;
+}
+
+/* In a comma-separated list ended by CLOSE (a trailing comma allowed), after NUM_ITEMS items: 1 when another item
+ * follows, the parser past its comma; 0 at CLOSE, which the caller consumes. */
+static int list_has_next(struct jinja_parser *p, const char *close, size_t num_items) {
+  if (is_op(cur(p), close))
+    return 0;
+  if (num_items) {
+    expect_op(p, ",");
+    if (is_op(cur(p), close))
+      return 0;
+  }
+  return 1;
 }
 
 static void expect_block_end(struct jinja_parser *p) {
@@ -203,6 +215,14 @@ static void parse_call_args(struct jinja_parser *p, struct jinja_node *n) {
   n->kwargs = kwargs.v;
   n->kwnames = kwnames.v;
   n->num_kwargs = kwargs.n;
+}
+
+/* CALLEE(...): the parser stands at "(". */
+static struct jinja_node *parse_call(struct jinja_parser *p, struct jinja_node *callee) {
+  struct jinja_node *c = node_new(p, JINJA_N_CALL);
+  c->a = callee;
+  parse_call_args(p, c);
+  return c;
 }
 
 static const char *parse_dotted_name(struct jinja_parser *p) {
@@ -330,10 +350,7 @@ static struct jinja_node *parse_postfix(struct jinja_parser *p, struct jinja_nod
       }
       node = g;
     } else if (is_op(t, "(")) {
-      struct jinja_node *c = node_new(p, JINJA_N_CALL);
-      c->a = node;
-      parse_call_args(p, c);
-      node = c;
+      node = parse_call(p, node);
     } else {
       return node;
     }
@@ -347,10 +364,7 @@ static struct jinja_node *parse_filter_expr(struct jinja_parser *p, struct jinja
     } else if (is_name(cur(p), "is")) {
       node = parse_test(p, node);
     } else if (is_op(cur(p), "(")) {
-      struct jinja_node *c = node_new(p, JINJA_N_CALL);
-      c->a = node;
-      parse_call_args(p, c);
-      node = c;
+      node = parse_call(p, node);
     } else {
       return node;
     }
@@ -395,13 +409,8 @@ static struct jinja_node *parse_primary(struct jinja_parser *p) {
   } else if (is_op(t, "[")) {
     advance(p);
     struct jinja_nodes items = {0};
-    while (!is_op(cur(p), "]")) {
-      if (items.n)
-        expect_op(p, ",");
-      if (is_op(cur(p), "]"))
-        break;
+    while (list_has_next(p, "]", items.n))
       jinja_nodes_push(p->st, &items, parse_expression(p, 1));
-    }
     expect_op(p, "]");
     n = node_new(p, JINJA_N_LIST);
     n->args = items.v;
@@ -409,11 +418,7 @@ static struct jinja_node *parse_primary(struct jinja_parser *p) {
   } else if (is_op(t, "{")) {
     advance(p);
     struct jinja_nodes keys = {0}, vals = {0};
-    while (!is_op(cur(p), "}")) {
-      if (keys.n)
-        expect_op(p, ",");
-      if (is_op(cur(p), "}"))
-        break;
+    while (list_has_next(p, "}", keys.n)) {
       jinja_nodes_push(p->st, &keys, parse_expression(p, 1));
       expect_op(p, ":");
       jinja_nodes_push(p->st, &vals, parse_expression(p, 1));
@@ -459,13 +464,24 @@ static struct jinja_node *binary(struct jinja_parser *p, enum jinja_node_kind ki
   return n;
 }
 
-static struct jinja_node *parse_pow(struct jinja_parser *p) {
-  struct jinja_node *left = parse_unary(p, 1);
-  while (is_op(cur(p), "**")) {
+/* A level of the ladder with one operator: OPERAND (TOKEN OPERAND)*, left-associative, each TOKEN making a node
+ * KIND with OP. TOKEN is an operator ("**", "~") or a keyword ("and", "or"): the lexer never makes one of
+ * them the other, so either matches. */
+static struct jinja_node *parse_left_assoc(struct jinja_parser *p,
+                                           struct jinja_node *(*operand)(struct jinja_parser *p), const char *token,
+                                           enum jinja_node_kind kind, int op) {
+  struct jinja_node *left = operand(p);
+  while (is_op(cur(p), token) || is_name(cur(p), token)) {
     advance(p);
-    left = binary(p, JINJA_N_BINARY, JINJA_OP_POW, left, parse_unary(p, 1));
+    left = binary(p, kind, op, left, operand(p));
   }
   return left;
+}
+
+static struct jinja_node *parse_filtered_unary(struct jinja_parser *p) { return parse_unary(p, 1); }
+
+static struct jinja_node *parse_pow(struct jinja_parser *p) {
+  return parse_left_assoc(p, parse_filtered_unary, "**", JINJA_N_BINARY, JINJA_OP_POW);
 }
 
 static struct jinja_node *parse_math2(struct jinja_parser *p) {
@@ -484,12 +500,7 @@ static struct jinja_node *parse_math2(struct jinja_parser *p) {
 }
 
 static struct jinja_node *parse_concat(struct jinja_parser *p) {
-  struct jinja_node *left = parse_math2(p);
-  while (is_op(cur(p), "~")) {
-    advance(p);
-    left = binary(p, JINJA_N_BINARY, JINJA_OP_CONCAT, left, parse_math2(p));
-  }
-  return left;
+  return parse_left_assoc(p, parse_math2, "~", JINJA_N_BINARY, JINJA_OP_CONCAT);
 }
 
 static struct jinja_node *parse_math1(struct jinja_parser *p) {
@@ -548,21 +559,11 @@ static struct jinja_node *parse_not(struct jinja_parser *p) {
 }
 
 static struct jinja_node *parse_and(struct jinja_parser *p) {
-  struct jinja_node *left = parse_not(p);
-  while (is_name(cur(p), "and")) {
-    advance(p);
-    left = binary(p, JINJA_N_AND, 0, left, parse_not(p));
-  }
-  return left;
+  return parse_left_assoc(p, parse_not, "and", JINJA_N_AND, 0);
 }
 
 static struct jinja_node *parse_or(struct jinja_parser *p) {
-  struct jinja_node *left = parse_and(p);
-  while (is_name(cur(p), "or")) {
-    advance(p);
-    left = binary(p, JINJA_N_OR, 0, left, parse_and(p));
-  }
-  return left;
+  return parse_left_assoc(p, parse_and, "or", JINJA_N_OR, 0);
 }
 
 static struct jinja_node *parse_condexpr(struct jinja_parser *p) {
@@ -632,11 +633,7 @@ static void parse_signature(struct jinja_parser *p, struct jinja_node *n) {
   struct jinja_names names = {0};
   struct jinja_nodes defaults = {0};
   expect_op(p, "(");
-  while (!is_op(cur(p), ")")) {
-    if (names.n)
-      expect_op(p, ",");
-    if (is_op(cur(p), ")"))
-      break;
+  while (list_has_next(p, ")", names.n)) {
     jinja_names_push(p->st, &names, expect_name(p));
     struct jinja_node *def = NULL;
     if (is_op(cur(p), "=")) {
@@ -659,6 +656,15 @@ static void end_tag(struct jinja_parser *p, const char *name) {
     unexpected(p, name);
   advance(p);
   expect_block_end(p);
+}
+
+/* The rest of a block statement whose head the parser stands at the end of: "%}", the body, "{% END %}". */
+static struct jinja_node *parse_block_body(struct jinja_parser *p, const char *end) {
+  expect_block_end(p);
+  const char *const ends[] = {end, NULL};
+  struct jinja_node *body = parse_body(p, ends);
+  end_tag(p, end);
+  return body;
 }
 
 static struct jinja_node *parse_statement(struct jinja_parser *p) {
@@ -734,10 +740,7 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
       n->a = target;
       if (is_op(cur(p), "|"))
         n->b = parse_filter(p, NULL, 0);
-      expect_block_end(p);
-      static const char *const ends[] = {"endset", NULL};
-      n->body = parse_body(p, ends);
-      end_tag(p, "endset");
+      n->body = parse_block_body(p, "endset");
     }
   } else if (!strcmp(kw, "macro")) {
     n = node_new(p, JINJA_N_MACRO);
@@ -757,17 +760,11 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
     n->a = parse_expression(p, 1);
     if (n->a->kind != JINJA_N_CALL)
       jinja_fail(p->st, "expected call");
-    expect_block_end(p);
-    static const char *const ends[] = {"endcall", NULL};
-    n->body = parse_body(p, ends);
-    end_tag(p, "endcall");
+    n->body = parse_block_body(p, "endcall");
   } else if (!strcmp(kw, "filter")) {
     n = node_new(p, JINJA_N_FILTER_BLOCK);
     n->b = parse_filter(p, NULL, 1);
-    expect_block_end(p);
-    static const char *const ends[] = {"endfilter", NULL};
-    n->body = parse_body(p, ends);
-    end_tag(p, "endfilter");
+    n->body = parse_block_body(p, "endfilter");
   } else if (!strcmp(kw, "with")) {
     n = node_new(p, JINJA_N_WITH);
     struct jinja_names names = {0};
@@ -782,16 +779,10 @@ static struct jinja_node *parse_statement(struct jinja_parser *p) {
     n->kwnames = names.v;
     n->kwargs = vals.v;
     n->num_kwargs = names.n;
-    expect_block_end(p);
-    static const char *const ends[] = {"endwith", NULL};
-    n->body = parse_body(p, ends);
-    end_tag(p, "endwith");
+    n->body = parse_block_body(p, "endwith");
   } else if (!strcmp(kw, "generation")) {
     /* transformers' AssistantTracker tag: marks assistant text, renders its body unchanged. */
-    expect_block_end(p);
-    static const char *const ends[] = {"endgeneration", NULL};
-    n = parse_body(p, ends);
-    end_tag(p, "endgeneration");
+    n = parse_block_body(p, "endgeneration");
   } else if (!strcmp(kw, "break") || !strcmp(kw, "continue")) {
     n = node_new(p, kw[0] == 'b' ? JINJA_N_BREAK : JINJA_N_CONTINUE);
     expect_block_end(p);

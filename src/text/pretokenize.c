@@ -35,17 +35,33 @@ int pretokenizer_add(struct pretokenizer *p, struct pretokenize_step step) {
   return 0;
 }
 
+/* Room for one more element in the malloc'd array V holding NUM_ITEMS of *CAP elements of SIZE bytes: V while it
+ * has room, else V reallocated to twice the capacity (64 at first; *CAP updated); NULL, V left as it was, when out
+ * of memory. */
+static void *grow(void *v, int num_items, int *cap, size_t size) {
+  if (num_items < *cap)
+    return v;
+  int new_cap = *cap ? *cap * 2 : 64;
+  void *nv = realloc(v, (size_t)new_cap * size);
+  if (nv)
+    *cap = new_cap;
+  return nv;
+}
+
+/* Room for one more piece in L; -1 (error set) when out of memory. */
+static int reserve_piece(struct piece_list *l) {
+  struct piece *p = grow(l->p, l->n, &l->cap, sizeof *p);
+  if (!p)
+    return ERR("out of memory");
+  l->p = p;
+  return 0;
+}
+
 static int push_piece(struct piece_list *l, const char *s, size_t len, int at_origin) {
   if (!len)
     return 0; /* HF drops empty pieces */
-  if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 64;
-    struct piece *p = realloc(l->p, (size_t)cap * sizeof *p);
-    if (!p)
-      return ERR("out of memory");
-    l->p = p;
-    l->cap = cap;
-  }
+  if (reserve_piece(l))
+    return -1;
   struct piece *pc = &l->p[l->n++];
   pc->off = (uint32_t)l->buf.len;
   pc->len = (uint32_t)len;
@@ -68,14 +84,10 @@ void pretokenize_scratch_free(struct pretokenize_scratch *s) {
 static int span_push(struct pretokenize_scratch *l, size_t s, size_t e, int match) {
   if (e <= s)
     return 0;
-  if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 64;
-    struct pretokenize_span *v = realloc(l->spans, (size_t)cap * sizeof *v);
-    if (!v)
-      return ERR("out of memory");
-    l->spans = v;
-    l->cap = cap;
-  }
+  struct pretokenize_span *v = grow(l->spans, l->n, &l->cap, sizeof *v);
+  if (!v)
+    return ERR("out of memory");
+  l->spans = v;
   l->spans[l->n++] = (struct pretokenize_span){s, e, match};
   return 0;
 }
@@ -211,14 +223,8 @@ static int push_byte_level(struct piece_list *l, const char *s, size_t len, int 
   size_t n = l->buf.len - before;
   l->buf.len = before;
   /* push_piece appends from the buffer's end: hand it the bytes just written in place. */
-  if (l->n == l->cap) {
-    int cap = l->cap ? l->cap * 2 : 64;
-    struct piece *p = realloc(l->p, (size_t)cap * sizeof *p);
-    if (!p)
-      return ERR("out of memory");
-    l->p = p;
-    l->cap = cap;
-  }
+  if (reserve_piece(l))
+    return -1;
   l->p[l->n++] = (struct piece){(uint32_t)before, (uint32_t)n, (uint8_t)at_origin};
   l->buf.len = before + n;
   return 0;

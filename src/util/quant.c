@@ -215,17 +215,23 @@ static float signed_absmax(const float *x, int n) {
   return max;
 }
 
-void quantize_row_q4_0(const float *x, struct block_q4_0 *y, int64_t k) {
-  for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
-    float d = signed_absmax(x, QK4_0) / -8.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = F2H(d);
-    for (int j = 0; j < QK4_0 / 2; j++) {
-      float x0 = x[j] * id, x1 = x[j + QK4_0 / 2] * id;
-      int q0 = clampi((int8_t)(x0 + 8.5f), 0, 15), q1 = clampi((int8_t)(x1 + 8.5f), 0, 15);
-      y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-    }
+/* The 32 levels Q of a Q4_0 / Q4_1 block: level j in the low nibble of qs[j % 16] for j < 16, in the high one
+ * after (the layout dequantize_row_q4_0 reads). */
+static void pack_q4(const int *q, uint8_t *qs) {
+  for (int j = 0; j < 16; j++)
+    qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
+/* The same for Q5_0 / Q5_1: the low 4 bits of the levels as in pack_q4, the fifth bit of level j in bit j of
+ * QH (4 bytes, little-endian). */
+static void pack_q5(const int *q, uint8_t *qs, uint8_t *qh) {
+  uint32_t bits = 0;
+  for (int j = 0; j < 16; j++) {
+    qs[j] = (uint8_t)((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    bits |= (uint32_t)(q[j] >> 4) << j;
+    bits |= (uint32_t)(q[j + 16] >> 4) << (j + 16);
   }
+  memcpy(qh, &bits, 4);
 }
 
 static void minmax(const float *x, int n, float *mn, float *mx) {
@@ -239,56 +245,63 @@ static void minmax(const float *x, int n, float *mn, float *mx) {
   }
 }
 
+/* The levels Q of a 32-value Q4_0 / Q5_0 block, x = d * (q - HALF) with q in [0, 2 * HALF - 1]; returns d.
+ * ggml's rounding: HALF 8 gives its / -8.0f and + 8.5f exactly. */
+static float levels_sym(const float *x, int half, int *q) {
+  float d = signed_absmax(x, 32) / -(float)half;
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 32; j++)
+    q[j] = clampi((int8_t)(x[j] * id + ((float)half + 0.5f)), 0, 2 * half - 1);
+  return d;
+}
+
+/* The levels Q of a 32-value Q4_1 / Q5_1 block, x = d * q + m with q in [0, NMAX]; returns d, the min in *M.
+ * ggml casts Q4_1's levels through int8_t and Q5_1's through uint8_t: the value is in [0, NMAX + 1) here
+ * (x >= m), where the two agree. */
+static float levels_min(const float *x, int nmax, int *q, float *m) {
+  float mn, mx;
+  minmax(x, 32, &mn, &mx);
+  float d = (mx - mn) / (float)nmax;
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 32; j++)
+    q[j] = clampi((int8_t)((x[j] - mn) * id + 0.5f), 0, nmax);
+  *m = mn;
+  return d;
+}
+
+void quantize_row_q4_0(const float *x, struct block_q4_0 *y, int64_t k) {
+  for (int64_t i = 0; i < k / QK4_0; i++, x += QK4_0) {
+    int q[QK4_0];
+    y[i].d = F2H(levels_sym(x, 8, q));
+    pack_q4(q, y[i].qs);
+  }
+}
+
 void quantize_row_q4_1(const float *x, struct block_q4_1 *y, int64_t k) {
   for (int64_t i = 0; i < k / QK4_1; i++, x += QK4_1) {
-    float mn, mx;
-    minmax(x, QK4_1, &mn, &mx);
-    float d = (mx - mn) / 15.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = F2H(d);
-    y[i].m = F2H(mn);
-    for (int j = 0; j < QK4_1 / 2; j++) {
-      float x0 = (x[j] - mn) * id, x1 = (x[j + QK4_1 / 2] - mn) * id;
-      int q0 = clampi((int8_t)(x0 + 0.5f), 0, 15), q1 = clampi((int8_t)(x1 + 0.5f), 0, 15);
-      y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-    }
+    int q[QK4_1];
+    float m;
+    y[i].d = F2H(levels_min(x, 15, q, &m));
+    y[i].m = F2H(m);
+    pack_q4(q, y[i].qs);
   }
 }
 
 void quantize_row_q5_0(const float *x, struct block_q5_0 *y, int64_t k) {
   for (int64_t i = 0; i < k / QK5_0; i++, x += QK5_0) {
-    float d = signed_absmax(x, QK5_0) / -16.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = F2H(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < QK5_0 / 2; j++) {
-      float x0 = x[j] * id, x1 = x[j + QK5_0 / 2] * id;
-      int q0 = clampi((int8_t)(x0 + 16.5f), 0, 31), q1 = clampi((int8_t)(x1 + 16.5f), 0, 31);
-      y[i].qs[j] = (uint8_t)((q0 & 0xF) | ((q1 & 0xF) << 4));
-      qh |= (uint32_t)(q0 >> 4) << j;
-      qh |= (uint32_t)(q1 >> 4) << (j + 16);
-    }
-    memcpy(y[i].qh, &qh, 4);
+    int q[QK5_0];
+    y[i].d = F2H(levels_sym(x, 16, q));
+    pack_q5(q, y[i].qs, y[i].qh);
   }
 }
 
 void quantize_row_q5_1(const float *x, struct block_q5_1 *y, int64_t k) {
   for (int64_t i = 0; i < k / QK5_1; i++, x += QK5_1) {
-    float mn, mx;
-    minmax(x, QK5_1, &mn, &mx);
-    float d = (mx - mn) / 31.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[i].d = F2H(d);
-    y[i].m = F2H(mn);
-    uint32_t qh = 0;
-    for (int j = 0; j < QK5_1 / 2; j++) {
-      float x0 = (x[j] - mn) * id, x1 = (x[j + QK5_1 / 2] - mn) * id;
-      int q0 = clampi((uint8_t)(x0 + 0.5f), 0, 31), q1 = clampi((uint8_t)(x1 + 0.5f), 0, 31);
-      y[i].qs[j] = (uint8_t)((q0 & 0xF) | ((q1 & 0xF) << 4));
-      qh |= (uint32_t)(q0 >> 4) << j;
-      qh |= (uint32_t)(q1 >> 4) << (j + 16);
-    }
-    memcpy(y[i].qh, &qh, 4);
+    int q[QK5_1];
+    float m;
+    y[i].d = F2H(levels_min(x, 31, q, &m));
+    y[i].m = F2H(m);
+    pack_q5(q, y[i].qs, y[i].qh);
   }
 }
 
