@@ -220,6 +220,10 @@ int main(int argc, char **argv) {
   be = backend_create(&(struct backend_params){.device = "cuda"});
   if (!be)
     die("backend_create(cuda)");
+  /* reserve waits for the backend's kernel preloading under lazy loading (cuda_preload.cu): kernels
+   * timed while it runs took up to 13% longer (bench/RESULTS.md, session 20) */
+  if (be->ops->reserve && be->ops->reserve(be, 1, 1, 1))
+    die("reserve");
   double copy = copy_gbps();
   printf("device copy bandwidth: %.0f GB/s (read + write)\n", copy);
   char name[64];

@@ -52,6 +52,9 @@ static struct backend *make_be(const char *max_t) {
   struct backend *be = backend_create(&(struct backend_params){.device = "cuda"}); /* the dlopen'ed module */
   if (!be)
     die("backend_create(cuda)");
+  /* waits for the kernel preloading, which slows what runs beside it (as bench/cuda_attention.c) */
+  if (be->ops->reserve && be->ops->reserve(be, 1, 1, 1))
+    die("reserve");
   return be;
 }
 

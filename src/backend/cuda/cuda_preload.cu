@@ -31,7 +31,9 @@
  *   build's architectures) is skipped: loading all its kernels would cost what eager loading
  *   does, while lazy loading compiles only those a run uses.
  * - cuda_preload_join waits for the thread, from cuda_reserve (before the profiling step measures
- *   free memory, so the KV pool is sized with the kernels resident) and from cuda_destroy. Graph
+ *   free memory, so the KV pool is sized with the kernels resident, and before any step runs:
+ *   kernels that ran while it loaded took up to 13% longer, bench/RESULTS.md, session 20; so the
+ *   benchmarks that drive ops directly call reserve first) and from cuda_destroy. Graph
  *   capture needs no join: it is thread-local (cuda_graph.cu), so the thread's calls cannot
  *   invalidate it.
  * - Preloading is an optimization: a failure leaves the rest of the kernels to load on first use,
