@@ -5,7 +5,7 @@
  * program started CUDA before pagoda, as torch does) a kernel is loaded on its first launch, and
  * that launch waits for it. The backend has 974 kernels (template instances over block sizes, head
  * dims, batch sizes, dtypes), most of which a server first meets mid-run: first-request TTFT was
- * 194-288 ms against about 20 ms, and 1B 64 x (512, 256) 53-58k against 73-74k tok/s
+ * 185-288 ms against about 20 ms, and 1B 64 x (512, 256) 53-58k against 73-74k tok/s
  * (bench/RESULTS.md, sessions 19-20). Eager loading (CUDA_MODULE_LOADING=EAGER, which the pagoda
  * command sets) removes the stalls but loads every kernel of every library in the process when the
  * context is created, cuBLAS's thousands included (2-3 s; the KV pool gets 0.43 GiB less), and a
