@@ -250,8 +250,10 @@ static void minmax(const float *x, int n, float *mn, float *mx) {
 static float levels_sym(const float *x, int half, int *q) {
   float d = signed_absmax(x, 32) / -(float)half;
   float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = 0; j < 32; j++)
-    q[j] = clampi((int8_t)(x[j] * id + ((float)half + 0.5f)), 0, 2 * half - 1);
+  for (int j = 0; j < 32; j++) {
+    float v = x[j] * id; /* its own statement, as ggml: one expression could be contracted to an FMA */
+    q[j] = clampi((int8_t)(v + ((float)half + 0.5f)), 0, 2 * half - 1);
+  }
   return d;
 }
 
@@ -263,8 +265,10 @@ static float levels_min(const float *x, int nmax, int *q, float *m) {
   minmax(x, 32, &mn, &mx);
   float d = (mx - mn) / (float)nmax;
   float id = d != 0.0f ? 1.0f / d : 0.0f;
-  for (int j = 0; j < 32; j++)
-    q[j] = clampi((int8_t)((x[j] - mn) * id + 0.5f), 0, nmax);
+  for (int j = 0; j < 32; j++) {
+    float v = (x[j] - mn) * id; /* its own statement (levels_sym says why) */
+    q[j] = clampi((int8_t)(v + 0.5f), 0, nmax);
+  }
   *m = mn;
   return d;
 }
