@@ -8,7 +8,7 @@
  * 185-288 ms against about 20 ms, and 1B 64 x (512, 256) 53-58k against 73-74k tok/s
  * (bench/RESULTS.md, sessions 19-20). Eager loading (CUDA_MODULE_LOADING=EAGER, which the pagoda
  * command sets) removes the stalls but loads every kernel of every library in the process when the
- * context is created, cuBLAS's thousands included (2-3 s; the KV pool gets 0.43 GiB less), and a
+ * context is created, cuBLAS's thousands included (1.7-4.5 s; the KV pool gets 0.43 GiB less), and a
  * program embedding pagoda may not be able to choose it. This loads only pagoda's kernels (36-37
  * MiB of device memory), off the critical path.
  *
