@@ -590,7 +590,8 @@ static int cuda_init(struct cuda_backend *cb, int device) {
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   log_info("cuda: %s, compute capability %d.%d, %d SMs, %.1f GiB free of %.1f GiB%s%s", prop.name,
            prop.major, prop.minor, prop.multiProcessorCount, free_b / 1073741824.0,
-           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "", loading_mode_note(cb, note, sizeof note));
+           total_b / 1073741824.0, cb->pdl ? ", programmatic dependent launch" : "",
+           loading_mode_note(cb, note, sizeof note));
   return 0;
 }
 
