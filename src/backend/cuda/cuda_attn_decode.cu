@@ -528,20 +528,29 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
   float m = -INFINITY, l = 0.0f;
   const float sscale = a.scale * (F8 ? a.k_scale : 1.0f);
 
-  /* one warp step: the 16 keys j0 .. j0 + 15 (K and V pieces in KR, VR; LATE_V: V loaded here from ROW) */
-  auto step = [&](int j0, const uint4 (&kr)[2][L::NPT], uint4 (&vr)[2][L::NPT], const size_t (&row)[2]) {
-    float s[2][4];
+  /* QK^T of 16 keys (K pieces in KR) into S (row g's scores in [hf][0..1]). PIPE: each half's
+   * chunks in two independent accumulator chains (even and odd chunks), added at the end, so the
+   * mma of one chain does not wait for the other's (see the pipeline below for what it gained) */
+  constexpr int QS = PIPE ? 2 : 1;
+  auto qk = [&](const uint4 (&kr)[2][L::NPT], float (&s)[2][4]) {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-      s[hf][0] = s[hf][1] = s[hf][2] = s[hf][3] = 0.0f;
+      float sp[QS][4];
+#pragma unroll
+      for (int q = 0; q < QS; q++)
+        sp[q][0] = sp[q][1] = sp[q][2] = sp[q][3] = 0.0f;
       uint32_t w[L::PAIRS];
       L::template pairs<MT>(w, kr[hf]);
 #pragma unroll
       for (int c = 0; c < L::CHUNKS; c++)
-        attn_mma(s[hf], qa[2 * c], qa[2 * c + 1], w[2 * c], w[2 * c + 1], MT());
+        attn_mma(sp[c % QS], qa[2 * c], qa[2 * c + 1], w[2 * c], w[2 * c + 1], MT());
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        s[hf][e] = QS == 2 ? sp[0][e] + sp[QS - 1][e] : sp[0][e];
     }
-    if (LATE_V)
-      L::load_v16(vr, row, vc, t);
+  };
+  /* the online softmax of the 16 keys j0 .. j0 + 15 with scores S, then P V (V pieces in VR) */
+  auto softpv = [&](int j0, const float (&s)[2][4], const uint4 (&vr)[2][L::NPT]) {
     /* row g's scores: keys j0 + hf * 8 + 2t + e */
     float x[4], mx = -INFINITY;
 #pragma unroll
@@ -561,7 +570,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int k = 0; k < 4; k++)
       x[k] = __expf(x[k] - mnew), l += x[k];
-    if (__any_sync(0xffffffffu, alpha != 1.0f)) /* a new maximum in the warp (times 1 is exact) */
+    /* a new maximum in the warp (times 1 is exact); PIPE: always, no branch inside the pipelined step */
+    if (PIPE || __any_sync(0xffffffffu, alpha != 1.0f))
 #pragma unroll
       for (int i = 0; i < NT; i++)
         o[i][0] *= alpha, o[i][1] *= alpha;
@@ -572,6 +582,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
     for (int i = 0; i < NT; i++)
       attn_mma(o[i], pa0, pa2, attn_trans(v0[i]), attn_trans(v1[i]), MT());
+  };
+  /* one warp step: the 16 keys j0 .. j0 + 15 (K and V pieces in KR, VR; LATE_V: V loaded here from ROW) */
+  auto step = [&](int j0, const uint4 (&kr)[2][L::NPT], uint4 (&vr)[2][L::NPT], const size_t (&row)[2]) {
+    float s[2][4];
+    qk(kr, s);
+    if (LATE_V)
+      L::load_v16(vr, row, vc, t);
+    softpv(j0, s, vr);
   };
   if constexpr (PIPE) {
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm_raw) + threadIdx.x * 16u;
@@ -626,10 +644,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
 #pragma unroll
       for (int st = 0; st < NS - 1; st++)
         issue(st);
-      for (int st = 0; st < nsteps; st++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
-        uint4 kr[2][L::NPT], vr[2][L::NPT];
-        const size_t row[2] = {0, 0};
+      /* reads step ST's pieces from its stage into KR, VR */
+      auto read = [&](int st, uint4 (&kr)[2][L::NPT], uint4 (&vr)[2][L::NPT]) {
         const uint4 *src = (const uint4 *)(sm_raw + (size_t)(st % NS) * (NPC * DEC_WARPS * 32 * 16)) + threadIdx.x;
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
@@ -638,8 +654,40 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
             kr[hf][i] = src[(hf * L::NPT + i) * DEC_WARPS * 32];
             vr[hf][i] = src[(2 * L::NPT + hf * L::NPT + i) * DEC_WARPS * 32];
           }
-        issue(st + NS - 1); /* into the stage of step st - 1, read by this thread one step ago */
-        step(key0(st), kr, vr, row);
+      };
+      /* Software-pipelined: the QK^T of step st + 1 is issued beside the softmax and P V of step st
+       * (one branch-free stretch, so ptxas interleaves two steps' dependency chains). With the two
+       * QK^T chains and the branch-free rescale, at 64 x 4096, in three device calls of one session
+       * alternated with the one-step-at-a-time loop: blocks 8 / 16 / 32 0.1441-0.1462 / 0.1428-0.1444
+       * / 0.1423-0.1433 ms against 0.1468-0.1491 / 0.1434-0.1461 / 0.1426-0.1461 (bench/RESULTS.md,
+       * session 21; the kernel is bound by its warps' dependency chains there, not by DRAM: with 2
+       * blocks of 4 warps per SM the warps stall a third of their cycles on fixed-latency results) */
+      if (nsteps > 0) {
+        uint4 kr[2][L::NPT], vr[2][L::NPT];
+        float sc[2][4];
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
+        read(0, kr, vr);
+        issue(NS - 1); /* into the last stage, not used yet */
+        qk(kr, sc);
+        for (int st = 0; st + 1 < nsteps; st++) {
+          uint4 kn[2][L::NPT], vn[2][L::NPT];
+          float sn[2][4];
+          asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2));
+          read(st + 1, kn, vn);
+          issue(st + NS); /* into the stage of step st, whose pieces this thread read one step ago */
+          qk(kn, sn);
+          softpv(key0(st), sc, vr);
+#pragma unroll
+          for (int hf = 0; hf < 2; hf++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+              sc[hf][e] = sn[hf][e];
+#pragma unroll
+            for (int i = 0; i < L::NPT; i++)
+              vr[hf][i] = vn[hf][i];
+          }
+        }
+        softpv(key0(nsteps - 1), sc, vr);
       }
     };
     /* 4-step chunks where every warp gets at least one: at 64 x 4096, blocks 8 / 16 / 32, in one
