@@ -545,8 +545,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) attn_decode_mma_kernel(const a
       for (int c = 0; c < L::CHUNKS; c++)
         attn_mma(sp[c % QS], qa[2 * c], qa[2 * c + 1], w[2 * c], w[2 * c + 1], MT());
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        s[hf][e] = QS == 2 ? sp[0][e] + sp[QS - 1][e] : sp[0][e];
+      for (int e = 0; e < 4; e++) {
+        s[hf][e] = sp[0][e];
+#pragma unroll
+        for (int q = 1; q < QS; q++)
+          s[hf][e] += sp[q][e];
+      }
     }
   };
   /* the online softmax of the 16 keys j0 .. j0 + 15 with scores S, then P V (V pieces in VR) */
